@@ -1,0 +1,146 @@
+//! The framework-neutral middleware core, shared by the tower and actix
+//! adapters: derive a key, start the check, turn its result into a verdict.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use std::time::Instant;
+
+use crate::{
+    Decision, Error, Limiter, OnStoreError, Rejection,
+    key::{KeyError, KeyExtractor},
+    store::BoxFuture,
+};
+
+/// What the middleware does with a request once its check is done.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// Call the inner service; add headers for the decision, if there is one.
+    Pass(Option<Decision>),
+    /// Answer with this rejection.
+    Reject(Rejection),
+}
+
+/// Everything one layer needs, behind one `Arc` shared by all its clones.
+#[derive(Debug)]
+pub(crate) struct Core<K, R> {
+    pub(crate) limiter: Limiter,
+    pub(crate) extractor: K,
+    pub(crate) respond: R,
+    pub(crate) on_error: OnStoreError,
+    pub(crate) legacy_headers: bool,
+    logs: Logs,
+}
+
+impl<K: Clone, R: Clone> Clone for Core<K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: self.limiter.clone(),
+            extractor: self.extractor.clone(),
+            respond: self.respond.clone(),
+            on_error: self.on_error,
+            legacy_headers: self.legacy_headers,
+            logs: Logs::default(),
+        }
+    }
+}
+
+impl<K, R> Core<K, R> {
+    pub(crate) fn new(limiter: Limiter, extractor: K, respond: R) -> Self {
+        Self {
+            limiter,
+            extractor,
+            respond,
+            on_error: OnStoreError::default(),
+            legacy_headers: false,
+            logs: Logs::default(),
+        }
+    }
+
+    /// Swaps the responder, keeping everything else.
+    pub(crate) fn with_respond<R2>(self, respond: R2) -> Core<K, R2> {
+        Core {
+            limiter: self.limiter,
+            extractor: self.extractor,
+            respond,
+            on_error: self.on_error,
+            legacy_headers: self.legacy_headers,
+            logs: self.logs,
+        }
+    }
+
+    /// Derives the request's key and starts its check (cost 1), or rejects
+    /// the request at once when no key can be derived.
+    pub(crate) fn start<Req: ?Sized>(
+        &self,
+        req: &Req,
+    ) -> Result<BoxFuture<'static, Result<Decision, Error>>, Rejection>
+    where
+        K: KeyExtractor<Req>,
+    {
+        match self.extractor.extract(req) {
+            Ok(key) => Ok(self.limiter.decide(key.as_bytes(), 1)),
+            Err(e) => {
+                self.logs.key_error(&e);
+                Err(Rejection::KeyUnavailable(e))
+            }
+        }
+    }
+
+    /// Applies the store-error policy to a finished check.
+    pub(crate) fn verdict(&self, result: Result<Decision, Error>) -> Verdict {
+        match result {
+            Ok(d) if d.is_allowed() => Verdict::Pass(Some(d)),
+            Ok(d) => Verdict::Reject(Rejection::Denied(d)),
+            Err(Error::CostExceedsLimit { cost, limit }) => {
+                Verdict::Reject(Rejection::CostExceedsLimit { cost, limit })
+            }
+            Err(e) => {
+                self.logs.store_error(&e, self.on_error);
+                match self.on_error {
+                    OnStoreError::Deny => Verdict::Reject(Rejection::StoreUnavailable(e)),
+                    _ => Verdict::Pass(None),
+                }
+            }
+        }
+    }
+}
+
+/// Log throttling: a misconfiguration is logged once, a store outage at most
+/// once a second (with how many errors were not logged).
+#[derive(Debug, Default)]
+struct Logs {
+    no_peer_logged: AtomicBool,
+    next_store_log_ms: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+fn millis_since_start() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Logs {
+    fn key_error(&self, e: &KeyError) {
+        if !e.is_server_error() {
+            tracing::debug!(error = %e, "rate limit: no key for request");
+        } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500 (logged once)");
+        }
+    }
+
+    fn store_error(&self, e: &Error, policy: OnStoreError) {
+        let now = millis_since_start();
+        let next = self.next_store_log_ms.load(Ordering::Relaxed);
+        if now < next
+            || self
+                .next_store_log_ms
+                .compare_exchange(next, now + 1000, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(error = %e, ?policy, unlogged, "rate limit store failed; applying the store-error policy");
+    }
+}

@@ -1,0 +1,60 @@
+//! Errors: [`Error`] from a check at run time, [`ConfigError`] at build time.
+
+use std::time::Duration;
+
+use crate::QuotaError;
+
+/// Why a check could not be decided.
+///
+/// The tower layer answers these by its
+/// [`OnStoreError`](crate::OnStoreError) policy;
+/// business code calling [`Limiter::check`](crate::Limiter::check) sees them
+/// directly.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Redis answered with an error, or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The bb8 pool could not hand out a connection.
+    #[error("redis pool: {0}")]
+    Pool(String),
+    /// The store did not answer within the limiter's timeout. A Redis call
+    /// that timed out may still have been applied; for a rate limit that only
+    /// means the client may have been charged for a request it did not make.
+    #[error("rate limit store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store's reply was not what the script returns.
+    #[error("unexpected reply from the rate limit store: {0}")]
+    UnexpectedReply(String),
+    /// The request's cost is larger than the whole quota, so it could never
+    /// be admitted, however long the client waited. Nothing was consumed.
+    #[error("cost {cost} exceeds the quota's limit of {limit}; it can never be admitted")]
+    CostExceedsLimit {
+        /// The cost asked for.
+        cost: u64,
+        /// The quota's limit.
+        limit: u64,
+    },
+}
+
+/// A configuration mistake, reported when the limiter or store is built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The quota was invalid.
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+    /// A prefix or policy name used characters that do not belong in a Redis
+    /// key or a header.
+    #[error("invalid {what} {value:?}: use 1 to 64 ASCII letters, digits or -._~:@/+=")]
+    InvalidName {
+        /// What was being named (`"prefix"` or `"name"`).
+        what: &'static str,
+        /// The rejected value.
+        value: String,
+    },
+    /// The store timeout was zero.
+    #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
+    ZeroTimeout,
+}

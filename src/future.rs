@@ -1,0 +1,143 @@
+//! [`ResponseFuture`]: the response future of [`RateLimit`](crate::RateLimit).
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::{
+    Decision, Error, Rejection, Respond,
+    core::{Core, Verdict},
+    headers,
+    store::BoxFuture,
+};
+
+pin_project! {
+    /// Waits for the rate-limit check, then either answers the rejection or
+    /// calls the inner service and adds the rate-limit headers to its response.
+    pub struct ResponseFuture<S, ReqBody, K, R>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+        core: Arc<Core<K, R>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        Checking {
+            check: BoxFuture<'static, Result<Decision, Error>>,
+            svc: Option<S>,
+            req: Option<Request<ReqBody>>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            decision: Option<Decision>,
+        },
+        Answered {
+            rejection: Option<Rejection>,
+        },
+    }
+}
+
+impl<S, ReqBody, K, R> fmt::Debug for ResponseFuture<S, ReqBody, K, R>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, K, R> ResponseFuture<S, ReqBody, K, R>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn checking(
+        check: BoxFuture<'static, Result<Decision, Error>>,
+        svc: S,
+        req: Request<ReqBody>,
+        core: Arc<Core<K, R>>,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check,
+                svc: Some(svc),
+                req: Some(req),
+            },
+            core,
+        }
+    }
+
+    pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection) -> Self {
+        Self {
+            state: State::Answered {
+                rejection: Some(rejection),
+            },
+            core: core.clone(),
+        }
+    }
+}
+
+fn reject<B, K, R: Respond<B>>(core: &Core<K, R>, rejection: Rejection) -> Response<B> {
+    let mut res = core.respond.respond(&rejection);
+    if let Some(d) = rejection.decision() {
+        headers::write(d, res.headers_mut(), core.legacy_headers);
+    }
+    res
+}
+
+impl<S, ReqBody, ResBody, K, R> Future for ResponseFuture<S, ReqBody, K, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    R: Respond<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking { check, svc, req } => {
+                    let result = ready!(check.as_mut().poll(cx));
+                    match this.core.verdict(result) {
+                        Verdict::Pass(decision) => {
+                            let mut svc = svc.take().expect("polled after completion");
+                            let req = req.take().expect("polled after completion");
+                            let fut = svc.call(req);
+                            this.state.set(State::Calling { fut, decision });
+                        }
+                        Verdict::Reject(rejection) => {
+                            return Poll::Ready(Ok(reject(this.core, rejection)));
+                        }
+                    }
+                }
+                StateProj::Calling { fut, decision } => {
+                    let mut res = ready!(fut.poll(cx))?;
+                    if let Some(d) = decision.take() {
+                        headers::write(&d, res.headers_mut(), this.core.legacy_headers);
+                    }
+                    return Poll::Ready(Ok(res));
+                }
+                StateProj::Answered { rejection } => {
+                    let rejection = rejection.take().expect("polled after completion");
+                    return Poll::Ready(Ok(reject(this.core, rejection)));
+                }
+            }
+        }
+    }
+}

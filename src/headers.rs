@@ -1,0 +1,196 @@
+//! Writing `Retry-After` and the IETF `RateLimit` / `RateLimit-Policy` headers.
+//!
+//! Values follow the structured-field form of the IETF httpapi draft
+//! "RateLimit header fields for HTTP":
+//!
+//! ```text
+//! RateLimit-Policy: "default";q=100;w=60
+//! RateLimit: "default";r=42;t=17
+//! Retry-After: 17                      (denied responses only)
+//! ```
+//!
+//! * `q` is the quota's limit and `w` its window in seconds, rounded up (a
+//!   500 ms window says `w=1`).
+//! * `r` is what remains after this request and `t` the seconds until the
+//!   window resets, rounded up.
+//! * `Retry-After` is in whole seconds, rounded up from the key's remaining
+//!   time and never less than 1: a 300 ms wait says `1`, never `0`.
+//!
+//! With [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers)
+//! the layer also writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+//! `X-RateLimit-Reset`; the last is seconds until reset (a delta, not an epoch
+//! time, because the app server's clock is not the one that counts).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), redis_ratelimit::Error> {
+//! use redis_ratelimit::{Limiter, Quota};
+//!
+//! let limiter = Limiter::builder(Quota::per_minute(10)).name("api").build().unwrap();
+//! let decision = limiter.check("client-1", 3).await?;
+//! let mut headers = http::HeaderMap::new();
+//! decision.write_headers(&mut headers);
+//! assert_eq!(headers["ratelimit-policy"], r#""api";q=10;w=60"#);
+//! assert!(headers["ratelimit"].to_str().unwrap().starts_with(r#""api";r=7;t="#));
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
+use sfv::{KeyRef, ListSerializer, StringRef};
+
+use crate::Decision;
+
+/// `RateLimit` (draft IETF structured field).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `RateLimit-Policy` (draft IETF structured field).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `X-RateLimit-Limit` (legacy, optional).
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining` (legacy, optional).
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset` (legacy, optional): seconds until reset.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The largest integer a structured field may carry.
+const SF_INT_MAX: u64 = 999_999_999_999_999;
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_millis().div_ceil(1000).min(SF_INT_MAX as u128) as u64
+}
+
+/// The `Retry-After` seconds for a wait: rounded up, at least 1.
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
+    ceil_secs(wait).max(1)
+}
+
+fn sf_int(n: u64) -> sfv::Integer {
+    sfv::Integer::constant(n.min(SF_INT_MAX) as i64)
+}
+
+fn key(k: &'static str) -> &'static KeyRef {
+    KeyRef::constant(k)
+}
+
+fn list_item(name: &str, params: [(&'static str, u64); 2]) -> HeaderValue {
+    // Policy names are validated at build time to a token-like alphabet, so
+    // they are always valid sf-strings; fall back to a fixed name regardless.
+    let name = StringRef::from_str(name).unwrap_or(StringRef::constant("default"));
+    let mut ser = ListSerializer::new();
+    let mut item = ser.bare_item(name);
+    for (k, v) in params {
+        item = item.parameter(key(k), sf_int(v));
+    }
+    let text = ser.finish().unwrap_or_default();
+    HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// `RateLimit-Policy` for a decision: `"<name>";q=<limit>;w=<window secs>`.
+pub(crate) fn policy_value(d: &Decision) -> HeaderValue {
+    let q = d.quota();
+    list_item(
+        d.policy(),
+        [("q", q.limit()), ("w", ceil_secs(q.window()).max(1))],
+    )
+}
+
+/// `RateLimit` for a decision: `"<name>";r=<remaining>;t=<secs to reset>`.
+pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
+    list_item(
+        d.policy(),
+        [("r", d.remaining()), ("t", ceil_secs(d.reset_after()))],
+    )
+}
+
+/// Writes the IETF headers, and `Retry-After` when denied.
+pub(crate) fn write(d: &Decision, headers: &mut HeaderMap, legacy: bool) {
+    headers.append(RATELIMIT_POLICY, policy_value(d));
+    headers.append(RATELIMIT, ratelimit_value(d));
+    if let Some(wait) = d.retry_after() {
+        headers.insert(RETRY_AFTER, retry_after_secs(wait).into());
+    }
+    if legacy {
+        headers.insert(X_RATELIMIT_LIMIT, d.limit().into());
+        headers.insert(X_RATELIMIT_REMAINING, d.remaining().into());
+        headers.insert(X_RATELIMIT_RESET, ceil_secs(d.reset_after()).into());
+    }
+}
+
+impl Decision {
+    /// Writes `RateLimit-Policy`, `RateLimit` and, when denied, `Retry-After`
+    /// into `headers`, as the tower layer does. See the [module
+    /// docs](crate::headers) for the format.
+    pub fn write_headers(&self, headers: &mut HeaderMap) {
+        write(self, headers, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn decision(allowed: bool, quota: &str, used: u64, reset_ms: u64) -> Decision {
+        Decision::new(
+            allowed,
+            quota.parse().unwrap(),
+            used,
+            Duration::from_millis(reset_ms),
+            "default".into(),
+        )
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::from_millis(300)), 1);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(59)), 59);
+    }
+
+    #[test]
+    fn writes_ietf_structured_fields() {
+        let mut h = HeaderMap::new();
+        write(&decision(false, "5/500ms", 5, 300), &mut h, false);
+        assert_eq!(h["ratelimit-policy"], r#""default";q=5;w=1"#);
+        assert_eq!(h["ratelimit"], r#""default";r=0;t=1"#);
+        assert_eq!(h["retry-after"], "1");
+        assert!(h.get("x-ratelimit-limit").is_none());
+
+        let mut h = HeaderMap::new();
+        write(&decision(true, "100/1m", 58, 41_200), &mut h, true);
+        assert_eq!(h["ratelimit-policy"], r#""default";q=100;w=60"#);
+        assert_eq!(h["ratelimit"], r#""default";r=42;t=42"#);
+        assert!(h.get("retry-after").is_none());
+        assert_eq!(h["x-ratelimit-limit"], "100");
+        assert_eq!(h["x-ratelimit-remaining"], "42");
+        assert_eq!(h["x-ratelimit-reset"], "42");
+    }
+
+    #[test]
+    fn values_parse_as_structured_field_lists() {
+        let d = decision(true, "1000/1d", 1, 86_400_000);
+        for v in [policy_value(&d), ratelimit_value(&d)] {
+            let list = sfv::Parser::new(v.to_str().unwrap())
+                .parse::<sfv::List>()
+                .unwrap();
+            assert_eq!(list.len(), 1, "{v:?}");
+        }
+        let huge = Decision::new(
+            true,
+            Quota::per_day(crate::quota::MAX_LIMIT),
+            0,
+            Duration::MAX,
+            "x".into(),
+        );
+        assert!(
+            ratelimit_value(&huge)
+                .to_str()
+                .unwrap()
+                .contains("t=999999999999999")
+        );
+    }
+}

@@ -1,0 +1,318 @@
+//! Which client a request counts against: the [`KeyExtractor`] trait and the
+//! built-in extractors [`PeerIp`], [`Header`], [`Global`] and [`from_fn`].
+//!
+//! An extractor turns a request into a [`Key`], or into a [`KeyError`] when it
+//! cannot. A request whose key cannot be derived is **never** let through
+//! unlimited: the layer answers it at once with the error's status, which the
+//! [`Respond`](crate::Respond) hook can change.
+//!
+//! | extractor | key | when it cannot derive one |
+//! |---|---|---|
+//! | [`PeerIp`] | the peer's IP address (port dropped) | 500, logged once as a server misconfiguration |
+//! | [`Header`] | the first value of a header, as raw bytes | 400 if missing or empty |
+//! | [`Global`] | one shared key for every request | never fails |
+//! | [`from_fn`] | whatever the closure returns | whatever the closure returns |
+//!
+//! Keys are client-controlled bytes. The [`Limiter`](crate::Limiter) never
+//! puts them into Redis raw unless they are short and made of a safe alphabet;
+//! anything else (long, non-UTF-8, braces, spaces) is stored as a SHA-256
+//! digest, so a 1 MB header makes a Redis key of under 100 bytes.
+//!
+//! ```
+//! use http::Request;
+//! use redis_ratelimit::key::{self, Header, KeyError, KeyExtractor};
+//!
+//! let (parts, ()) = Request::get("/").header("x-api-key", "k-123").body(()).unwrap().into_parts();
+//! assert_eq!(Header::new("x-api-key").extract(&parts).unwrap().as_bytes(), b"k-123");
+//! assert!(matches!(Header::new("x-tenant").extract(&parts), Err(KeyError::MissingHeader(_))));
+//!
+//! // Any closure over the request parts; here: per API version and method.
+//! let by_route = key::from_fn(|p: &http::request::Parts| {
+//!     Ok(format!("{} {}", p.method, p.uri.path()).into())
+//! });
+//! assert_eq!(by_route.extract(&parts).unwrap().as_bytes(), b"GET /");
+//! ```
+
+use std::{fmt, net::SocketAddr};
+
+use bytes::Bytes;
+use http::{HeaderName, StatusCode, request::Parts};
+
+/// The client identity a request is counted against.
+///
+/// Build one from a `String`, `&'static str`, `Vec<u8>` or [`Bytes`].
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key(Bytes);
+
+impl Key {
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({:?})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+impl AsRef<[u8]> for Key {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<String> for Key {
+    fn from(s: String) -> Self {
+        Self(s.into())
+    }
+}
+
+impl From<&'static str> for Key {
+    fn from(s: &'static str) -> Self {
+        Self(Bytes::from_static(s.as_bytes()))
+    }
+}
+
+impl From<Vec<u8>> for Key {
+    fn from(v: Vec<u8>) -> Self {
+        Self(v.into())
+    }
+}
+
+impl From<Bytes> for Key {
+    fn from(b: Bytes) -> Self {
+        Self(b)
+    }
+}
+
+/// Why no key could be derived for a request.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The header the [`Header`] extractor reads was missing or empty.
+    /// Answered with 400: the client must send it.
+    #[error("request has no (or an empty) `{0}` header to rate limit by")]
+    MissingHeader(HeaderName),
+    /// The server never told the request its peer address. Answered with 500
+    /// and logged once: the server is misconfigured (axum needs
+    /// `into_make_service_with_connect_info::<SocketAddr>()`; hyper servers
+    /// must insert the `SocketAddr` into the request extensions).
+    #[error(
+        "no peer address on the request: serve axum with \
+         `into_make_service_with_connect_info::<SocketAddr>()`, or insert the \
+         peer `SocketAddr` into the request extensions in a hyper server"
+    )]
+    NoPeerAddr,
+    /// A custom extractor refused the request with this status and reason.
+    #[error("{reason}")]
+    Rejected {
+        /// The status to answer with.
+        status: StatusCode,
+        /// Why, for logs.
+        reason: String,
+    },
+}
+
+impl KeyError {
+    /// The HTTP status a request with this error is answered with by default.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            KeyError::MissingHeader(_) => StatusCode::BAD_REQUEST,
+            KeyError::NoPeerAddr => StatusCode::INTERNAL_SERVER_ERROR,
+            KeyError::Rejected { status, .. } => *status,
+        }
+    }
+
+    /// Whether the error is the server's fault (logged at error level) rather
+    /// than the client's.
+    pub fn is_server_error(&self) -> bool {
+        self.status().is_server_error()
+    }
+}
+
+/// Derives a rate-limit [`Key`] from a request of type `R`.
+///
+/// `R` is `http::request::Parts` for the tower layer. Implement it for your
+/// own extractor, or use [`from_fn`] with a closure.
+pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
+    /// The key for this request, or why there is none.
+    fn extract(&self, req: &R) -> Result<Key, KeyError>;
+}
+
+/// Keys by the peer's IP address (the port is dropped).
+///
+/// Reads a `SocketAddr` request extension (insert one in a hyper server) or,
+/// with the `axum` feature (on by default), axum's `ConnectInfo<SocketAddr>`.
+/// Behind a proxy every request comes from the proxy's address: key by a
+/// header or a closure there instead.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerIp;
+
+impl PeerIp {
+    fn peer(parts: &Parts) -> Option<SocketAddr> {
+        if let Some(addr) = parts.extensions.get::<SocketAddr>() {
+            return Some(*addr);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(info) = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(info.0);
+        }
+        None
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        let addr = Self::peer(parts).ok_or(KeyError::NoPeerAddr)?;
+        Ok(Key::from(addr.ip().to_string()))
+    }
+}
+
+/// Keys by the first value of a request header, such as `x-api-key`.
+///
+/// The value is taken as raw bytes (it need not be UTF-8). A missing or empty
+/// header is [`KeyError::MissingHeader`] (400).
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// Keys by header `name`.
+    ///
+    /// # Panics
+    /// If `name` is not a valid header name; use [`Header::from_name`] for
+    /// names that come from configuration.
+    pub fn new(name: &str) -> Self {
+        match HeaderName::try_from(name) {
+            Ok(name) => Self { name },
+            Err(_) => panic!("{name:?} is not a valid HTTP header name"),
+        }
+    }
+
+    /// Keys by header `name`.
+    pub fn from_name(name: HeaderName) -> Self {
+        Self { name }
+    }
+
+    /// The header read.
+    pub fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        match parts.headers.get(&self.name) {
+            Some(v) if !v.is_empty() => Ok(Key(Bytes::copy_from_slice(v.as_bytes()))),
+            _ => Err(KeyError::MissingHeader(self.name.clone())),
+        }
+    }
+}
+
+/// One key shared by every request: a global cap.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl<R: ?Sized> KeyExtractor<R> for Global {
+    fn extract(&self, _: &R) -> Result<Key, KeyError> {
+        Ok(Key::from("global"))
+    }
+}
+
+/// A key extractor made from a closure; see [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F>(F);
+
+impl<F> fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FromFn(..)")
+    }
+}
+
+/// Keys by a closure over the request (`&http::request::Parts` for tower).
+///
+/// Return [`KeyError::Rejected`] to answer with a status of your choice.
+pub fn from_fn<F>(f: F) -> FromFn<F> {
+    FromFn(f)
+}
+
+impl<R: ?Sized, F> KeyExtractor<R> for FromFn<F>
+where
+    F: Fn(&R) -> Result<Key, KeyError> + Send + Sync + 'static,
+{
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+        (self.0)(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(req: http::request::Builder) -> Parts {
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn peer_ip_reads_socket_addr_or_connect_info() {
+        let addr: SocketAddr = "203.0.113.9:4711".parse().unwrap();
+        let p = parts(Request::get("/").extension(addr));
+        assert_eq!(PeerIp.extract(&p).unwrap().as_bytes(), b"203.0.113.9");
+        #[cfg(feature = "axum")]
+        {
+            let v6: SocketAddr = "[2001:db8::1]:80".parse().unwrap();
+            let p = parts(Request::get("/").extension(axum::extract::ConnectInfo(v6)));
+            assert_eq!(PeerIp.extract(&p).unwrap().as_bytes(), b"2001:db8::1");
+        }
+        let err = PeerIp.extract(&parts(Request::get("/"))).unwrap_err();
+        assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(err.is_server_error());
+    }
+
+    #[test]
+    fn header_takes_raw_bytes_and_rejects_missing_or_empty() {
+        let h = Header::new("x-api-key");
+        let p = parts(Request::get("/").header("x-api-key", &b"\xff\xfe{}"[..]));
+        assert_eq!(h.extract(&p).unwrap().as_bytes(), b"\xff\xfe{}");
+        let p = parts(
+            Request::get("/")
+                .header("x-api-key", "")
+                .header("x-api-key", "b"),
+        );
+        assert_eq!(h.extract(&p).unwrap_err().status(), StatusCode::BAD_REQUEST);
+        let p = parts(
+            Request::get("/")
+                .header("x-api-key", "a")
+                .header("x-api-key", "b"),
+        );
+        assert_eq!(h.extract(&p).unwrap().as_bytes(), b"a");
+    }
+
+    #[test]
+    fn global_and_closures() {
+        let p = parts(Request::get("/x"));
+        assert_eq!(
+            KeyExtractor::<Parts>::extract(&Global, &p)
+                .unwrap()
+                .as_bytes(),
+            b"global"
+        );
+        let deny = from_fn(|_: &Parts| {
+            Err(KeyError::Rejected {
+                status: StatusCode::UNAUTHORIZED,
+                reason: "no user".into(),
+            })
+        });
+        assert_eq!(
+            deny.extract(&p).unwrap_err().status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! Building store keys: `{prefix}:{algo}:{policy}:{<client>}`.
+//!
+//! The client part is the cluster hash tag, so every key one client's decision
+//! touches lands in one slot. Client bytes go in raw only when they are at most
+//! [`RAW_KEY_MAX`] bytes of a safe alphabet (ASCII letters, digits and
+//! `-._~:@/+=`); anything else becomes `#` followed by the hex SHA-256 of the
+//! bytes. `#` is outside the safe alphabet, so no raw key can equal a hashed
+//! one, and no client can close the hash tag early or reach outside it.
+
+use sha2::{Digest, Sha256};
+
+use crate::error::ConfigError;
+
+/// The longest client key stored raw; longer keys are hashed.
+pub const RAW_KEY_MAX: usize = 128;
+
+fn is_safe(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~:@/+=".contains(&b)
+}
+
+/// Checks a configured prefix or policy name: 1 to 64 safe characters.
+pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 64 || !value.bytes().all(is_safe) {
+        return Err(ConfigError::InvalidName {
+            what,
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Appends the client part, with its hash tag braces, to `out`.
+pub(crate) fn push_client(out: &mut String, client: &[u8]) {
+    out.push('{');
+    match std::str::from_utf8(client) {
+        Ok(s) if !s.is_empty() && s.len() <= RAW_KEY_MAX && s.bytes().all(is_safe) => {
+            out.push_str(s)
+        }
+        _ => {
+            out.push('#');
+            for b in Sha256::digest(client) {
+                out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+                out.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+            }
+        }
+    }
+    out.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(k: &[u8]) -> String {
+        let mut s = String::new();
+        push_client(&mut s, k);
+        s
+    }
+
+    #[test]
+    fn safe_short_keys_stay_readable() {
+        assert_eq!(client(b"203.0.113.9"), "{203.0.113.9}");
+        assert_eq!(client(b"2001:db8::1"), "{2001:db8::1}");
+        assert_eq!(client(b"user:42"), "{user:42}");
+    }
+
+    #[test]
+    fn hostile_keys_are_hashed_bounded_and_distinct() {
+        let big = vec![b'a'; 1 << 20];
+        let keys = [
+            client(&big),
+            client(b"a}b"),
+            client(b"{x}"),
+            client(b"\xff\xfe"),
+            client(b""),
+            client(b"with space"),
+            client(&[b'a'; RAW_KEY_MAX + 1]),
+        ];
+        for k in &keys {
+            assert_eq!(k.len(), 2 + 1 + 64, "{k}");
+            assert!(k.starts_with("{#") && k.ends_with('}'));
+            assert_eq!(k.matches(['{', '}']).count(), 2);
+        }
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len());
+        // A client cannot pose as another client's hashed form.
+        let hashed = client(b"a}b");
+        let inner = &hashed[1..hashed.len() - 1];
+        assert_ne!(client(inner.as_bytes()), hashed);
+        assert_eq!(client(&[b'a'; RAW_KEY_MAX]).len(), RAW_KEY_MAX + 2);
+    }
+
+    #[test]
+    fn validates_names() {
+        assert!(validate("prefix", "rl").is_ok());
+        assert!(validate("prefix", "my-app.v2").is_ok());
+        for bad in ["", "a{b", "a}b", "a b", "é", &"x".repeat(65)] {
+            assert!(validate("prefix", bad).is_err(), "{bad}");
+        }
+    }
+}

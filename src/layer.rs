@@ -1,0 +1,99 @@
+//! [`RateLimitLayer`]: the tower layer.
+
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use crate::{DefaultResponse, Limiter, OnStoreError, RateLimit, core::Core};
+
+/// Rate limits requests with a [`Limiter`], keyed by a
+/// [`KeyExtractor`](crate::key::KeyExtractor).
+///
+/// Allowed requests pass through and their responses gain `RateLimit` and
+/// `RateLimit-Policy` headers; denied ones are answered `429 Too Many
+/// Requests` with `Retry-After` (see [`headers`](crate::headers) and
+/// [`respond`](crate::respond)). Quota never makes `poll_ready` pending.
+///
+/// Clones of the layer, and every service it makes, share one `Arc` of
+/// state, so they count against the same limiter.
+///
+/// ```no_run
+/// use std::net::SocketAddr;
+/// use axum::{Router, routing::get};
+/// use redis_ratelimit::{Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore, key::PeerIp};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// let limiter = Limiter::builder("100/1m".parse()?).store(store).build()?;
+/// let app = Router::new()
+///     .route("/", get(|| async { "ok" }))
+///     .layer(RateLimitLayer::new(limiter, PeerIp).on_store_error(OnStoreError::Allow));
+///
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+/// // PeerIp needs the peer address: serve with connect info.
+/// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct RateLimitLayer<K, R = DefaultResponse> {
+    core: Arc<Core<K, R>>,
+}
+
+impl<K, R> Clone for RateLimitLayer<K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<K> RateLimitLayer<K> {
+    /// Limits with `limiter`, keying requests with `extractor`.
+    pub fn new(limiter: Limiter, extractor: K) -> Self {
+        Self {
+            core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
+        }
+    }
+}
+
+impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
+    fn map(self, f: impl FnOnce(&mut Core<K, R>)) -> Self {
+        let mut core = Arc::unwrap_or_clone(self.core);
+        f(&mut core);
+        Self {
+            core: Arc::new(core),
+        }
+    }
+
+    /// What to do when the store fails or times out (default: allow).
+    #[must_use]
+    pub fn on_store_error(self, policy: OnStoreError) -> Self {
+        self.map(|c| c.on_error = policy)
+    }
+
+    /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (default: off).
+    #[must_use]
+    pub fn legacy_headers(self, enabled: bool) -> Self {
+        self.map(|c| c.legacy_headers = enabled)
+    }
+
+    /// Builds rejections with `respond`: a [`Respond`](crate::Respond)
+    /// implementation or a `Fn(&Rejection) -> http::Response<B>` closure.
+    #[must_use]
+    pub fn respond_with<R2>(self, respond: R2) -> RateLimitLayer<K, R2> {
+        let core = Arc::unwrap_or_clone(self.core);
+        RateLimitLayer {
+            core: Arc::new(core.with_respond(respond)),
+        }
+    }
+}
+
+impl<S, K, R> Layer<S> for RateLimitLayer<K, R> {
+    type Service = RateLimit<S, K, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, self.core.clone())
+    }
+}

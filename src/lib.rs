@@ -1,0 +1,31 @@
+#![doc = include_str!("../docs/crate.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod core;
+mod decision;
+mod error;
+mod future;
+pub mod headers;
+pub mod key;
+mod keyspace;
+mod layer;
+mod limiter;
+pub mod quota;
+pub mod respond;
+mod service;
+pub mod store;
+
+pub use crate::{
+    decision::Decision,
+    error::{ConfigError, Error},
+    future::ResponseFuture,
+    keyspace::RAW_KEY_MAX,
+    layer::RateLimitLayer,
+    limiter::{DEFAULT_TIMEOUT, Limiter, LimiterBuilder},
+    quota::{Quota, QuotaError},
+    respond::{DefaultResponse, OnStoreError, Rejection, Respond},
+    service::RateLimit,
+    store::{MemoryStore, RedisStore, Store},
+};

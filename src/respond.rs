@@ -1,0 +1,112 @@
+//! What the middleware answers when it does not pass a request on:
+//! [`Rejection`], the [`Respond`] hook and the [`OnStoreError`] policy.
+//!
+//! | case | default status | rate-limit headers |
+//! |---|---|---|
+//! | [`Rejection::Denied`]: over the quota | 429 | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
+//! | [`Rejection::KeyUnavailable`]: no key for the request | the [`KeyError`]'s (400, 500, ...) | none |
+//! | [`Rejection::StoreUnavailable`]: store failed, policy [`OnStoreError::Deny`] | 503 | none |
+//! | [`Rejection::CostExceedsLimit`]: a cost no window can hold | 429 | none (there is nothing to wait for) |
+//!
+//! The rate-limit headers are added after [`Respond::respond`] runs, so a
+//! custom response keeps them:
+//!
+//! ```
+//! use http::{Response, StatusCode};
+//! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, Rejection, key::Global};
+//!
+//! let layer = RateLimitLayer::new(Limiter::new(Quota::per_second(10)), Global)
+//!     .respond_with(|r: &Rejection| {
+//!         Response::builder()
+//!             .status(r.status())
+//!             .header("content-type", "application/json")
+//!             .body(format!(r#"{{"error":"{}"}}"#, r.status().as_u16()))
+//!             .unwrap()
+//!     });
+//! # let _ = layer;
+//! ```
+
+use http::{Response, StatusCode};
+
+use crate::{Decision, Error, key::KeyError};
+
+/// What to do when the store fails or times out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Let the request through without rate-limit headers, and log the error
+    /// at `warn` (at most once a second, with a count of the rest). The
+    /// default: a Redis outage must not take the API down.
+    #[default]
+    Allow,
+    /// Answer 503 Service Unavailable ([`Rejection::StoreUnavailable`]).
+    Deny,
+}
+
+/// Why the middleware answered a request itself instead of passing it on.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The key is over its quota.
+    Denied(Decision),
+    /// No key could be derived for the request.
+    KeyUnavailable(KeyError),
+    /// The store failed or timed out and the policy is [`OnStoreError::Deny`].
+    StoreUnavailable(Error),
+    /// The request's cost is larger than the quota's limit.
+    CostExceedsLimit {
+        /// The request's cost.
+        cost: u64,
+        /// The quota's limit.
+        limit: u64,
+    },
+}
+
+impl Rejection {
+    /// The status the default response uses.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Denied(_) | Rejection::CostExceedsLimit { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Rejection::KeyUnavailable(e) => e.status(),
+            Rejection::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The decision, when the request was denied by its quota.
+    pub fn decision(&self) -> Option<&Decision> {
+        match self {
+            Rejection::Denied(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Builds the response for a [`Rejection`]. Implemented by [`DefaultResponse`]
+/// and by every `Fn(&Rejection) -> http::Response<B>` closure.
+pub trait Respond<B>: Send + Sync + 'static {
+    /// The response to send. Rate-limit headers are added afterwards.
+    fn respond(&self, rejection: &Rejection) -> Response<B>;
+}
+
+/// The default answer: [`Rejection::status`] with an empty body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultResponse;
+
+impl<B: Default> Respond<B> for DefaultResponse {
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
+        let mut res = Response::new(B::default());
+        *res.status_mut() = rejection.status();
+        res
+    }
+}
+
+impl<B, F> Respond<B> for F
+where
+    F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+{
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
+        self(rejection)
+    }
+}

@@ -1,0 +1,66 @@
+//! [`RateLimit`]: the tower service.
+
+use std::{
+    mem,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::{Request, Response, request::Parts};
+use tower_service::Service;
+
+use crate::{Respond, ResponseFuture, core::Core, key::KeyExtractor};
+
+/// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// `poll_ready` forwards to the inner service; a rejection is a response,
+/// never backpressure, and errors are the inner service's own.
+#[derive(Debug)]
+pub struct RateLimit<S, K, R> {
+    inner: S,
+    core: Arc<Core<K, R>>,
+}
+
+impl<S: Clone, K, R> Clone for RateLimit<S, K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<S, K, R> RateLimit<S, K, R> {
+    pub(crate) fn new(inner: S, core: Arc<Core<K, R>>) -> Self {
+        Self { inner, core }
+    }
+}
+
+impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor<Parts>,
+    R: Respond<ResBody>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, K, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The ready service goes to the future; a fresh clone stays here.
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        match self.core.start(&parts) {
+            Ok(check) => {
+                let req = Request::from_parts(parts, body);
+                ResponseFuture::checking(check, inner, req, self.core.clone())
+            }
+            Err(rejection) => ResponseFuture::rejected(&self.core, rejection),
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! [`RedisStore`]: counters in Redis, one atomic script call per decision.
+
+use std::fmt;
+
+use bb8_redis::{RedisConnectionManager, bb8::Pool};
+use redis::{
+    Client, IntoConnectionInfo,
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+};
+
+use super::{BoxFuture, Store, WindowState, scripts};
+use crate::Error;
+
+/// Counters in Redis.
+///
+/// The default backend is redis-rs's [`ConnectionManager`]: one multiplexed
+/// connection shared by every clone, reconnecting by itself after Redis
+/// restarts. On this project's 2-core test machine it served about twice the
+/// requests per second of a 32-connection bb8 pool, so prefer it; use
+/// [`RedisStore::from_pool`] only if you already run a bb8 pool.
+///
+/// Every call runs one Lua script with `EVALSHA` (reloaded on `NOSCRIPT`); time
+/// comes from Redis itself, never from this process's clock.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use redis_ratelimit::{Limiter, Quota, RedisStore};
+///
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// let limiter = Limiter::builder(Quota::per_second(10)).store(store).build()?;
+/// assert!(limiter.check("user:1", 1).await?.is_allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    backend: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Manager(ConnectionManager),
+    Pool(Pool<RedisConnectionManager>),
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let backend = match self.backend {
+            Backend::Manager(_) => "ConnectionManager",
+            Backend::Pool(_) => "bb8::Pool",
+        };
+        f.debug_struct("RedisStore")
+            .field("backend", &backend)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects a [`ConnectionManager`] to `url` (e.g. `redis://host:6379/0`),
+    /// failing now if Redis cannot be reached.
+    pub async fn connect(url: impl IntoConnectionInfo) -> Result<Self, Error> {
+        let client = Client::open(url)?;
+        let manager = ConnectionManager::new_with_config(client, Self::manager_config()).await?;
+        Ok(Self::new(manager))
+    }
+
+    /// Like [`connect`](Self::connect), but connects on first use, so a
+    /// service can start while Redis is down; until Redis is reachable, checks
+    /// fail and the layer applies its [`OnStoreError`](crate::OnStoreError)
+    /// policy. Fails only for a malformed URL.
+    pub fn connect_lazy(url: impl IntoConnectionInfo) -> Result<Self, Error> {
+        let client = Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
+        Ok(Self::new(manager))
+    }
+
+    /// Reconnection settings: a few quick retries in the background; each
+    /// request is bounded by the limiter's own timeout anyway.
+    fn manager_config() -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_number_of_retries(3)
+            .set_min_delay(std::time::Duration::from_millis(10))
+            .set_max_delay(std::time::Duration::from_millis(500))
+            .set_connection_timeout(Some(std::time::Duration::from_secs(1)))
+    }
+
+    /// Uses an existing [`ConnectionManager`].
+    pub fn new(manager: ConnectionManager) -> Self {
+        Self {
+            backend: Backend::Manager(manager),
+        }
+    }
+
+    /// Uses an existing bb8 pool (from `bb8-redis`).
+    pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
+        Self {
+            backend: Backend::Pool(pool),
+        }
+    }
+}
+
+impl From<ConnectionManager> for RedisStore {
+    fn from(manager: ConnectionManager) -> Self {
+        Self::new(manager)
+    }
+}
+
+impl From<Pool<RedisConnectionManager>> for RedisStore {
+    fn from(pool: Pool<RedisConnectionManager>) -> Self {
+        Self::from_pool(pool)
+    }
+}
+
+async fn fixed_window<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    limit: u64,
+    window_ms: u64,
+    cost: u64,
+) -> Result<WindowState, Error> {
+    let (allowed, count, ttl_ms): (i64, i64, i64) = scripts::FIXED_WINDOW
+        .key(key)
+        .arg(limit)
+        .arg(window_ms)
+        .arg(cost)
+        .invoke_async(conn)
+        .await?;
+    match (allowed, u64::try_from(count), u64::try_from(ttl_ms)) {
+        (0 | 1, Ok(count), Ok(ttl_ms)) => Ok(WindowState {
+            allowed: allowed == 1,
+            count,
+            ttl_ms,
+        }),
+        _ => Err(Error::UnexpectedReply(format!(
+            "fixed_window returned [{allowed}, {count}, {ttl_ms}]"
+        ))),
+    }
+}
+
+impl Store for RedisStore {
+    fn fixed_window(
+        &self,
+        key: String,
+        limit: u64,
+        window_ms: u64,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<WindowState, Error>> {
+        match &self.backend {
+            Backend::Manager(manager) => {
+                let mut conn = manager.clone();
+                Box::pin(async move { fixed_window(&mut conn, &key, limit, window_ms, cost).await })
+            }
+            Backend::Pool(pool) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+                    fixed_window(&mut *conn, &key, limit, window_ms, cost).await
+                })
+            }
+        }
+    }
+}
