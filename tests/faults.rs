@@ -1,0 +1,135 @@
+//! Redis misbehaving under the limiter: scripts flushed, the server killed,
+//! restarted, or frozen. Every answer comes within the limiter's timeout, and
+//! limiting resumes by itself.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis_ratelimit::{Error, Limiter};
+use support::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+
+async fn limiter(server: &RedisServer, quota: &str) -> Limiter {
+    Limiter::builder(quota.parse().unwrap())
+        .store(server.store().await)
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+/// Waits, with a deadline, until the limiter answers again after an outage.
+async fn until_answered(limiter: &Limiter, key: &str, server: &RedisServer) -> Duration {
+    let start = Instant::now();
+    loop {
+        if limiter.check(key, 1).await.is_ok() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "limiter never recovered\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn script_flush_between_requests_is_invisible() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = limiter(&server, "3/1m").await;
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 2);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 1);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 0);
+    assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn redis_killed_mid_test_errors_within_the_timeout_then_recovers_after_restart() {
+    let mut server = RedisServer::start();
+    let limiter = limiter(&server, "2/1m").await;
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+
+    server.kill();
+    for _ in 0..20 {
+        let start = Instant::now();
+        let r = limiter.check("k", 1).await;
+        assert!(r.is_err(), "answered with Redis dead: {r:?}");
+        assert!(
+            start.elapsed() < TIMEOUT + Duration::from_millis(300),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    // Same port, empty dataset, no scripts loaded: NOSCRIPT is handled, and
+    // the same limiter (no rebuild) decides again.
+    server.restart();
+    let took = until_answered(&limiter, "k", &server).await;
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let d = limiter.check("k", 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
+    assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn frozen_redis_times_out_instead_of_hanging() {
+    let server = RedisServer::start();
+    let limiter = limiter(&server, "5/1m").await;
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+
+    server.freeze(true);
+    let start = Instant::now();
+    let results = futures_util::future::join_all((0..50).map(|_| limiter.check("k", 1))).await;
+    let took = start.elapsed();
+    server.freeze(false);
+    for r in &results {
+        assert!(
+            matches!(r, Err(Error::Timeout(t)) if *t == TIMEOUT),
+            "{r:?}"
+        );
+    }
+    assert!(
+        took < TIMEOUT + Duration::from_millis(500),
+        "50 checks took {took:?}"
+    );
+
+    // Thawed: it answers again, and the count is intact (timed-out calls may
+    // have been applied, so at most 5 - 1 remain).
+    until_answered(&limiter, "other", &server).await;
+    let d = limiter.check("k", 0).await.unwrap();
+    assert!(d.remaining() <= 4, "{d:?}");
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn lazy_store_starts_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let store = redis_ratelimit::RedisStore::connect_lazy(url.as_str()).unwrap();
+    let limiter = Limiter::builder("1/1m".parse().unwrap())
+        .store(store)
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    assert!(limiter.check("k", 1).await.is_err());
+    assert!(start.elapsed() < TIMEOUT + Duration::from_millis(300));
+    server.restart();
+    until_answered(&limiter, "k", &server).await;
+    assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
+}

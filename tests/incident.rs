@@ -1,0 +1,185 @@
+//! The seed incidents, reproduced against a real Redis: a counter left with no
+//! TTL, and keys that other (naive or broken) clients left behind.
+
+mod support;
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis_ratelimit::Limiter;
+use support::RedisServer;
+
+const LIMIT: i64 = 3;
+
+/// The naive limiter: `SET key LIMIT PX window NX`, then — after the request
+/// did its (slow) work — `DECR key`; a negative result means "denied".
+async fn naive_request(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    window: Duration,
+    slow_downstream: Duration,
+) -> bool {
+    let _: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(LIMIT)
+        .arg("PX")
+        .arg(window.as_millis() as u64)
+        .arg("NX")
+        .query_async(conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(slow_downstream).await;
+    let left: i64 = conn.decr(key, 1).await.unwrap();
+    left >= 0
+}
+
+/// The incident: the window (5 ms) passes between `SET NX` and `DECR`, as when
+/// a downstream call is slow, so `DECR` recreates the key with no TTL. From
+/// then on the key never expires and every request is denied, forever.
+#[tokio::test]
+async fn naive_set_nx_decr_leaves_a_key_without_ttl_that_blocks_forever() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let window = Duration::from_millis(5);
+
+    // One slow request: the key expires before its DECR.
+    naive_request(&mut conn, "naive", window, Duration::from_millis(30)).await;
+    let ttl: i64 = conn.pttl("naive").await.unwrap();
+    assert_eq!(ttl, -1, "DECR recreated the key without a TTL");
+
+    // Every later request, in any later window, is denied.
+    for _ in 0..10 {
+        tokio::time::sleep(window * 3).await;
+        assert!(!naive_request(&mut conn, "naive", window, Duration::ZERO).await);
+    }
+    let ttl: i64 = conn.pttl("naive").await.unwrap();
+    assert_eq!(
+        ttl,
+        -1,
+        "still no TTL: the client is wedged\n{}",
+        server.log()
+    );
+}
+
+/// The same load through our script: slow requests, a 5 ms window. No key is
+/// ever left without a TTL, and every new window admits again.
+#[tokio::test]
+async fn our_script_under_the_same_load_keeps_ttls_and_admits_every_window() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let store = server.store().await;
+    let limiter = Limiter::builder("3/5ms".parse().unwrap())
+        .store(store)
+        .build()
+        .unwrap();
+    let key = limiter.store_key("client");
+
+    for round in 0..20 {
+        // Each round starts after the previous window has surely expired.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        let first = limiter.check("client", 1).await.unwrap();
+        assert!(
+            first.is_allowed(),
+            "round {round}: a new window must admit: {first:?}"
+        );
+        // A slow downstream call, then more requests.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for _ in 0..5 {
+            limiter.check("client", 1).await.unwrap();
+            let ttl: i64 = conn.pttl(&key).await.unwrap();
+            assert!(
+                ttl != -1,
+                "round {round}: key left without TTL\n{}",
+                server.log()
+            );
+        }
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// A counter planted without a TTL (by `INCR` whose `EXPIRE` never ran, or the
+/// naive limiter above) is healed by the next decision rather than honoured
+/// forever.
+#[tokio::test]
+async fn key_planted_without_ttl_is_healed_by_the_next_decision() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = Limiter::builder("3/1s".parse().unwrap())
+        .store(server.store().await)
+        .build()
+        .unwrap();
+    let key = limiter.store_key("victim");
+    let _: () = conn.set(&key, 1_000).await.unwrap(); // way over, no TTL
+
+    let d = limiter.check("victim", 1).await.unwrap();
+    assert!(!d.is_allowed());
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!((1..=1000).contains(&ttl), "not healed: PTTL {ttl}");
+    assert!(d.retry_after().unwrap() <= Duration::from_secs(1));
+
+    tokio::time::sleep(d.retry_after().unwrap() + Duration::from_millis(250)).await;
+    let d = limiter.check("victim", 1).await.unwrap();
+    assert!(
+        d.is_allowed(),
+        "the victim is admitted again after one window: {d:?}"
+    );
+    assert_eq!(d.remaining(), 2);
+}
+
+/// Garbage under our key (a non-number, a negative count, the wrong type, a
+/// TTL far longer than the window) never wedges the client.
+#[tokio::test]
+async fn corrupt_keys_are_reset_not_obeyed() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = Limiter::builder("3/10s".parse().unwrap())
+        .store(server.store().await)
+        .build()
+        .unwrap();
+
+    let key = limiter.store_key("text");
+    let _: () = conn.set(&key, "garbage").await.unwrap();
+    assert_eq!(limiter.check("text", 1).await.unwrap().remaining(), 2);
+
+    let key = limiter.store_key("negative");
+    let _: () = conn.set(&key, -5).await.unwrap();
+    assert_eq!(limiter.check("negative", 1).await.unwrap().remaining(), 2);
+
+    let key = limiter.store_key("hash");
+    let _: () = conn.hset(&key, "f", "v").await.unwrap();
+    assert_eq!(limiter.check("hash", 1).await.unwrap().remaining(), 2);
+
+    let key = limiter.store_key("long-ttl");
+    let _: () = conn.set_ex(&key, 3, 86_400).await.unwrap();
+    let d = limiter.check("long-ttl", 1).await.unwrap();
+    assert!(!d.is_allowed());
+    assert!(d.reset_after() <= Duration::from_secs(10), "{d:?}");
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        (1..=10_000).contains(&ttl),
+        "TTL not capped to the window: {ttl}"
+    );
+
+    server.assert_every_key_has_ttl().await;
+}
+
+/// The script validates its arguments before writing anything.
+#[tokio::test]
+async fn script_rejects_bad_arguments_without_writing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(include_str!("../lua/fixed_window.lua"));
+    for args in [
+        ["0", "1000", "1"],
+        ["5", "0", "1"],
+        ["5", "1000", "-1"],
+        ["5", "x", "1"],
+        ["5", "1.5", "1"],
+    ] {
+        let r: redis::RedisResult<Vec<i64>> =
+            script.key("k").arg(&args[..]).invoke_async(&mut conn).await;
+        assert!(r.is_err(), "{args:?} accepted");
+    }
+    let exists: bool = conn.exists("k").await.unwrap();
+    assert!(!exists, "a rejected call wrote the key");
+}

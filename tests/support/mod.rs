@@ -1,0 +1,297 @@
+//! Test harness: a real `redis-server` per test, on a free port, killed on drop.
+//!
+//! The binary comes from `REDIS_SERVER_BIN`, or `redis-server` on `PATH`; a
+//! missing binary is a loud failure with the install hint. The server runs with
+//! `--save "" --appendonly no`, logs to stdout, which a reader thread copies to
+//! `redis.log` in the server's temp dir and into memory for panic messages.
+//! Readiness is Redis's own "Ready to accept connections" line, confirmed with
+//! one `PING`, so nothing polls or sleeps while waiting for it.
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::Duration,
+};
+
+use redis_ratelimit::{Limiter, LimiterBuilder, MemoryStore, Quota, RedisStore};
+
+/// A `redis-server` owned by one test.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    log: Arc<Mutex<String>>,
+}
+
+fn binary() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free local port")
+}
+
+enum Started {
+    Ready(Child),
+    PortTaken,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port, retrying if another process took it.
+    pub fn start() -> Self {
+        let mut server = Self {
+            child: None,
+            port: 0,
+            dir: tempfile::tempdir().expect("temp dir for redis-server"),
+            log: Arc::new(Mutex::new(String::new())),
+        };
+        for _ in 0..10 {
+            server.port = free_port();
+            if let Started::Ready(child) = server.spawn() {
+                server.child = Some(child);
+                return server;
+            }
+        }
+        panic!("could not find a free port for redis-server after 10 tries");
+    }
+
+    fn spawn(&self) -> Started {
+        let mut child = Command::new(binary())
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", self.dir.path().to_str().expect("utf-8 temp dir")])
+            .args(["--logfile", ""])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run `{}` ({e}). The tests need a real redis-server: \
+                     install it (Debian/Ubuntu: apt-get install -y redis-server; \
+                     macOS: brew install redis) or set REDIS_SERVER_BIN",
+                    binary()
+                )
+            });
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        let log = self.log.clone();
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("redis.log"))
+            .expect("redis.log");
+        let start_of_run = self.log().len();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = writeln!(file, "{line}");
+                log.lock().unwrap().push_str(&(line.clone() + "\n"));
+                if line.contains("Ready to accept connections") {
+                    let _ = tx.send(true);
+                }
+            }
+            let _ = tx.send(false);
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(true) => {
+                self.ping();
+                Started::Ready(child)
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                if self.log()[start_of_run..].contains("Address already in use") {
+                    Started::PortTaken
+                } else {
+                    panic!(
+                        "redis-server did not start on port {}:\n{}",
+                        self.port,
+                        self.log()
+                    )
+                }
+            }
+        }
+    }
+
+    fn ping(&self) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))
+            .unwrap_or_else(|e| panic!("connect to redis: {e}\n{}", self.log()));
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"PING\r\n").unwrap();
+        let mut buf = [0u8; 7];
+        s.read_exact(&mut buf)
+            .unwrap_or_else(|e| panic!("PING: {e}\n{}", self.log()));
+        assert_eq!(&buf, b"+PONG\r\n", "PING answered oddly\n{}", self.log());
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Everything the server logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server: a Redis that
+    /// accepts connections but never answers.
+    pub fn freeze(&self, frozen: bool) {
+        let pid = self.child.as_ref().expect("server is running").id();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// Starts the server again on the same port, with an empty dataset.
+    pub fn restart(&mut self) {
+        self.kill();
+        match self.spawn() {
+            Started::Ready(child) => self.child = Some(child),
+            Started::PortTaken => panic!("port {} was taken during restart", self.port),
+        }
+    }
+
+    /// A fresh connection for inspecting or tampering with keys.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}\n{}", self.log()))
+    }
+
+    /// A new `RedisStore` (its own `ConnectionManager`) on this server.
+    pub async fn store(&self) -> RedisStore {
+        RedisStore::connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("RedisStore::connect: {e}\n{}", self.log()))
+    }
+
+    /// A new `RedisStore` over a bb8 pool of `size` connections.
+    pub async fn pool_store(&self, size: u32) -> RedisStore {
+        let manager = bb8_redis::RedisConnectionManager::new(self.url()).unwrap();
+        let pool = bb8::Pool::builder()
+            .max_size(size)
+            .build(manager)
+            .await
+            .unwrap_or_else(|e| panic!("bb8 pool: {e}\n{}", self.log()));
+        RedisStore::from_pool(pool)
+    }
+
+    /// Every key with its PTTL (`-1` means no TTL).
+    pub async fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+        let mut conn = self.conn().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for key in keys {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            out.push((key, ttl));
+        }
+        out
+    }
+
+    /// Panics, with the server log, if any key has no TTL.
+    pub async fn assert_every_key_has_ttl(&self) {
+        for (key, ttl) in self.keys_with_ttl().await {
+            assert!(ttl != -1, "key {key} has no TTL\n{}", self.log());
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The three ways a limiter can store counters, for tests that run against
+/// each of them.
+pub enum Backend {
+    /// In-process.
+    Memory(MemoryStore),
+    /// Redis through a `ConnectionManager` (or a bb8 pool).
+    Redis(RedisServer, RedisStore),
+}
+
+impl Backend {
+    pub fn memory() -> Self {
+        Backend::Memory(MemoryStore::new())
+    }
+
+    pub async fn redis() -> Self {
+        let server = RedisServer::start();
+        let store = server.store().await;
+        Backend::Redis(server, store)
+    }
+
+    pub async fn redis_pool() -> Self {
+        let server = RedisServer::start();
+        let store = server.pool_store(8).await;
+        Backend::Redis(server, store)
+    }
+
+    /// A builder on this backend's store.
+    pub fn builder(&self, quota: &str) -> LimiterBuilder {
+        let quota: Quota = quota.parse().unwrap();
+        match self {
+            Backend::Memory(m) => Limiter::builder(quota).store(m.clone()),
+            Backend::Redis(_, r) => Limiter::builder(quota).store(r.clone()),
+        }
+    }
+
+    /// A limiter on this backend's store.
+    pub fn limiter(&self, quota: &str) -> Limiter {
+        self.builder(quota).build().unwrap()
+    }
+
+    /// A second limiter counting against the same counters through a separate
+    /// connection, as another replica would.
+    pub async fn other_replica(&self, quota: &str) -> Limiter {
+        let quota: Quota = quota.parse().unwrap();
+        let builder = Limiter::builder(quota);
+        match self {
+            Backend::Memory(m) => builder.store(m.clone()),
+            Backend::Redis(server, _) => builder.store(server.store().await),
+        }
+        .build()
+        .unwrap()
+    }
+
+    pub fn server(&self) -> Option<&RedisServer> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(s, _) => Some(s),
+        }
+    }
+}
