@@ -29,3 +29,8 @@ pub use crate::{
     service::RateLimit,
     store::{MemoryStore, RedisStore, Store},
 };
+
+/// The README's code blocks, compiled as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

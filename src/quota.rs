@@ -100,7 +100,7 @@ impl Quota {
         if window > MAX_WINDOW {
             return Err(QuotaError::WindowTooLong(window));
         }
-        if window.is_zero() || window.subsec_nanos() % 1_000_000 != 0 {
+        if window.is_zero() || !window.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(QuotaError::BadWindow(window));
         }
         Ok(Self {
@@ -211,7 +211,7 @@ impl fmt::Display for Quota {
         ];
         let (n, unit) = units
             .iter()
-            .find(|(ms, _)| self.window_ms % ms == 0)
+            .find(|(ms, _)| self.window_ms.is_multiple_of(*ms))
             .map(|(ms, u)| (self.window_ms / ms, *u))
             .unwrap_or((self.window_ms, "ms"));
         write!(f, "{}/{}{}", self.limit, n, unit)
