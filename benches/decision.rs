@@ -1,1 +1,148 @@
-fn main() {}
+//! What one request costs the server, without a network or Redis:
+//!
+//! * `check`: [`Limiter::check`] with the in-memory store, allowed (over
+//!   many keys) and denied (one spent key);
+//! * `layer`: a bare `tower::service_fn` next to the same service behind
+//!   [`RateLimitLayer`] (memory store, `key::Header`), so their ratio is the
+//!   layer's overhead;
+//! * `headers`: [`Decision::write_headers`] into a fresh `HeaderMap`.
+//!
+//! Run with `cargo bench --bench decision`; each benchmark takes about 4 s.
+
+use std::{convert::Infallible, hint::black_box, time::Duration};
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use redis_ratelimit::{Decision, Limiter, Quota, RateLimitLayer, key};
+use tokio::runtime::Runtime;
+use tower::{Layer, ServiceExt, service_fn};
+
+/// Distinct client keys the allowed paths rotate through.
+const KEYS: usize = 10_000;
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread runtime")
+}
+
+/// A quota no benchmark run can exhaust.
+fn roomy() -> Quota {
+    Quota::new(1 << 40, Duration::from_secs(3600)).expect("a valid quota")
+}
+
+fn check(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("check");
+
+    let limiter = Limiter::new(roomy());
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
+    let mut i = 0;
+    group.bench_function("allowed_10k_keys", |b| {
+        b.to_async(&rt).iter(|| {
+            i = (i + 1) % KEYS;
+            limiter.check(&keys[i], 1)
+        })
+    });
+
+    let limiter = Limiter::new(Quota::per_hour(1));
+    let spent = rt.block_on(limiter.check("hot", 1)).expect("memory store");
+    assert!(spent.is_allowed());
+    let denied = rt.block_on(limiter.check("hot", 1)).expect("memory store");
+    assert!(!denied.is_allowed());
+    group.bench_function("denied_one_key", |b| {
+        b.to_async(&rt).iter(|| limiter.check("hot", 1))
+    });
+    group.finish();
+}
+
+fn layer(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("layer");
+
+    let bare = service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(String::from("ok")))
+    });
+    let api_key = HeaderName::from_static("x-api-key");
+    let limited = |quota| {
+        RateLimitLayer::new(Limiter::new(quota), key::Header::from_name(api_key.clone()))
+            .layer(bare)
+    };
+    let allowing = limited(roomy());
+    let denying = limited(Quota::per_hour(1));
+
+    let values: Vec<HeaderValue> = (0..KEYS)
+        .map(|i| HeaderValue::try_from(format!("key-{i}")).expect("a header value"))
+        .collect();
+    let mut i = 0;
+    // Building the request is setup, outside the measured time.
+    let request = |value: &HeaderValue| {
+        let mut req = Request::new(());
+        req.headers_mut().insert(api_key.clone(), value.clone());
+        req
+    };
+
+    let res = rt.block_on(allowing.clone().oneshot(request(&values[0])));
+    assert!(res.is_ok_and(|r| r.status() == 200 && r.headers().contains_key("ratelimit")));
+    let hot = HeaderValue::from_static("hot");
+    let _ = rt.block_on(denying.clone().oneshot(request(&hot)));
+    let res = rt.block_on(denying.clone().oneshot(request(&hot)));
+    assert!(res.is_ok_and(|r| r.status() == 429));
+
+    group.bench_function("bare_service", |b| {
+        b.to_async(&rt).iter_batched(
+            || request(&values[0]),
+            |req| bare.oneshot(req),
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("rate_limited_allowed_10k_keys", |b| {
+        b.to_async(&rt).iter_batched(
+            || {
+                i = (i + 1) % KEYS;
+                request(&values[i])
+            },
+            |req| allowing.clone().oneshot(req),
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("rate_limited_denied_429", |b| {
+        b.to_async(&rt).iter_batched(
+            || request(&hot),
+            |req| denying.clone().oneshot(req),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+fn headers(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("headers");
+    let limiter = Limiter::new(Quota::per_minute(100));
+    let decide = |key| -> Decision { rt.block_on(limiter.check(key, 100)).expect("memory store") };
+    let allowed = decide("a");
+    let denied = decide("a");
+    assert!(allowed.is_allowed() && !denied.is_allowed());
+
+    for (name, decision) in [("allowed", &allowed), ("denied", &denied)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut headers = HeaderMap::new();
+                black_box(decision).write_headers(&mut headers);
+                headers
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = check, layer, headers
+}
+criterion_main!(benches);

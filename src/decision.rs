@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::Quota;
+use crate::{Quota, headers::Policy};
 
 /// The outcome of [`Limiter::check`](crate::Limiter::check).
 ///
@@ -31,7 +31,7 @@ pub struct Decision {
     quota: Quota,
     used: u64,
     reset_after: Duration,
-    policy: Arc<str>,
+    policy: Arc<Policy>,
 }
 
 impl Decision {
@@ -40,7 +40,7 @@ impl Decision {
         quota: Quota,
         used: u64,
         reset_after: Duration,
-        policy: Arc<str>,
+        policy: Arc<Policy>,
     ) -> Self {
         Self {
             allowed,
@@ -85,6 +85,10 @@ impl Decision {
 
     /// The policy (limiter) name used in the `RateLimit` headers.
     pub fn policy(&self) -> &str {
+        self.policy.name()
+    }
+
+    pub(crate) fn policy_info(&self) -> &Policy {
         &self.policy
     }
 }
@@ -95,22 +99,12 @@ mod tests {
 
     #[test]
     fn remaining_never_underflows() {
-        let d = Decision::new(
-            false,
-            Quota::per_second(5),
-            9,
-            Duration::from_millis(300),
-            "p".into(),
-        );
+        let q = Quota::per_second(5);
+        let p = Arc::new(Policy::new("p", q));
+        let d = Decision::new(false, q, 9, Duration::from_millis(300), p.clone());
         assert_eq!(d.remaining(), 0);
         assert_eq!(d.retry_after(), Some(Duration::from_millis(300)));
-        let d = Decision::new(
-            true,
-            Quota::per_second(5),
-            2,
-            Duration::from_millis(300),
-            "p".into(),
-        );
+        let d = Decision::new(true, q, 2, Duration::from_millis(300), p);
         assert_eq!((d.remaining(), d.retry_after()), (3, None));
     }
 }

@@ -40,7 +40,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use sfv::{KeyRef, ListSerializer, StringRef};
 
-use crate::Decision;
+use crate::{Decision, Quota};
 
 /// `RateLimit` (draft IETF structured field).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -87,13 +87,26 @@ fn list_item(name: &str, params: [(&'static str, u64); 2]) -> HeaderValue {
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static(""))
 }
 
-/// `RateLimit-Policy` for a decision: `"<name>";q=<limit>;w=<window secs>`.
-pub(crate) fn policy_value(d: &Decision) -> HeaderValue {
-    let q = d.quota();
-    list_item(
-        d.policy(),
-        [("q", q.limit()), ("w", ceil_secs(q.window()).max(1))],
-    )
+/// A named quota and its `RateLimit-Policy` value, built once per limiter.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Policy {
+    name: Box<str>,
+    /// `"<name>";q=<limit>;w=<window secs>`.
+    header: HeaderValue,
+}
+
+impl Policy {
+    pub(crate) fn new(name: &str, q: Quota) -> Self {
+        let w = ceil_secs(q.window()).max(1);
+        Self {
+            name: name.into(),
+            header: list_item(name, [("q", q.limit()), ("w", w)]),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// `RateLimit` for a decision: `"<name>";r=<remaining>;t=<secs to reset>`.
@@ -106,7 +119,7 @@ pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
 
 /// Writes the IETF headers, and `Retry-After` when denied.
 pub(crate) fn write(d: &Decision, headers: &mut HeaderMap, legacy: bool) {
-    headers.append(RATELIMIT_POLICY, policy_value(d));
+    headers.append(RATELIMIT_POLICY, d.policy_info().header.clone());
     headers.append(RATELIMIT, ratelimit_value(d));
     if let Some(wait) = d.retry_after() {
         headers.insert(RETRY_AFTER, retry_after_secs(wait).into());
@@ -130,15 +143,17 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
+    use std::sync::Arc;
 
     fn decision(allowed: bool, quota: &str, used: u64, reset_ms: u64) -> Decision {
+        let quota: Quota = quota.parse().unwrap();
+        let policy = Arc::new(Policy::new("default", quota));
         Decision::new(
             allowed,
-            quota.parse().unwrap(),
+            quota,
             used,
             Duration::from_millis(reset_ms),
-            "default".into(),
+            policy,
         )
     }
 
@@ -173,19 +188,14 @@ mod tests {
     #[test]
     fn values_parse_as_structured_field_lists() {
         let d = decision(true, "1000/1d", 1, 86_400_000);
-        for v in [policy_value(&d), ratelimit_value(&d)] {
+        for v in [d.policy_info().header.clone(), ratelimit_value(&d)] {
             let list = sfv::Parser::new(v.to_str().unwrap())
                 .parse::<sfv::List>()
                 .unwrap();
             assert_eq!(list.len(), 1, "{v:?}");
         }
-        let huge = Decision::new(
-            true,
-            Quota::per_day(crate::quota::MAX_LIMIT),
-            0,
-            Duration::MAX,
-            "x".into(),
-        );
+        let q = Quota::per_day(crate::quota::MAX_LIMIT);
+        let huge = Decision::new(true, q, 0, Duration::MAX, Arc::new(Policy::new("x", q)));
         assert!(
             ratelimit_value(&huge)
                 .to_str()

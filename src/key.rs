@@ -141,6 +141,18 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
     fn extract(&self, req: &R) -> Result<Key, KeyError>;
 }
 
+impl<R: ?Sized + 'static> KeyExtractor<R> for Box<dyn KeyExtractor<R>> {
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+        (**self).extract(req)
+    }
+}
+
+impl<R: ?Sized + 'static> KeyExtractor<R> for std::sync::Arc<dyn KeyExtractor<R>> {
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+        (**self).extract(req)
+    }
+}
+
 /// Keys by the peer's IP address (the port is dropped).
 ///
 /// Reads a `SocketAddr` request extension (insert one in a hyper server) or,

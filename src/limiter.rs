@@ -3,7 +3,9 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use crate::{
-    ConfigError, Decision, Error, MemoryStore, Quota, keyspace,
+    ConfigError, Decision, Error, MemoryStore, Quota,
+    headers::Policy,
+    keyspace,
     store::{BoxFuture, Store},
 };
 
@@ -43,7 +45,7 @@ pub struct Limiter {
 
 struct Inner {
     quota: Quota,
-    name: Arc<str>,
+    policy: Arc<Policy>,
     /// `{prefix}:fw:{name}:`, built once.
     key_prefix: String,
     store: Arc<dyn Store>,
@@ -54,7 +56,7 @@ impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
             .field("quota", &self.inner.quota)
-            .field("name", &self.inner.name)
+            .field("name", &self.inner.policy.name())
             .field("key_prefix", &self.inner.key_prefix)
             .field("store", &self.inner.store)
             .field("timeout", &self.inner.timeout)
@@ -116,7 +118,7 @@ impl Limiter {
             quota.window_ms(),
             cost,
         );
-        let (timeout, name) = (inner.timeout, inner.name.clone());
+        let (timeout, policy) = (inner.timeout, inner.policy.clone());
         Box::pin(async move {
             let state = tokio::time::timeout(timeout, state)
                 .await
@@ -127,7 +129,7 @@ impl Limiter {
                 quota,
                 state.count,
                 reset,
-                name,
+                policy,
             ))
         })
     }
@@ -152,7 +154,7 @@ impl Limiter {
 
     /// The policy name reported in the `RateLimit` headers.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        self.inner.policy.name()
     }
 }
 
@@ -206,7 +208,7 @@ impl LimiterBuilder {
         Ok(Limiter {
             inner: Arc::new(Inner {
                 quota: self.quota,
-                name: self.name.into(),
+                policy: Arc::new(Policy::new(&self.name, self.quota)),
                 key_prefix,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 timeout: self.timeout,

@@ -92,6 +92,12 @@ impl RedisStore {
     }
 
     /// Uses an existing bb8 pool (from `bb8-redis`).
+    ///
+    /// bb8 sends a `PING` on every checkout unless the pool is built with
+    /// `.test_on_check_out(false)`, doubling the round trips per decision;
+    /// turn it off for rate limiting. Each check waits for a free connection,
+    /// so when Redis is down checks end at the limiter's timeout rather than
+    /// failing fast as the `ConnectionManager` does.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
         Self {
             backend: Backend::Pool(pool),

@@ -1,0 +1,37 @@
+//! An axum server rate limited by `redis-ratelimit`, configured from the
+//! environment (see `examples/support/mod.rs` for every variable).
+//!
+//! ```text
+//! cargo run --example axum                                   # in memory, 100/1s per IP
+//! REDIS_URL=redis://127.0.0.1:6379 RATE_LIMIT=5/10s cargo run --example axum
+//! curl -i http://127.0.0.1:3000/
+//! ```
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::{net::SocketAddr, process::ExitCode};
+
+use axum::{Router, routing::get};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    support::init_tracing();
+    support::report(serve().await)
+}
+
+async fn serve() -> Result<(), support::Error> {
+    let support::Setup { listener, layer } = support::setup().await?;
+    let mut app = Router::new().route("/", get(|| async { "ok" }));
+    if let Some(layer) = layer {
+        app = app.layer(layer);
+    }
+    // `key::PeerIp` reads the peer address that connect info provides.
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(support::shutdown_signal())
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! A plain hyper 1 server rate limited by `redis-ratelimit`: the tower
+//! service is adapted with `TowerToHyperService`, and each connection inserts
+//! its peer `SocketAddr` into the request extensions for `key::PeerIp`.
+//! Configured from the environment (see `examples/support/mod.rs`).
+//!
+//! ```text
+//! cargo run --example hyper                                  # in memory, 100/1s per IP
+//! REDIS_URL=redis://127.0.0.1:6379 REDIS_POOL=32 cargo run --example hyper
+//! curl -i http://127.0.0.1:3000/
+//! ```
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::{convert::Infallible, pin::pin, process::ExitCode, time::Duration};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::{body::Incoming, server::conn::http1};
+use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
+use tower::{ServiceBuilder, util::MapRequest};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    support::init_tracing();
+    support::report(serve().await)
+}
+
+async fn hello(_: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
+}
+
+async fn serve() -> Result<(), support::Error> {
+    let support::Setup { listener, layer } = support::setup().await?;
+    // One service for every connection; without a layer it is `hello` alone.
+    let app = ServiceBuilder::new().option_layer(layer).service_fn(hello);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = pin!(support::shutdown_signal());
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Such as EMFILE: wait for connections to close, like axum.
+                tracing::error!("accept error: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let app = MapRequest::new(app.clone(), move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(peer);
+            req
+        });
+        let conn = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection error: {e}");
+            }
+        });
+    }
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after 10s; exiting anyway");
+    }
+    Ok(())
+}

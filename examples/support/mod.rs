@@ -1,0 +1,333 @@
+//! What the example servers (`axum.rs`, `hyper.rs`) share: configuration from
+//! the environment, the rate-limit layer it describes, the listener, logging
+//! and shutdown. Each example only builds its own server around [`setup`].
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one) |
+//! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0` |
+//! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL`: a bb8 pool of this many connections |
+//! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`), or `off` for no limiter |
+//! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address) or `header:<name>` (e.g. `header:x-api-key`) |
+//! | `RATE_LIMIT_ON_ERROR` | `allow` | when the store fails: `allow` the request or `deny` it (503) |
+//! | `RUST_LOG` | `info` | tracing filter |
+//!
+//! A bad value stops the server with a message naming the variable (exit
+//! status 2); a Redis that cannot be reached at startup exits with status 1.
+
+use std::{env, fmt, net::SocketAddr, process::ExitCode, time::Duration};
+
+use http::{HeaderName, request::Parts};
+use redis::IntoConnectionInfo;
+use redis_ratelimit::{
+    Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore,
+    key::{self, Key, KeyError, KeyExtractor},
+};
+use tokio::net::TcpListener;
+
+/// What the examples serve with: a bound listener and, unless
+/// `RATE_LIMIT=off`, the rate-limit layer.
+pub struct Setup {
+    pub listener: TcpListener,
+    pub layer: Option<RateLimitLayer<KeyBy>>,
+}
+
+/// Reads the environment, connects the store, binds the listener and logs
+/// the startup line.
+pub async fn setup() -> Result<Setup, Error> {
+    let config = Config::from_env()?;
+    let (layer, limiting) = match &config.rate_limit {
+        Some(l) => {
+            let (layer, store) = l.layer().await?;
+            let text = format!(
+                "store: {store}; limit: {}; key: {}; on store error: {}",
+                l.quota, l.key, l.on_error_name
+            );
+            (Some(layer), text)
+        }
+        None => (None, "rate limiting off: RATE_LIMIT=off".to_owned()),
+    };
+    let listener = TcpListener::bind(config.bind)
+        .await
+        .map_err(|e| Error::runtime(format!("cannot listen on BIND={}: {e}", config.bind)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::runtime(e.to_string()))?;
+    tracing::info!("listening on {addr} ({limiting})");
+    Ok(Setup { listener, layer })
+}
+
+/// Logs with `tracing-subscriber`, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+/// Resolves on ctrl-c (or if ctrl-c cannot be watched, never).
+pub async fn shutdown_signal() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    tracing::info!("ctrl-c: finishing open requests, then exiting");
+}
+
+/// Turns the server's result into the process exit status, printing the
+/// error (not a panic backtrace) if there is one.
+pub fn report(result: Result<(), Error>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.status)
+        }
+    }
+}
+
+/// Why the server did not start or stopped: a message that says what to fix.
+#[derive(Debug)]
+pub struct Error {
+    message: String,
+    status: u8,
+}
+
+impl Error {
+    /// A variable with a bad value (exit status 2).
+    fn config(var: &str, value: &str, fix: impl fmt::Display) -> Self {
+        Self::usage(format!("{var}={value:?} is invalid: {fix}"))
+    }
+
+    /// A bad combination of variables, or a value best not echoed (exit
+    /// status 2).
+    fn usage(message: String) -> Self {
+        Self { message, status: 2 }
+    }
+
+    /// A failure that is not a bad variable (exit status 1).
+    fn runtime(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            status: 1,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Self::runtime(e.to_string())
+    }
+}
+
+/// The key extractor picked by `RATE_LIMIT_KEY`.
+#[derive(Debug, Clone)]
+pub enum KeyBy {
+    PeerIp(key::PeerIp),
+    Header(key::Header),
+}
+
+impl KeyExtractor for KeyBy {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        match self {
+            KeyBy::PeerIp(k) => k.extract(parts),
+            KeyBy::Header(k) => k.extract(parts),
+        }
+    }
+}
+
+impl fmt::Display for KeyBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyBy::PeerIp(_) => f.write_str("ip"),
+            KeyBy::Header(h) => write!(f, "header:{}", h.name()),
+        }
+    }
+}
+
+struct Config {
+    bind: SocketAddr,
+    /// `None` for `RATE_LIMIT=off`.
+    rate_limit: Option<Limiting>,
+}
+
+struct Limiting {
+    quota: Quota,
+    key: KeyBy,
+    on_error: OnStoreError,
+    on_error_name: &'static str,
+    backend: Backend,
+}
+
+enum Backend {
+    Memory,
+    Redis {
+        url: String,
+        /// `host:port`, for the startup line (the URL may hold a password).
+        addr: String,
+        pool: Option<u32>,
+    },
+}
+
+impl Config {
+    /// Parses every variable, so a typo is reported even where it would not
+    /// matter (say, `REDIS_POOL` with `RATE_LIMIT=off`).
+    fn from_env() -> Result<Self, Error> {
+        let bind = var("BIND")?.unwrap_or_else(|| "127.0.0.1:3000".into());
+        let bind = bind.parse().map_err(|_| {
+            Error::config(
+                "BIND",
+                &bind,
+                "use host:port, such as 127.0.0.1:3000 or 0.0.0.0:8080",
+            )
+        })?;
+        let backend = match (var("REDIS_URL")?, var("REDIS_POOL")?) {
+            (None, None) => Backend::Memory,
+            (None, Some(_)) => {
+                return Err(Error::usage(
+                    "REDIS_POOL is set but REDIS_URL is not: set REDIS_URL too, or unset REDIS_POOL"
+                        .into(),
+                ));
+            }
+            (Some(url), pool) => Backend::Redis {
+                addr: redis_addr(&url)?,
+                url,
+                pool: pool.map(|p| parse_pool(&p)).transpose()?,
+            },
+        };
+        let quota = var("RATE_LIMIT")?.unwrap_or_else(|| "100/1s".into());
+        let quota = match quota.to_ascii_lowercase().as_str() {
+            "off" => None,
+            _ => Some(quota.parse::<Quota>().map_err(|e| {
+                Error::config(
+                    "RATE_LIMIT",
+                    &quota,
+                    format!("{e}; or use `off` for no limiter"),
+                )
+            })?),
+        };
+        let key = parse_key(var("RATE_LIMIT_KEY")?.as_deref().unwrap_or("ip"))?;
+        let on_error = var("RATE_LIMIT_ON_ERROR")?.unwrap_or_else(|| "allow".into());
+        let (on_error, on_error_name) = match on_error.to_ascii_lowercase().as_str() {
+            "allow" => (OnStoreError::Allow, "allow"),
+            "deny" => (OnStoreError::Deny, "deny"),
+            _ => {
+                let fix = "use `allow` (let requests through) or `deny` (answer 503)";
+                return Err(Error::config("RATE_LIMIT_ON_ERROR", &on_error, fix));
+            }
+        };
+        Ok(Self {
+            bind,
+            rate_limit: quota.map(|quota| Limiting {
+                quota,
+                key,
+                on_error,
+                on_error_name,
+                backend,
+            }),
+        })
+    }
+}
+
+impl Limiting {
+    /// Connects the store and builds the layer; also describes the store for
+    /// the startup line.
+    async fn layer(&self) -> Result<(RateLimitLayer<KeyBy>, String), Error> {
+        let builder = Limiter::builder(self.quota);
+        let (builder, described) = match &self.backend {
+            Backend::Memory => (builder, "in-memory, REDIS_URL unset".to_owned()),
+            Backend::Redis { url, addr, pool } => {
+                let (store, via) = connect(url, addr, *pool).await?;
+                (builder.store(store), format!("redis at {addr} via {via}"))
+            }
+        };
+        let limiter = builder
+            .build()
+            .map_err(|e| Error::runtime(format!("cannot build the limiter: {e}")))?;
+        let layer = RateLimitLayer::new(limiter, self.key.clone()).on_store_error(self.on_error);
+        Ok((layer, described))
+    }
+}
+
+async fn connect(url: &str, addr: &str, pool: Option<u32>) -> Result<(RedisStore, String), Error> {
+    let unreachable = |e: &dyn fmt::Display| {
+        Error::runtime(format!(
+            "cannot connect to Redis at {addr} (REDIS_URL): {e}; is Redis running there?"
+        ))
+    };
+    match pool {
+        None => {
+            let store = RedisStore::connect(url)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            Ok((store, "one multiplexed connection".into()))
+        }
+        Some(size) => {
+            let manager =
+                bb8_redis::RedisConnectionManager::new(url).map_err(|e| unreachable(&e))?;
+            // Open every connection now: fail fast, and start benchmarks warm.
+            let pool = bb8::Pool::builder()
+                .max_size(size)
+                .min_idle(size)
+                // bb8 PINGs every checked-out connection by default: a second
+                // round trip per decision.
+                .test_on_check_out(false)
+                .connection_timeout(Duration::from_secs(2))
+                .build(manager)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            Ok((RedisStore::from_pool(pool), format!("a bb8 pool of {size}")))
+        }
+    }
+}
+
+/// Checks `REDIS_URL` and returns its `host:port`. The URL itself is never
+/// echoed: it may hold a password.
+fn redis_addr(url: &str) -> Result<String, Error> {
+    match url.into_connection_info() {
+        Ok(info) => Ok(info.addr().to_string()),
+        Err(e) => Err(Error::usage(format!(
+            "REDIS_URL is invalid: {e}; use redis://[:password@]host:port[/db], such as redis://127.0.0.1:6379/0"
+        ))),
+    }
+}
+
+fn parse_pool(text: &str) -> Result<u32, Error> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(Error::config(
+            "REDIS_POOL",
+            text,
+            "use a number of connections above 0, such as 32, or unset it for one multiplexed connection",
+        )),
+    }
+}
+
+fn parse_key(text: &str) -> Result<KeyBy, Error> {
+    let fix = "use `ip` or `header:<name>`, such as header:x-api-key";
+    if text.eq_ignore_ascii_case("ip") {
+        return Ok(KeyBy::PeerIp(key::PeerIp));
+    }
+    match text.split_once(':') {
+        Some((kind, name)) if kind.eq_ignore_ascii_case("header") => {
+            let name = HeaderName::try_from(name.trim()).map_err(|_| {
+                let fix = format!("{:?} is not an HTTP header name; {fix}", name.trim());
+                Error::config("RATE_LIMIT_KEY", text, fix)
+            })?;
+            Ok(KeyBy::Header(key::Header::from_name(name)))
+        }
+        _ => Err(Error::config("RATE_LIMIT_KEY", text, fix)),
+    }
+}
+
+/// A variable's value; unset and empty are the same.
+fn var(name: &'static str) -> Result<Option<String>, Error> {
+    match env::var(name) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(env::VarError::NotPresent) => Ok(None),
+        Err(env::VarError::NotUnicode(v)) => Err(Error::config(
+            name,
+            &v.to_string_lossy(),
+            "it is not valid UTF-8",
+        )),
+    }
+}
