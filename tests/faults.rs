@@ -133,3 +133,28 @@ async fn lazy_store_starts_while_redis_is_down() {
     until_answered(&limiter, "k", &server).await;
     assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
 }
+
+/// The limiter's timeout, not redis-rs's default response timeout (500 ms),
+/// bounds a call: a Redis that answers after 1.5 s is waited for under a 3 s
+/// timeout.
+#[tokio::test]
+async fn the_limiter_timeout_is_the_only_bound() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder("3/1m".parse().unwrap())
+        .store(server.store().await)
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    limiter.check("k", 1).await.unwrap();
+    let mut pause = redis::cmd("CLIENT");
+    pause.arg("PAUSE").arg(1500).arg("ALL");
+    pause.exec_async(&mut server.conn().await).await.unwrap();
+    let start = Instant::now();
+    let d = limiter.check("k", 1).await;
+    assert!(d.is_ok(), "{d:?} after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() > Duration::from_millis(1000),
+        "{:?}",
+        start.elapsed()
+    );
+}

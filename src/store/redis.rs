@@ -74,10 +74,12 @@ impl RedisStore {
         Ok(Self::new(manager))
     }
 
-    /// Reconnection settings: a few quick retries in the background; each
-    /// request is bounded by the limiter's own timeout anyway.
+    /// Reconnection settings: a few quick retries in the background. redis-rs's
+    /// own response timeout (500 ms by default) is switched off so that the
+    /// limiter's timeout is the one bound on every call, whatever its length.
     fn manager_config() -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
+            .set_response_timeout(None)
             .set_number_of_retries(3)
             .set_min_delay(std::time::Duration::from_millis(10))
             .set_max_delay(std::time::Duration::from_millis(500))
