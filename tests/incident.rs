@@ -104,10 +104,7 @@ async fn our_script_under_the_same_load_keeps_ttls_and_admits_every_window() {
 async fn key_planted_without_ttl_is_healed_by_the_next_decision() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let limiter = Limiter::builder("3/1s".parse().unwrap())
-        .store(server.store().await)
-        .build()
-        .unwrap();
+    let limiter = server.limiter("3/1s").await;
     let key = limiter.store_key("victim");
     let _: () = conn.set(&key, 1_000).await.unwrap(); // way over, no TTL
 
@@ -132,10 +129,7 @@ async fn key_planted_without_ttl_is_healed_by_the_next_decision() {
 async fn corrupt_keys_are_reset_not_obeyed() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let limiter = Limiter::builder("3/10s".parse().unwrap())
-        .store(server.store().await)
-        .build()
-        .unwrap();
+    let limiter = server.limiter("3/10s").await;
 
     let key = limiter.store_key("text");
     let _: () = conn.set(&key, "garbage").await.unwrap();

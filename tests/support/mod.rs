@@ -190,6 +190,14 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("RedisStore::connect: {e}\n{}", self.log()))
     }
 
+    /// A limiter for `quota` on a new `RedisStore` of this server.
+    pub async fn limiter(&self, quota: &str) -> Limiter {
+        Limiter::builder(quota.parse().unwrap())
+            .store(self.store().await)
+            .build()
+            .unwrap()
+    }
+
     /// A new `RedisStore` over a bb8 pool of `size` connections.
     pub async fn pool_store(&self, size: u32) -> RedisStore {
         let manager = bb8_redis::RedisConnectionManager::new(self.url()).unwrap();
