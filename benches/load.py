@@ -118,6 +118,8 @@ def main():
                 results.setdefault((server, workload), []).append(r)
                 print(f"round {rnd + 1}: {server:28} {workload:22} {r[0]:>10.0f} req/s "
                       f"p50 {r[1]:.2f} ms p99 {r[2]:.2f} ms non-2xx {r[3]}", file=sys.stderr)
+        stats = subprocess.run(["redis-cli", "-p", str(rport), "INFO", "commandstats"],
+                               check=True, capture_output=True, text=True).stdout
     finally:
         redis.terminate()
         redis.wait()
@@ -134,6 +136,14 @@ def main():
             med = [statistics.median(r[i] for r in rs) for i in range(3)]
             print(f"| {server} | {workload} | {med[0]:.0f} | {med[1]:.2f} | {med[2]:.2f} "
                   f"| {ratio:.2f}x |")
+
+
+    print("\nRedis's own cost per command over the whole run (INFO commandstats):\n")
+    for line in stats.splitlines():
+        if line.startswith("cmdstat_"):
+            name, fields = line.split(":", 1)
+            f = dict(kv.split("=") for kv in fields.split(","))
+            print(f"- {name[8:]}: {f['calls']} calls, {f['usec_per_call']} usec per call")
 
 
 if __name__ == "__main__":
