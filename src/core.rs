@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::{
-    Decision, Error, Limiter, OnStoreError, Rejection,
+    Decision, Error, Limiter, OnStoreError, Rejection, Respond,
+    headers::{self, HeaderSink},
     key::{KeyError, KeyExtractor},
     store::BoxFuture,
 };
@@ -84,6 +85,24 @@ impl<K, R> Core<K, R> {
                 Err(Rejection::KeyUnavailable(e))
             }
         }
+    }
+
+    /// The response for a rejection, with the rate-limit headers when the
+    /// quota denied it.
+    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
+    where
+        R: Respond<Res>,
+    {
+        let mut res = self.respond.respond(&rejection);
+        if let Some(d) = rejection.decision() {
+            headers::write(d, &mut res, self.legacy_headers);
+        }
+        res
+    }
+
+    /// Adds the decision's rate-limit headers to a passed request's response.
+    pub(crate) fn decorate(&self, res: &mut impl HeaderSink, decision: &Decision) {
+        headers::write(decision, res, self.legacy_headers);
     }
 
     /// Applies the store-error policy to a finished check.

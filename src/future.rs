@@ -15,7 +15,6 @@ use tower_service::Service;
 use crate::{
     Decision, Error, Rejection, Respond,
     core::{Core, Verdict},
-    headers,
     store::BoxFuture,
 };
 
@@ -93,18 +92,10 @@ where
     }
 }
 
-fn reject<B, K, R: Respond<B>>(core: &Core<K, R>, rejection: Rejection) -> Response<B> {
-    let mut res = core.respond.respond(&rejection);
-    if let Some(d) = rejection.decision() {
-        headers::write(d, res.headers_mut(), core.legacy_headers);
-    }
-    res
-}
-
 impl<S, ReqBody, ResBody, K, R> Future for ResponseFuture<S, ReqBody, K, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    R: Respond<ResBody>,
+    R: Respond<Response<ResBody>>,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -122,20 +113,20 @@ where
                             this.state.set(State::Calling { fut, decision });
                         }
                         Verdict::Reject(rejection) => {
-                            return Poll::Ready(Ok(reject(this.core, rejection)));
+                            return Poll::Ready(Ok(this.core.reject(rejection)));
                         }
                     }
                 }
                 StateProj::Calling { fut, decision } => {
                     let mut res = ready!(fut.poll(cx))?;
                     if let Some(d) = decision.take() {
-                        headers::write(&d, res.headers_mut(), this.core.legacy_headers);
+                        this.core.decorate(&mut res, &d);
                     }
                     return Poll::Ready(Ok(res));
                 }
                 StateProj::Answered { rejection } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    return Poll::Ready(Ok(reject(this.core, rejection)));
+                    return Poll::Ready(Ok(this.core.reject(rejection)));
                 }
             }
         }

@@ -117,8 +117,37 @@ pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
     )
 }
 
+/// Where [`write`] puts headers: an `http` 1 header map or response, or an
+/// actix-web response (which uses `http` 0.2 types, converted through bytes).
+pub(crate) trait HeaderSink {
+    /// Adds a value, keeping those already there (for sf-lists).
+    fn append(&mut self, name: HeaderName, value: HeaderValue);
+    /// Sets the only value.
+    fn insert(&mut self, name: HeaderName, value: HeaderValue);
+}
+
+impl HeaderSink for HeaderMap {
+    fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        HeaderMap::append(self, name, value);
+    }
+
+    fn insert(&mut self, name: HeaderName, value: HeaderValue) {
+        HeaderMap::insert(self, name, value);
+    }
+}
+
+impl<B> HeaderSink for http::Response<B> {
+    fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        self.headers_mut().append(name, value);
+    }
+
+    fn insert(&mut self, name: HeaderName, value: HeaderValue) {
+        self.headers_mut().insert(name, value);
+    }
+}
+
 /// Writes the IETF headers, and `Retry-After` when denied.
-pub(crate) fn write(d: &Decision, headers: &mut HeaderMap, legacy: bool) {
+pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
     headers.append(RATELIMIT_POLICY, d.policy_info().header.clone());
     headers.append(RATELIMIT, ratelimit_value(d));
     if let Some(wait) = d.retry_after() {

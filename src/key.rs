@@ -13,6 +13,11 @@
 //! | [`Global`] | one shared key for every request | never fails |
 //! | [`from_fn`] | whatever the closure returns | whatever the closure returns |
 //!
+//! The built-in extractors work on any request type that implements
+//! [`RequestInfo`]: `http::request::Parts` for the tower layer and, with the
+//! `actix` feature, actix-web's `ServiceRequest`. A [`from_fn`] closure gets
+//! the framework's own request type.
+//!
 //! Keys are client-controlled bytes. The [`Limiter`](crate::Limiter) never
 //! puts them into Redis raw unless they are short and made of a safe alphabet;
 //! anything else (long, non-UTF-8, braces, spaces) is stored as a SHA-256
@@ -132,10 +137,45 @@ impl KeyError {
     }
 }
 
+/// What the built-in extractors read off a request, in any framework.
+///
+/// Implemented for `http::request::Parts` (tower: axum, hyper, tonic) and,
+/// with the `actix` feature, for `actix_web::dev::ServiceRequest`.
+pub trait RequestInfo {
+    /// The peer's socket address, if the server recorded it.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+
+    /// Every value of header `name`, in the order received.
+    fn header_values<'a>(&'a self, name: &HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a;
+}
+
+impl RequestInfo for Parts {
+    /// A `SocketAddr` request extension (insert one in a hyper server) or,
+    /// with the `axum` feature, axum's `ConnectInfo<SocketAddr>`.
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        if let Some(addr) = self.extensions.get::<SocketAddr>() {
+            return Some(*addr);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(info) = self
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(info.0);
+        }
+        None
+    }
+
+    fn header_values<'a>(&'a self, name: &HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers.get_all(name).into_iter().map(|v| v.as_bytes())
+    }
+}
+
 /// Derives a rate-limit [`Key`] from a request of type `R`.
 ///
-/// `R` is `http::request::Parts` for the tower layer. Implement it for your
-/// own extractor, or use [`from_fn`] with a closure.
+/// `R` is `http::request::Parts` for the tower layer and
+/// `actix_web::dev::ServiceRequest` for the actix middleware. Implement it for
+/// your own extractor, or use [`from_fn`] with a closure.
 pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
     /// The key for this request, or why there is none.
     fn extract(&self, req: &R) -> Result<Key, KeyError>;
@@ -155,32 +195,17 @@ impl<R: ?Sized + 'static> KeyExtractor<R> for std::sync::Arc<dyn KeyExtractor<R>
 
 /// Keys by the peer's IP address (the port is dropped).
 ///
-/// Reads a `SocketAddr` request extension (insert one in a hyper server) or,
-/// with the `axum` feature (on by default), axum's `ConnectInfo<SocketAddr>`.
+/// Under tower it reads a `SocketAddr` request extension (insert one in a
+/// hyper server) or, with the `axum` feature (on by default), axum's
+/// `ConnectInfo<SocketAddr>`; under actix, the connection's peer address.
 /// Behind a proxy every request comes from the proxy's address: key by a
 /// header or a closure there instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
-impl PeerIp {
-    fn peer(parts: &Parts) -> Option<SocketAddr> {
-        if let Some(addr) = parts.extensions.get::<SocketAddr>() {
-            return Some(*addr);
-        }
-        #[cfg(feature = "axum")]
-        if let Some(info) = parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        {
-            return Some(info.0);
-        }
-        None
-    }
-}
-
-impl KeyExtractor for PeerIp {
-    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
-        let addr = Self::peer(parts).ok_or(KeyError::NoPeerAddr)?;
+impl<R: RequestInfo + ?Sized> KeyExtractor<R> for PeerIp {
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+        let addr = req.peer_addr().ok_or(KeyError::NoPeerAddr)?;
         Ok(Key::from(addr.ip().to_string()))
     }
 }
@@ -218,10 +243,10 @@ impl Header {
     }
 }
 
-impl KeyExtractor for Header {
-    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
-        match parts.headers.get(&self.name) {
-            Some(v) if !v.is_empty() => Ok(Key(Bytes::copy_from_slice(v.as_bytes()))),
+impl<R: RequestInfo + ?Sized> KeyExtractor<R> for Header {
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+        match req.header_values(&self.name).next() {
+            Some(v) if !v.is_empty() => Ok(Key(Bytes::copy_from_slice(v))),
             _ => Err(KeyError::MissingHeader(self.name.clone())),
         }
     }

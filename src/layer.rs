@@ -57,6 +57,13 @@ impl<K> RateLimitLayer<K> {
     }
 }
 
+impl<K, R> RateLimitLayer<K, R> {
+    /// The state shared by every service (tower or actix) the layer makes.
+    pub(crate) fn core(&self) -> &Arc<Core<K, R>> {
+        &self.core
+    }
+}
+
 impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     fn map(self, f: impl FnOnce(&mut Core<K, R>)) -> Self {
         let mut core = Arc::unwrap_or_clone(self.core);
@@ -80,7 +87,8 @@ impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     }
 
     /// Builds rejections with `respond`: a [`Respond`](crate::Respond)
-    /// implementation or a `Fn(&Rejection) -> http::Response<B>` closure.
+    /// implementation or a `Fn(&Rejection) -> http::Response<B>` closure (under
+    /// actix, `Fn(&Rejection) -> actix_web::HttpResponse`).
     #[must_use]
     pub fn respond_with<R2>(self, respond: R2) -> RateLimitLayer<K, R2> {
         let core = Arc::unwrap_or_clone(self.core);

@@ -83,18 +83,19 @@ impl Rejection {
     }
 }
 
-/// Builds the response for a [`Rejection`]. Implemented by [`DefaultResponse`]
-/// and by every `Fn(&Rejection) -> http::Response<B>` closure.
-pub trait Respond<B>: Send + Sync + 'static {
+/// Builds the response of type `Res` for a [`Rejection`]: `http::Response<B>`
+/// under tower, `actix_web::HttpResponse` under actix. Implemented by
+/// [`DefaultResponse`] and by every `Fn(&Rejection) -> Res` closure.
+pub trait Respond<Res>: Send + Sync + 'static {
     /// The response to send. Rate-limit headers are added afterwards.
-    fn respond(&self, rejection: &Rejection) -> Response<B>;
+    fn respond(&self, rejection: &Rejection) -> Res;
 }
 
 /// The default answer: [`Rejection::status`] with an empty body.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultResponse;
 
-impl<B: Default> Respond<B> for DefaultResponse {
+impl<B: Default> Respond<Response<B>> for DefaultResponse {
     fn respond(&self, rejection: &Rejection) -> Response<B> {
         let mut res = Response::new(B::default());
         *res.status_mut() = rejection.status();
@@ -102,11 +103,11 @@ impl<B: Default> Respond<B> for DefaultResponse {
     }
 }
 
-impl<B, F> Respond<B> for F
+impl<Res, F> Respond<Res> for F
 where
-    F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+    F: Fn(&Rejection) -> Res + Send + Sync + 'static,
 {
-    fn respond(&self, rejection: &Rejection) -> Response<B> {
+    fn respond(&self, rejection: &Rejection) -> Res {
         self(rejection)
     }
 }

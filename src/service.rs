@@ -40,7 +40,7 @@ impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<Parts>,
-    R: Respond<ResBody>,
+    R: Respond<Response<ResBody>>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;

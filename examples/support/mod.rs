@@ -1,4 +1,4 @@
-//! What the example servers (`axum.rs`, `hyper.rs`) share: configuration from
+//! What the example servers (`axum.rs`, `hyper.rs`, `actix.rs`) share: configuration from
 //! the environment, the rate-limit layer it describes, the listener, logging
 //! and shutdown. Each example only builds its own server around [`setup`].
 //!
@@ -17,11 +17,11 @@
 
 use std::{env, fmt, net::SocketAddr, process::ExitCode, time::Duration};
 
-use http::{HeaderName, request::Parts};
+use http::HeaderName;
 use redis::IntoConnectionInfo;
 use redis_ratelimit::{
     Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore,
-    key::{self, Key, KeyError, KeyExtractor},
+    key::{self, Key, KeyError, KeyExtractor, RequestInfo},
 };
 use tokio::net::TcpListener;
 
@@ -64,7 +64,9 @@ pub fn init_tracing() {
     tracing_subscriber::fmt().with_env_filter(filter).init();
 }
 
-/// Resolves on ctrl-c (or if ctrl-c cannot be watched, never).
+/// Resolves on ctrl-c (or if ctrl-c cannot be watched, never). actix-web
+/// watches signals itself, so `actix.rs` does not use it.
+#[allow(dead_code)]
 pub async fn shutdown_signal() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
@@ -125,11 +127,11 @@ pub enum KeyBy {
     Header(key::Header),
 }
 
-impl KeyExtractor for KeyBy {
-    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+impl<R: RequestInfo> KeyExtractor<R> for KeyBy {
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
         match self {
-            KeyBy::PeerIp(k) => k.extract(parts),
-            KeyBy::Header(k) => k.extract(parts),
+            KeyBy::PeerIp(k) => k.extract(req),
+            KeyBy::Header(k) => k.extract(req),
         }
     }
 }

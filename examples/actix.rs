@@ -1,0 +1,43 @@
+//! An actix-web 4 server rate limited by `redis-ratelimit` (the `actix`
+//! feature), configured from the environment exactly like `axum.rs` (see
+//! `examples/support/mod.rs` for every variable).
+//!
+//! ```text
+//! cargo run --features actix --example actix                 # in memory, 100/1s per IP
+//! REDIS_URL=redis://127.0.0.1:6379 RATE_LIMIT=5/10s cargo run --features actix --example actix
+//! curl -i http://127.0.0.1:3000/
+//! ```
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::process::ExitCode;
+
+use actix_web::{App, HttpServer, web};
+
+fn main() -> ExitCode {
+    support::init_tracing();
+    // actix-web runs on its own runtime (tokio underneath), so the store is
+    // connected inside it.
+    support::report(actix_web::rt::System::new().block_on(serve()))
+}
+
+fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/", web::get().to(|| async { "ok" }));
+}
+
+async fn serve() -> Result<(), support::Error> {
+    let support::Setup { listener, layer } = support::setup().await?;
+    let listener = listener.into_std()?;
+    // actix-web stops on ctrl-c by itself, finishing open requests.
+    let server = match layer {
+        Some(layer) => HttpServer::new(move || App::new().wrap(layer.clone()).configure(routes))
+            .listen(listener)?
+            .run(),
+        None => HttpServer::new(|| App::new().configure(routes))
+            .listen(listener)?
+            .run(),
+    };
+    server.await?;
+    Ok(())
+}
