@@ -1,1 +1,164 @@
-//! placeholder
+//! The actix-web middleware end to end: the shared HTTP scenarios (the same
+//! code the tower tests run), actix-specific keys and responses, and parity
+//! with the tower layer. Real redis-server per test.
+
+mod support;
+
+use actix_web::{App, HttpResponse, dev::ServiceRequest, web};
+use redis_ratelimit::{
+    RateLimitLayer, Rejection,
+    key::{self, Key, PeerIp},
+};
+use support::{
+    Backend,
+    http::{Caller, Reply},
+    scenarios::{self, exact_count, log},
+    servers::{Actix, Axum, spawn_actix},
+};
+
+#[tokio::test]
+async fn actix_with_redis_admits_exactly_the_quota() {
+    scenarios::exact_count_by_key(&Actix, &Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn actix_with_redis_pool_admits_exactly_the_quota() {
+    scenarios::exact_count_by_key(&Actix, &Backend::redis_pool().await).await;
+}
+
+#[tokio::test]
+async fn actix_with_memory_store_admits_exactly_the_quota() {
+    scenarios::exact_count_by_key(&Actix, &Backend::memory()).await;
+}
+
+#[tokio::test]
+async fn actix_window_reopens_after_its_reset() {
+    scenarios::window_reopens(&Actix, &Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn actix_header_values() {
+    scenarios::header_values(&Actix, &Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn actix_requests_without_a_key_are_refused() {
+    scenarios::missing_key_is_refused(&Actix, &Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn actix_concurrent_requests_admit_exactly_the_limit() {
+    scenarios::concurrent_requests_admit_exactly_the_limit(&Actix, 1).await;
+}
+
+#[tokio::test]
+async fn actix_two_servers_sharing_redis_admit_exactly_the_limit() {
+    scenarios::concurrent_requests_admit_exactly_the_limit(&Actix, 2).await;
+}
+
+#[tokio::test]
+async fn actix_script_flush_is_invisible() {
+    scenarios::script_flush_is_invisible(&Actix, &Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn actix_redis_killed_and_restarted() {
+    scenarios::redis_killed_and_restarted(&Actix).await;
+}
+
+#[tokio::test]
+async fn actix_keyed_by_peer_ip() {
+    let b = Backend::redis().await;
+    let layer = RateLimitLayer::new(b.limiter("5/10s"), PeerIp);
+    let url = spawn_actix(move || {
+        App::new()
+            .wrap(layer.clone())
+            .route("/", web::get().to(|| async { "ok" }))
+    });
+    let a = Caller::from_ip([127, 0, 0, 1]);
+    let other = Caller::from_ip([127, 0, 0, 2]);
+    exact_count(&b, &url, &a, &other).await;
+}
+
+#[tokio::test]
+async fn actix_scope_wrap_limits_only_the_scope_with_a_closure_key_and_custom_body() {
+    const JSON: &str = r#"{"error":"rate limited"}"#;
+    let b = Backend::redis().await;
+    // Keyed by path: every caller shares the /api count.
+    let by_path = key::from_fn(|req: &ServiceRequest| Ok(Key::from(req.path().to_owned())));
+    let json = |r: &Rejection| {
+        let status = actix_web::http::StatusCode::from_u16(r.status().as_u16()).unwrap();
+        HttpResponse::build(status)
+            .content_type("application/json")
+            .body(JSON)
+    };
+    let layer = RateLimitLayer::new(b.limiter("2/1m"), by_path).respond_with(json);
+    let url = spawn_actix(move || {
+        App::new()
+            .service(
+                web::scope("/api")
+                    .wrap(layer.clone())
+                    .route("/x", web::get().to(|| async { "ok" })),
+            )
+            .route("/free", web::get().to(|| async { "ok" }))
+    });
+    let (one, two) = (Caller::with_key(Some("1")), Caller::with_key(Some("2")));
+    let api = format!("{url}/api/x");
+    one.get(&api).await.expect(200, &log(&b));
+    two.get(&api).await.expect(200, &log(&b));
+    let res = one.get(&api).await.expect(429, &log(&b));
+    assert_eq!(res.body, JSON);
+    assert_eq!(res.header("content-type"), Some("application/json"));
+    assert!((55..=60).contains(&res.int("retry-after")), "{res:?}");
+    assert_eq!(
+        res.header("ratelimit-policy"),
+        Some(r#""default";q=2;w=60"#)
+    );
+    for res in one.get_n(&format!("{url}/free"), 3).await {
+        let res = res.expect(200, &log(&b));
+        assert!(!res.has_ratelimit_headers(), "{res:?}");
+    }
+}
+
+/// Seconds-to-reset values may differ by one between two runs that straddle
+/// a second boundary; everything else must be identical.
+fn split_seconds(r: &Reply) -> (Vec<(&'static str, Vec<String>)>, Vec<u64>) {
+    let mut secs = Vec::new();
+    let mut headers = r.rate_limit_headers();
+    for (name, values) in &mut headers {
+        for v in values.iter_mut() {
+            if matches!(*name, "retry-after" | "x-ratelimit-reset") {
+                secs.push(v.parse().unwrap());
+                *v = "<secs>".into();
+            } else if *name == "ratelimit" {
+                let (rest, t) = v.rsplit_once(";t=").unwrap();
+                secs.push(t.parse().unwrap());
+                *v = format!("{rest};t=<secs>");
+            }
+        }
+    }
+    (headers, secs)
+}
+
+#[tokio::test]
+async fn actix_and_tower_answer_the_same_sequence_identically() {
+    let (tower_store, actix_store) = (Backend::redis().await, Backend::redis().await);
+    let tower = scenarios::parity_sequence(&Axum, &tower_store).await;
+    let actix = scenarios::parity_sequence(&Actix, &actix_store).await;
+    let statuses = |r: &[Reply]| r.iter().map(|r| r.status.as_u16()).collect::<Vec<_>>();
+    assert_eq!(
+        statuses(&tower),
+        [200, 200, 200, 429, 429, 200, 200, 400, 429]
+    );
+    assert_eq!(statuses(&tower), statuses(&actix));
+    for (i, (t, a)) in tower.iter().zip(&actix).enumerate() {
+        let ((t_headers, t_secs), (a_headers, a_secs)) = (split_seconds(t), split_seconds(a));
+        assert_eq!(t_headers, a_headers, "request {i}: {t:?}\n{a:?}");
+        assert_eq!(t_secs.len(), a_secs.len(), "request {i}");
+        for (ts, as_) in t_secs.iter().zip(&a_secs) {
+            assert!(ts.abs_diff(*as_) <= 1, "request {i}: {t:?}\n{a:?}");
+            assert!((3598..=3600).contains(ts), "request {i}: {t:?}");
+        }
+        assert_eq!(t.body, a.body, "request {i}");
+    }
+}

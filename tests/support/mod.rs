@@ -8,6 +8,10 @@
 //! one `PING`, so nothing polls or sleeps while waiting for it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod http;
+pub mod scenarios;
+pub mod servers;
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},

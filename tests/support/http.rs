@@ -1,0 +1,140 @@
+//! The HTTP side of the harness: a client ([`Caller`]) and what it gets back
+//! ([`Reply`]), shared by the tower and actix tests.
+
+use std::{net::IpAddr, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+
+/// The headers the rate limiter writes: what parity compares.
+pub const RATE_LIMIT_HEADERS: [&str; 6] = [
+    "ratelimit",
+    "ratelimit-policy",
+    "retry-after",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+
+/// A finished HTTP exchange.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    /// A header holding a plain integer, such as `retry-after`.
+    pub fn int(&self, name: &str) -> u64 {
+        let v = self.header(name);
+        v.and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} is not an integer: {v:?} in {self:?}"))
+    }
+
+    /// A parameter of `RateLimit: "default";r=4;t=10`: `r` or `t`.
+    pub fn ratelimit(&self, key: &str) -> u64 {
+        let v = self.header("ratelimit");
+        let v = v.unwrap_or_else(|| panic!("no ratelimit header: {self:?}"));
+        v.split(';')
+            .skip(1)
+            .find_map(|p| p.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or_else(|| panic!("no integer {key}= in ratelimit: {v:?}"))
+    }
+
+    pub fn has_ratelimit_headers(&self) -> bool {
+        ["ratelimit", "ratelimit-policy", "retry-after"]
+            .iter()
+            .any(|h| self.headers.contains_key(*h))
+    }
+
+    /// Every value of every rate-limit header, in a fixed order.
+    pub fn rate_limit_headers(&self) -> Vec<(&'static str, Vec<String>)> {
+        RATE_LIMIT_HEADERS
+            .iter()
+            .map(|&name| {
+                let values = self.headers.get_all(name).iter();
+                (
+                    name,
+                    values.map(|v| v.to_str().unwrap().to_owned()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Asserts the status, showing the Redis `log` if it is wrong.
+    pub fn expect(self, status: u16, log: &str) -> Self {
+        assert_eq!(self.status.as_u16(), status, "{self:?}\n{log}");
+        self
+    }
+}
+
+/// Who sends requests: a client (which fixes the source IP) and an API key.
+#[derive(Clone)]
+pub struct Caller {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    api_key: Option<&'static str>,
+}
+
+impl Caller {
+    pub fn with_key(api_key: Option<&'static str>) -> Self {
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Self { client, api_key }
+    }
+
+    /// A caller whose requests come from `ip` (on Linux any 127.0.0.0/8
+    /// address reaches 127.0.0.1), each on a new connection, so a new port.
+    pub fn from_ip(ip: [u8; 4]) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(Some(IpAddr::from(ip)));
+        let mut builder = Client::builder(TokioExecutor::new());
+        let client = builder.pool_max_idle_per_host(0).build(connector);
+        let api_key = None;
+        Self { client, api_key }
+    }
+
+    pub async fn get(&self, url: &str) -> Reply {
+        let mut req = Request::get(url);
+        if let Some(key) = self.api_key {
+            req = req.header("x-api-key", key);
+        }
+        let req = req.body(Empty::new()).unwrap();
+        let exchange = async {
+            let res = self.client.request(req).await.expect("HTTP request");
+            let (parts, body) = res.into_parts();
+            let body = body.collect().await.expect("response body").to_bytes();
+            let body = String::from_utf8(body.to_vec()).unwrap();
+            Reply {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), exchange)
+            .await
+            .unwrap_or_else(|_| panic!("GET {url} hung for 30 s"))
+    }
+
+    /// `n` requests, one after another.
+    pub async fn get_n(&self, url: &str, n: usize) -> Vec<Reply> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(self.get(url).await);
+        }
+        out
+    }
+
+    pub async fn statuses(&self, url: &str, n: usize) -> Vec<u16> {
+        let replies = self.get_n(url, n).await;
+        replies.iter().map(|r| r.status.as_u16()).collect()
+    }
+}

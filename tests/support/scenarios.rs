@@ -1,0 +1,222 @@
+//! HTTP scenarios written once and run against every framework adapter:
+//! each test file implements [`Serve`] for its framework (axum for tower,
+//! actix-web) and calls these.
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use futures_util::future::join_all;
+use http::StatusCode;
+use redis_ratelimit::{Limiter, OnStoreError, RateLimitLayer, RedisStore, key::Header};
+
+use super::{
+    Backend, RedisServer,
+    http::{Caller, Reply},
+};
+
+/// A framework that can serve `GET /` (answering `ok`) behind a layer.
+pub trait Serve {
+    /// Serves on a free port and returns the base URL.
+    fn serve(&self, layer: RateLimitLayer<Header>) -> impl Future<Output = String>;
+}
+
+/// Limits by the `x-api-key` header.
+pub fn by_key(limiter: Limiter) -> RateLimitLayer<Header> {
+    RateLimitLayer::new(limiter, Header::new("x-api-key"))
+}
+
+pub fn log(b: &Backend) -> String {
+    b.server().map(RedisServer::log).unwrap_or_default()
+}
+
+const POLICY_5_PER_10S: &str = r#""default";q=5;w=10"#;
+
+/// The "5/10s" policy over HTTP: `first` gets exactly five 200s counting
+/// down, then 429s; `other` is counted on its own.
+pub async fn exact_count(b: &Backend, url: &str, first: &Caller, other: &Caller) {
+    for expected_r in (0..5).rev() {
+        let res = first.get(url).await.expect(200, &log(b));
+        assert_eq!(res.body, "ok");
+        assert_eq!(res.header("ratelimit-policy"), Some(POLICY_5_PER_10S));
+        assert_eq!(res.ratelimit("r"), expected_r, "{res:?}");
+        assert!((9..=10).contains(&res.ratelimit("t")), "{res:?}");
+        assert_eq!(res.header("retry-after"), None, "{res:?}");
+    }
+    for _ in 0..2 {
+        let res = first.get(url).await.expect(429, &log(b));
+        assert_eq!(res.body, "", "the handler must not run");
+        assert_eq!(res.header("ratelimit-policy"), Some(POLICY_5_PER_10S));
+        assert_eq!(res.ratelimit("r"), 0, "{res:?}");
+        let retry = res.int("retry-after");
+        assert!((9..=10).contains(&retry), "{res:?}");
+        assert_eq!(retry, res.ratelimit("t"), "{res:?}");
+    }
+    let res = other.get(url).await.expect(200, &log(b));
+    assert_eq!(res.ratelimit("r"), 4, "another client has its own count");
+}
+
+/// [`exact_count`] keyed by `x-api-key`.
+pub async fn exact_count_by_key(s: &impl Serve, b: &Backend) {
+    let url = s.serve(by_key(b.limiter("5/10s"))).await;
+    let (a, other) = (Caller::with_key(Some("a")), Caller::with_key(Some("b")));
+    exact_count(b, &url, &a, &other).await;
+}
+
+/// A "2/1s" key runs out, is told to come back in 1 s, and after that
+/// second has a fresh window.
+pub async fn window_reopens(s: &impl Serve, b: &Backend) {
+    let url = s.serve(by_key(b.limiter("2/1s"))).await;
+    let caller = Caller::with_key(Some("k"));
+    assert_eq!(caller.statuses(&url, 2).await, [200, 200], "{}", log(b));
+    let denied = caller.get(&url).await.expect(429, &log(b));
+    assert_eq!(denied.int("retry-after"), 1, "{denied:?}");
+    assert_eq!(denied.ratelimit("t"), 1, "{denied:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let res = caller.get(&url).await.expect(200, &log(b));
+    assert_eq!(res.ratelimit("r"), 1, "a fresh window: {res:?}");
+}
+
+/// The optional legacy headers, consistent with `RateLimit`.
+pub async fn header_values(s: &impl Serve, b: &Backend) {
+    let layer = by_key(b.limiter("3/1m")).legacy_headers(true);
+    let url = s.serve(layer).await;
+    let caller = Caller::with_key(Some("k"));
+    for (status, remaining) in [(200, 2), (200, 1), (200, 0), (429, 0)] {
+        let res = caller.get(&url).await.expect(status, &log(b));
+        assert_eq!(
+            res.header("ratelimit-policy"),
+            Some(r#""default";q=3;w=60"#)
+        );
+        assert_eq!(res.int("x-ratelimit-limit"), 3, "{res:?}");
+        assert_eq!(res.int("x-ratelimit-remaining"), remaining, "{res:?}");
+        assert_eq!(res.ratelimit("r"), remaining, "{res:?}");
+        let reset = res.int("x-ratelimit-reset");
+        assert!((55..=60).contains(&reset), "{res:?}");
+        assert_eq!(reset, res.ratelimit("t"), "{res:?}");
+        if status == 429 {
+            assert_eq!(res.int("retry-after"), reset, "{res:?}");
+        }
+    }
+}
+
+/// A request without the key header: 400, no headers, handler not run.
+pub async fn missing_key_is_refused(s: &impl Serve, b: &Backend) {
+    let url = s.serve(by_key(b.limiter("5/1m"))).await;
+    for res in Caller::with_key(None).get_n(&url, 3).await {
+        let res = res.expect(400, &log(b));
+        assert!(!res.has_ratelimit_headers(), "{res:?}");
+        assert_eq!(res.body, "", "the handler must not run");
+    }
+}
+
+/// 200 concurrent requests with one key over `urls` (servers limiting
+/// "50/1m" on one Redis) are answered with exactly 50 200s and 150 429s.
+pub async fn concurrent_requests_admit_exactly_the_limit(s: &impl Serve, servers: usize) {
+    let redis = RedisServer::start();
+    let mut urls = Vec::new();
+    for _ in 0..servers {
+        urls.push(s.serve(by_key(redis.limiter("50/1m").await)).await);
+    }
+    let caller = Caller::with_key(Some("hot"));
+    let replies = join_all((0..200).map(|i| caller.get(&urls[i % urls.len()]))).await;
+    let count = |s| replies.iter().filter(|r| r.status == s).count();
+    let counts = (count(StatusCode::OK), count(StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(counts, (50, 150), "{}", redis.log());
+    redis.assert_every_key_has_ttl().await;
+}
+
+/// `SCRIPT FLUSH` between requests: redis-rs reloads the script on
+/// `NOSCRIPT` and clients never notice.
+pub async fn script_flush_is_invisible(s: &impl Serve, b: &Backend) {
+    let url = s.serve(by_key(b.limiter("5/1m"))).await;
+    let caller = Caller::with_key(Some("k"));
+    let mut conn = b.server().expect("a Redis backend").conn().await;
+    let mut flush = redis::cmd("SCRIPT");
+    flush.arg("FLUSH");
+    for expected_r in (0..5).rev() {
+        let res = caller.get(&url).await.expect(200, &log(b));
+        assert_eq!(res.ratelimit("r"), expected_r, "{res:?}");
+        flush.exec_async(&mut conn).await.unwrap();
+    }
+    caller.get(&url).await.expect(429, &log(b));
+}
+
+/// Serves an "allow" and a "deny" URL, each limited "3/1m" per `x-api-key`
+/// with a 200 ms store timeout, under the store-error policy of that name.
+pub async fn serve_policies(s: &impl Serve, store: RedisStore) -> (String, String) {
+    let layer = |name: &str, policy| {
+        let builder = Limiter::builder("3/1m".parse().unwrap()).store(store.clone());
+        let limiter = builder.name(name).timeout(Duration::from_millis(200));
+        by_key(limiter.build().unwrap()).on_store_error(policy)
+    };
+    let allow = s.serve(layer("allow", OnStoreError::Allow)).await;
+    let deny = s.serve(layer("deny", OnStoreError::Deny)).await;
+    (allow, deny)
+}
+
+/// With the store failing, `allow` answers 200 and `deny` 503, both
+/// without rate-limit headers and well within a bound.
+pub async fn assert_failure_policy(caller: &Caller, allow: &str, deny: &str, server: &RedisServer) {
+    for (url, status) in [(allow, 200), (deny, 503)] {
+        for _ in 0..2 {
+            let started = Instant::now();
+            let res = caller.get(url).await.expect(status, &server.log());
+            let took = started.elapsed();
+            assert!(!res.has_ratelimit_headers(), "{res:?}");
+            assert!(took < Duration::from_millis(1500), "{url} took {took:?}");
+        }
+    }
+}
+
+/// Redis killed: the store-error policy, within a bound. Redis restarted:
+/// limiting resumes by itself with a fresh window.
+pub async fn redis_killed_and_restarted(s: &impl Serve) {
+    let mut server = RedisServer::start();
+    let (allow, deny) = serve_policies(s, server.store().await).await;
+    let caller = Caller::with_key(Some("k"));
+    // Exhaust "allow" while Redis is up, so a fresh count is visible later.
+    assert_eq!(caller.statuses(&allow, 4).await, [200, 200, 200, 429]);
+
+    server.kill();
+    assert_failure_policy(&caller, &allow, &deny, &server).await;
+
+    server.restart();
+    // The ConnectionManager reconnects by itself; poll until it has.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        let res = caller.get(&allow).await.expect(200, &server.log());
+        if res.headers.contains_key("ratelimit") {
+            break res;
+        }
+        assert!(Instant::now() < deadline, "not limiting 10 s after restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The restart emptied Redis: a fresh window, which runs out again.
+    let r = first.ratelimit("r") as usize;
+    let mut expected = vec![200; r];
+    expected.push(429);
+    let statuses = caller.statuses(&allow, r + 1).await;
+    assert_eq!(statuses, expected, "{}", server.log());
+    let res = caller.get(&deny).await.expect(200, &server.log());
+    assert_eq!(res.ratelimit("r"), 2, "{res:?}");
+}
+
+/// One fixed sequence of requests, for comparing adapters: two keys through
+/// a "3/1h" limit with legacy headers, and a request without a key.
+pub async fn parity_sequence(s: &impl Serve, b: &Backend) -> Vec<Reply> {
+    let url = s
+        .serve(by_key(b.limiter("3/1h")).legacy_headers(true))
+        .await;
+    let (a, other, none) = (
+        Caller::with_key(Some("a")),
+        Caller::with_key(Some("b")),
+        Caller::with_key(None),
+    );
+    let mut replies = a.get_n(&url, 5).await;
+    replies.extend(other.get_n(&url, 2).await);
+    replies.push(none.get(&url).await);
+    replies.extend(a.get_n(&url, 1).await);
+    replies
+}
