@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::{
     Decision, Error, Limiter, OnStoreError, Rejection, Respond,
     headers::{self, HeaderSink},
-    key::{KeyError, KeyExtractor},
+    key::{Key, KeyError, KeyExtractor},
     store::BoxFuture,
 };
 
@@ -57,6 +57,18 @@ impl<K, R> Core<K, R> {
         }
     }
 
+    /// Wraps the extractor, keeping everything else.
+    pub(crate) fn map_extractor<K2>(self, f: impl FnOnce(K) -> K2) -> Core<K2, R> {
+        Core {
+            limiter: self.limiter,
+            extractor: f(self.extractor),
+            respond: self.respond,
+            on_error: self.on_error,
+            legacy_headers: self.legacy_headers,
+            logs: self.logs,
+        }
+    }
+
     /// Swaps the responder, keeping everything else.
     pub(crate) fn with_respond<R2>(self, respond: R2) -> Core<K, R2> {
         Core {
@@ -69,7 +81,7 @@ impl<K, R> Core<K, R> {
         }
     }
 
-    /// Derives the request's key and starts its check (cost 1), or rejects
+    /// Derives the request's keys and cost and starts its check, or rejects
     /// the request at once when no key can be derived.
     pub(crate) fn start<Req: ?Sized>(
         &self,
@@ -78,13 +90,22 @@ impl<K, R> Core<K, R> {
     where
         K: KeyExtractor<Req>,
     {
-        match self.extractor.extract(req) {
-            Ok(key) => Ok(self.limiter.decide(key.as_bytes(), 1)),
-            Err(e) => {
-                self.logs.key_error(&e);
-                Err(Rejection::KeyUnavailable(e))
-            }
-        }
+        let cost = self.extractor.cost(req);
+        let keys = if self.extractor.key_count() == 1 {
+            self.extractor
+                .extract(req)
+                .map(|key| self.limiter.decide(&[key.as_bytes()], cost))
+        } else {
+            let mut keys = Vec::with_capacity(self.extractor.key_count());
+            self.extractor.extract_all(req, &mut keys).map(|()| {
+                let keys: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
+                self.limiter.decide(&keys, cost)
+            })
+        };
+        keys.map_err(|e| {
+            self.logs.key_error(&e);
+            Rejection::KeyUnavailable(e)
+        })
     }
 
     /// The response for a rejection, with the rate-limit headers when the
@@ -112,6 +133,15 @@ impl<K, R> Core<K, R> {
             Ok(d) => Verdict::Reject(Rejection::Denied(d)),
             Err(Error::CostExceedsLimit { cost, limit }) => {
                 Verdict::Reject(Rejection::CostExceedsLimit { cost, limit })
+            }
+            Err(e @ Error::KeyCount { .. }) => {
+                // A custom extractor's `key_count` disagrees with the limiter.
+                let e = KeyError::Rejected {
+                    status: http::StatusCode::INTERNAL_SERVER_ERROR,
+                    reason: e.to_string(),
+                };
+                self.logs.key_error(&e);
+                Verdict::Reject(Rejection::KeyUnavailable(e))
             }
             Err(e) => {
                 self.logs.store_error(&e, self.on_error);

@@ -1,10 +1,16 @@
-//! [`Decision`]: the answer to one rate-limit check.
+//! [`Decision`]: the answer to one rate-limit check, over one or more limits.
 
 use std::{sync::Arc, time::Duration};
 
-use crate::{Quota, headers::Policy};
+use crate::{Quota, headers::Policies, store::LimitState};
 
 /// The outcome of [`Limiter::check`](crate::Limiter::check).
+///
+/// A limiter may hold several limits; the decision admits only if every one
+/// does, and then all of them spent the cost. The accessors without a limit
+/// name report the **binding** limit: when denied, the denying limit with
+/// the longest wait; when allowed, the one with the fewest units left.
+/// [`limits`](Self::limits) lists every limit.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -20,7 +26,7 @@ use crate::{Quota, headers::Policy};
 /// let third = limiter.check("user:7", 1).await?;
 /// assert!(!third.is_allowed());
 /// assert_eq!(third.remaining(), 0);
-/// // Denied decisions say how long to wait: until the window resets.
+/// // A fixed window's denial waits until the window resets.
 /// assert_eq!(third.retry_after(), Some(third.reset_after()));
 /// assert!(third.reset_after() <= std::time::Duration::from_secs(60));
 /// # Ok(()) }
@@ -28,68 +34,124 @@ use crate::{Quota, headers::Policy};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
-    quota: Quota,
-    used: u64,
-    reset_after: Duration,
-    policy: Arc<Policy>,
+    states: Box<[LimitState]>,
+    binding: usize,
+    policies: Arc<Policies>,
 }
 
-impl Decision {
-    pub(crate) fn new(
-        allowed: bool,
-        quota: Quota,
-        used: u64,
-        reset_after: Duration,
-        policy: Arc<Policy>,
-    ) -> Self {
-        Self {
-            allowed,
-            quota,
-            used,
-            reset_after,
-            policy,
-        }
+/// One limit's part in a [`Decision`]; see [`Decision::limits`].
+#[derive(Debug, Clone, Copy)]
+pub struct LimitDecision<'a> {
+    name: &'a str,
+    quota: Quota,
+    state: LimitState,
+}
+
+impl LimitDecision<'_> {
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        self.name
     }
 
-    /// Whether the request may proceed. A denied request consumed nothing.
-    pub fn is_allowed(&self) -> bool {
-        self.allowed
-    }
-
-    /// The quota's limit: units per window.
-    pub fn limit(&self) -> u64 {
-        self.quota.limit()
-    }
-
-    /// The quota this decision was made under.
+    /// The limit's quota.
     pub fn quota(&self) -> Quota {
         self.quota
     }
 
-    /// Units still available in the current window, after this decision.
-    pub fn remaining(&self) -> u64 {
-        self.quota.limit().saturating_sub(self.used)
+    /// Whether this limit alone admitted the cost.
+    pub fn is_allowed(&self) -> bool {
+        self.state.allowed
     }
 
-    /// Time until the current window resets, as Redis (or the memory store)
-    /// reports it for this key.
+    /// Units left in this limit after the decision.
+    pub fn remaining(&self) -> u64 {
+        self.state.remaining
+    }
+
+    /// Time until this limit is fully available again.
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_millis(self.state.reset_ms)
+    }
+
+    /// When this limit denied: how long until it would admit the cost.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (!self.state.allowed).then(|| Duration::from_millis(self.state.retry_ms))
+    }
+}
+
+impl Decision {
+    pub(crate) fn new(states: Vec<LimitState>, policies: Arc<Policies>) -> Self {
+        let allowed = states.iter().all(|s| s.allowed);
+        let binding = if allowed {
+            // The fewest units left; on a tie, the longest to recover.
+            let by = |i: &usize| (states[*i].remaining, std::cmp::Reverse(states[*i].reset_ms));
+            (0..states.len()).min_by_key(by)
+        } else {
+            // The longest wait among the denying limits; the first on a tie.
+            let denying = (0..states.len()).filter(|i| !states[*i].allowed);
+            denying.rev().max_by_key(|i| states[*i].retry_ms)
+        };
+        Self {
+            allowed,
+            binding: binding.unwrap_or(0),
+            states: states.into(),
+            policies,
+        }
+    }
+
+    fn state(&self) -> &LimitState {
+        &self.states[self.binding]
+    }
+
+    /// Whether the request may proceed. A denied request consumed nothing,
+    /// in any of the limits.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The binding limit's units per window.
+    pub fn limit(&self) -> u64 {
+        self.quota().limit()
+    }
+
+    /// The binding limit's quota.
+    pub fn quota(&self) -> Quota {
+        self.policies.quota(self.binding)
+    }
+
+    /// Units the binding limit still has after this decision.
+    pub fn remaining(&self) -> u64 {
+        self.state().remaining
+    }
+
+    /// Time until the binding limit is fully available again, as the store
+    /// reports it (for a fixed window: until the window resets).
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_millis(self.state().reset_ms)
     }
 
     /// How long to wait before retrying: `Some` exactly when denied, and then
-    /// equal to [`reset_after`](Self::reset_after).
+    /// the longest wait among the limits that denied.
     pub fn retry_after(&self) -> Option<Duration> {
-        (!self.allowed).then_some(self.reset_after)
+        (!self.allowed).then(|| Duration::from_millis(self.state().retry_ms))
     }
 
-    /// The policy (limiter) name used in the `RateLimit` headers.
+    /// The binding limit's name, as used in the `RateLimit` header.
     pub fn policy(&self) -> &str {
-        self.policy.name()
+        self.policies.name(self.binding)
     }
 
-    pub(crate) fn policy_info(&self) -> &Policy {
-        &self.policy
+    /// Every limit's part, in the limiter's order.
+    pub fn limits(&self) -> impl Iterator<Item = LimitDecision<'_>> {
+        self.states.iter().enumerate().map(|(i, s)| LimitDecision {
+            name: self.policies.name(i),
+            quota: self.policies.quota(i),
+            state: *s,
+        })
+    }
+
+    pub(crate) fn policies(&self) -> &Policies {
+        &self.policies
     }
 }
 
@@ -97,14 +159,50 @@ impl Decision {
 mod tests {
     use super::*;
 
+    fn state(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: u64) -> LimitState {
+        LimitState {
+            allowed,
+            remaining,
+            reset_ms,
+            retry_ms,
+        }
+    }
+
+    fn policies() -> Arc<Policies> {
+        let limits = [("second", "5/1s"), ("day", "100/1d"), ("global", "1000/1s")];
+        let limits = limits.map(|(n, q)| (n.to_owned(), q.parse().unwrap()));
+        Arc::new(Policies::new(&limits))
+    }
+
     #[test]
-    fn remaining_never_underflows() {
-        let q = Quota::per_second(5);
-        let p = Arc::new(Policy::new("p", q));
-        let d = Decision::new(false, q, 9, Duration::from_millis(300), p.clone());
-        assert_eq!(d.remaining(), 0);
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(300)));
-        let d = Decision::new(true, q, 2, Duration::from_millis(300), p);
-        assert_eq!((d.remaining(), d.retry_after()), (3, None));
+    fn binding_limit_is_the_longest_wait_when_denied() {
+        let d = Decision::new(
+            vec![
+                state(false, 0, 300, 300),
+                state(false, 0, 40_000, 40_000),
+                state(true, 7, 1000, 0),
+            ],
+            policies(),
+        );
+        assert!(!d.is_allowed());
+        assert_eq!(d.policy(), "day");
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(40)));
+        let denied: Vec<_> = d.limits().filter(|l| !l.is_allowed()).collect();
+        assert_eq!(denied.len(), 2);
+    }
+
+    #[test]
+    fn binding_limit_is_the_fewest_remaining_when_allowed() {
+        let d = Decision::new(
+            vec![
+                state(true, 4, 900, 0),
+                state(true, 2, 80_000, 0),
+                state(true, 2, 500, 0),
+            ],
+            policies(),
+        );
+        assert!(d.is_allowed());
+        assert_eq!((d.policy(), d.remaining(), d.limit()), ("day", 2, 100));
+        assert_eq!(d.retry_after(), None);
     }
 }

@@ -27,6 +27,15 @@ pub enum Error {
     /// The store's reply was not what the script returns.
     #[error("unexpected reply from the rate limit store: {0}")]
     UnexpectedReply(String),
+    /// [`Limiter::check_each`](crate::Limiter::check_each) got neither one
+    /// key nor one key per limit.
+    #[error("{got} keys given for {limits} limits: pass one key, or one per limit")]
+    KeyCount {
+        /// The limiter's number of limits.
+        limits: usize,
+        /// The number of keys given.
+        got: usize,
+    },
     /// The request's cost is larger than the whole quota, so it could never
     /// be admitted, however long the client waited. Nothing was consumed.
     #[error("cost {cost} exceeds the quota's limit of {limit}; it can never be admitted")]
@@ -54,6 +63,9 @@ pub enum ConfigError {
         /// The rejected value.
         value: String,
     },
+    /// Two limits of one limiter had the same name.
+    #[error("limit name {0:?} is used twice; give every limit of a limiter its own name")]
+    DuplicateName(String),
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,

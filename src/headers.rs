@@ -9,12 +9,16 @@
 //! Retry-After: 17                      (denied responses only)
 //! ```
 //!
-//! * `q` is the quota's limit and `w` its window in seconds, rounded up (a
-//!   500 ms window says `w=1`).
-//! * `r` is what remains after this request and `t` the seconds until the
-//!   window resets, rounded up.
-//! * `Retry-After` is in whole seconds, rounded up from the key's remaining
-//!   time and never less than 1: a 300 ms wait says `1`, never `0`.
+//! * `RateLimit-Policy` lists every limit of the limiter: `q` is its limit
+//!   and `w` its window in seconds, rounded up (a 500 ms window says `w=1`).
+//! * `RateLimit` reports the binding limit (see [`Decision`]): `r` is what
+//!   remains after this request and `t` the seconds, rounded up, until the
+//!   request could be admitted (when denied: the same as `Retry-After`) or
+//!   until the quota is fully available (when allowed; for a fixed window,
+//!   when it resets).
+//! * `Retry-After` is in whole seconds, rounded up from the longest wait
+//!   among the limits that denied, and never less than 1: a 300 ms wait says
+//!   `1`, never `0`.
 //!
 //! With [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers)
 //! the layer also writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
@@ -74,47 +78,64 @@ fn key(k: &'static str) -> &'static KeyRef {
     KeyRef::constant(k)
 }
 
-fn list_item(name: &str, params: [(&'static str, u64); 2]) -> HeaderValue {
-    // Policy names are validated at build time to a token-like alphabet, so
-    // they are always valid sf-strings; fall back to a fixed name regardless.
-    let name = StringRef::from_str(name).unwrap_or(StringRef::constant("default"));
+/// Serialises `"<name>";k1=v1;k2=v2` items as one sf-list.
+fn list<'a>(items: impl IntoIterator<Item = (&'a str, [(&'static str, u64); 2])>) -> HeaderValue {
     let mut ser = ListSerializer::new();
-    let mut item = ser.bare_item(name);
-    for (k, v) in params {
-        item = item.parameter(key(k), sf_int(v));
+    for (name, params) in items {
+        // Policy names are validated at build time to a token-like alphabet,
+        // so they are always valid sf-strings; fall back to a fixed name.
+        let name = StringRef::from_str(name).unwrap_or(StringRef::constant("default"));
+        let mut item = ser.bare_item(name);
+        for (k, v) in params {
+            item = item.parameter(key(k), sf_int(v));
+        }
     }
     let text = ser.finish().unwrap_or_default();
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static(""))
 }
 
-/// A named quota and its `RateLimit-Policy` value, built once per limiter.
+/// A limiter's named quotas and their `RateLimit-Policy` value, built once.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Policy {
-    name: Box<str>,
-    /// `"<name>";q=<limit>;w=<window secs>`.
+pub(crate) struct Policies {
+    limits: Box<[(Box<str>, Quota)]>,
+    /// `"<name>";q=<limit>;w=<window secs>, ...`: every limit.
     header: HeaderValue,
 }
 
-impl Policy {
-    pub(crate) fn new(name: &str, q: Quota) -> Self {
-        let w = ceil_secs(q.window()).max(1);
+impl Policies {
+    pub(crate) fn new(limits: &[(String, Quota)]) -> Self {
+        let items = limits.iter().map(|(name, q)| {
+            let w = ceil_secs(q.window()).max(1);
+            (name.as_str(), [("q", q.limit()), ("w", w)])
+        });
         Self {
-            name: name.into(),
-            header: list_item(name, [("q", q.limit()), ("w", w)]),
+            header: list(items),
+            limits: limits
+                .iter()
+                .map(|(n, q)| (n.as_str().into(), *q))
+                .collect(),
         }
     }
 
-    pub(crate) fn name(&self) -> &str {
-        &self.name
+    pub(crate) fn name(&self, i: usize) -> &str {
+        &self.limits[i].0
+    }
+
+    pub(crate) fn quota(&self, i: usize) -> Quota {
+        self.limits[i].1
     }
 }
 
-/// `RateLimit` for a decision: `"<name>";r=<remaining>;t=<secs to reset>`.
+/// Seconds for `t`: when denied, until the request could be admitted (as
+/// `Retry-After` says); when allowed, until the quota is fully available.
+fn t_secs(d: &Decision) -> u64 {
+    ceil_secs(d.retry_after().unwrap_or_else(|| d.reset_after()))
+}
+
+/// `RateLimit` for a decision: the binding limit,
+/// `"<name>";r=<remaining>;t=<secs>`.
 pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
-    list_item(
-        d.policy(),
-        [("r", d.remaining()), ("t", ceil_secs(d.reset_after()))],
-    )
+    list([(d.policy(), [("r", d.remaining()), ("t", t_secs(d))])])
 }
 
 /// Where [`write`] puts headers: an `http` 1 header map or response, or an
@@ -148,7 +169,7 @@ impl<B> HeaderSink for http::Response<B> {
 
 /// Writes the IETF headers, and `Retry-After` when denied.
 pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
-    headers.append(RATELIMIT_POLICY, d.policy_info().header.clone());
+    headers.append(RATELIMIT_POLICY, d.policies().header.clone());
     headers.append(RATELIMIT, ratelimit_value(d));
     if let Some(wait) = d.retry_after() {
         headers.insert(RETRY_AFTER, retry_after_secs(wait).into());
@@ -156,7 +177,7 @@ pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
     if legacy {
         headers.insert(X_RATELIMIT_LIMIT, d.limit().into());
         headers.insert(X_RATELIMIT_REMAINING, d.remaining().into());
-        headers.insert(X_RATELIMIT_RESET, ceil_secs(d.reset_after()).into());
+        headers.insert(X_RATELIMIT_RESET, t_secs(d).into());
     }
 }
 
@@ -172,18 +193,19 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::LimitState;
     use std::sync::Arc;
 
-    fn decision(allowed: bool, quota: &str, used: u64, reset_ms: u64) -> Decision {
+    fn decision(allowed: bool, quota: &str, remaining: u64, reset_ms: u64) -> Decision {
         let quota: Quota = quota.parse().unwrap();
-        let policy = Arc::new(Policy::new("default", quota));
-        Decision::new(
+        let policies = Arc::new(Policies::new(&[("default".into(), quota)]));
+        let state = LimitState {
             allowed,
-            quota,
-            used,
-            Duration::from_millis(reset_ms),
-            policy,
-        )
+            remaining,
+            reset_ms,
+            retry_ms: if allowed { 0 } else { reset_ms },
+        };
+        Decision::new(vec![state], policies)
     }
 
     #[test]
@@ -198,14 +220,14 @@ mod tests {
     #[test]
     fn writes_ietf_structured_fields() {
         let mut h = HeaderMap::new();
-        write(&decision(false, "5/500ms", 5, 300), &mut h, false);
+        write(&decision(false, "5/500ms", 0, 300), &mut h, false);
         assert_eq!(h["ratelimit-policy"], r#""default";q=5;w=1"#);
         assert_eq!(h["ratelimit"], r#""default";r=0;t=1"#);
         assert_eq!(h["retry-after"], "1");
         assert!(h.get("x-ratelimit-limit").is_none());
 
         let mut h = HeaderMap::new();
-        write(&decision(true, "100/1m", 58, 41_200), &mut h, true);
+        write(&decision(true, "100/1m", 42, 41_200), &mut h, true);
         assert_eq!(h["ratelimit-policy"], r#""default";q=100;w=60"#);
         assert_eq!(h["ratelimit"], r#""default";r=42;t=42"#);
         assert!(h.get("retry-after").is_none());
@@ -215,21 +237,31 @@ mod tests {
     }
 
     #[test]
+    fn every_policy_is_listed_once() {
+        let limits = [("second", "10/1s"), ("day", "1000/1d")];
+        let limits = limits.map(|(n, q)| (n.to_owned(), q.parse().unwrap()));
+        let p = Policies::new(&limits);
+        assert_eq!(p.header, r#""second";q=10;w=1, "day";q=1000;w=86400"#);
+    }
+
+    #[test]
     fn values_parse_as_structured_field_lists() {
         let d = decision(true, "1000/1d", 1, 86_400_000);
-        for v in [d.policy_info().header.clone(), ratelimit_value(&d)] {
+        for v in [d.policies().header.clone(), ratelimit_value(&d)] {
             let list = sfv::Parser::new(v.to_str().unwrap())
                 .parse::<sfv::List>()
                 .unwrap();
             assert_eq!(list.len(), 1, "{v:?}");
         }
         let q = Quota::per_day(crate::quota::MAX_LIMIT);
-        let huge = Decision::new(true, q, 0, Duration::MAX, Arc::new(Policy::new("x", q)));
-        assert!(
-            ratelimit_value(&huge)
-                .to_str()
-                .unwrap()
-                .contains("t=999999999999999")
-        );
+        let state = LimitState {
+            allowed: true,
+            remaining: 0,
+            reset_ms: u64::MAX,
+            retry_ms: 0,
+        };
+        let huge = Decision::new(vec![state], Arc::new(Policies::new(&[("x".into(), q)])));
+        let value = ratelimit_value(&huge);
+        assert!(value.to_str().unwrap().contains("t=999999999999999"));
     }
 }

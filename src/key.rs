@@ -171,25 +171,169 @@ impl RequestInfo for Parts {
     }
 }
 
-/// Derives a rate-limit [`Key`] from a request of type `R`.
+/// Derives the rate-limit [`Key`] (and the cost) of a request of type `R`.
 ///
 /// `R` is `http::request::Parts` for the tower layer and
 /// `actix_web::dev::ServiceRequest` for the actix middleware. Implement it for
 /// your own extractor, or use [`from_fn`] with a closure.
+///
+/// For a limiter with several limits, one extractor keys all of them, or
+/// [`each`] keys each limit with its own extractor, in order:
+/// `each((PeerIp, Header::new("x-api-key"), Global))`. A request's cost is 1
+/// unless the extractor says otherwise; see
+/// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost).
 pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
     /// The key for this request, or why there is none.
     fn extract(&self, req: &R) -> Result<Key, KeyError>;
-}
 
-impl<R: ?Sized + 'static> KeyExtractor<R> for Box<dyn KeyExtractor<R>> {
-    fn extract(&self, req: &R) -> Result<Key, KeyError> {
-        (**self).extract(req)
+    /// How many keys [`extract_all`](Self::extract_all) yields: 1 (one key
+    /// for every limit), or one per limit (for [`each`]).
+    fn key_count(&self) -> usize {
+        1
+    }
+
+    /// Pushes [`key_count`](Self::key_count) keys for the request.
+    fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
+        keys.push(self.extract(req)?);
+        Ok(())
+    }
+
+    /// The units this request spends (default 1).
+    fn cost(&self, req: &R) -> u64 {
+        let _ = req;
+        1
     }
 }
 
-impl<R: ?Sized + 'static> KeyExtractor<R> for std::sync::Arc<dyn KeyExtractor<R>> {
+macro_rules! forward_key_extractor {
+    ($($ptr:ident)::+) => {
+        impl<R: ?Sized + 'static> KeyExtractor<R> for $($ptr)::+<dyn KeyExtractor<R>> {
+            fn extract(&self, req: &R) -> Result<Key, KeyError> {
+                (**self).extract(req)
+            }
+
+            fn key_count(&self) -> usize {
+                (**self).key_count()
+            }
+
+            fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
+                (**self).extract_all(req, keys)
+            }
+
+            fn cost(&self, req: &R) -> u64 {
+                (**self).cost(req)
+            }
+        }
+    };
+}
+
+forward_key_extractor!(Box);
+forward_key_extractor!(std::sync::Arc);
+
+/// A tuple of extractors, one per limit; see [`each`].
+pub trait KeyTuple: Send + Sync + 'static {
+    /// The tuple's length.
+    const LEN: usize;
+}
+
+/// One extractor per limit of a limiter, in order; made by [`each`].
+#[derive(Debug, Clone)]
+pub struct Each<T>(T);
+
+/// Keys each limit of a limiter with its own extractor, in the order the
+/// limits were added: `each((PeerIp, Header::new("x-api-key"), Global))`.
+/// [`RateLimitLayer::each`](crate::RateLimitLayer::each) builds a layer
+/// from it and checks the count.
+pub fn each<T: KeyTuple>(extractors: T) -> Each<T> {
+    Each(extractors)
+}
+
+impl<T> Each<T> {
+    /// The extractors.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+macro_rules! tuple_key_extractor {
+    ($n:literal; $first:ident $(, $rest:ident)*) => {
+        impl<$first: Send + Sync + 'static, $($rest: Send + Sync + 'static),*> KeyTuple
+            for ($first, $($rest),*)
+        {
+            const LEN: usize = $n;
+        }
+
+        impl<R: ?Sized, $first, $($rest),*> KeyExtractor<R> for Each<($first, $($rest),*)>
+        where
+            $first: KeyExtractor<R>,
+            $($rest: KeyExtractor<R>,)*
+        {
+            /// The first extractor's key.
+            fn extract(&self, req: &R) -> Result<Key, KeyError> {
+                self.0.0.extract(req)
+            }
+
+            fn key_count(&self) -> usize {
+                $n
+            }
+
+            #[allow(non_snake_case)]
+            fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
+                let ($first, $($rest),*) = &self.0;
+                keys.push($first.extract(req)?);
+                $(keys.push($rest.extract(req)?);)*
+                Ok(())
+            }
+        }
+    };
+}
+
+tuple_key_extractor!(2; A, B);
+tuple_key_extractor!(3; A, B, C);
+tuple_key_extractor!(4; A, B, C, D);
+
+/// An extractor with a cost function; see
+/// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost).
+#[derive(Clone)]
+pub struct WithCost<K, F> {
+    keys: K,
+    cost: F,
+}
+
+impl<K, F> WithCost<K, F> {
+    /// Keys with `keys`; each request spends `cost(request)` units.
+    pub fn new(keys: K, cost: F) -> Self {
+        Self { keys, cost }
+    }
+}
+
+impl<K: fmt::Debug, F> fmt::Debug for WithCost<K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WithCost")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: ?Sized, K, F> KeyExtractor<R> for WithCost<K, F>
+where
+    K: KeyExtractor<R>,
+    F: Fn(&R) -> u64 + Send + Sync + 'static,
+{
     fn extract(&self, req: &R) -> Result<Key, KeyError> {
-        (**self).extract(req)
+        self.keys.extract(req)
+    }
+
+    fn key_count(&self) -> usize {
+        self.keys.key_count()
+    }
+
+    fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
+        self.keys.extract_all(req, keys)
+    }
+
+    fn cost(&self, req: &R) -> u64 {
+        (self.cost)(req)
     }
 }
 

@@ -1,7 +1,10 @@
 //! Building store keys: `{prefix}:{algo}:{policy}:{<client>}`.
 //!
-//! The client part is the cluster hash tag, so every key one client's decision
-//! touches lands in one slot. Client bytes go in raw only when they are at most
+//! For a limiter with one limit, the client part is the cluster hash tag, so
+//! keys spread over the cluster by client. A limiter with several limits
+//! may key them differently (per IP, per API key, global), and one atomic
+//! decision needs all its keys in one slot, so there the tag is the
+//! limiter's own, `{<prefix>:<first policy>}`, followed by the client part. Client bytes go in raw only when they are at most
 //! [`RAW_KEY_MAX`] bytes of a safe alphabet (ASCII letters, digits and
 //! `-._~:@/+=`); anything else becomes `#` followed by the hex SHA-256 of the
 //! bytes. `#` is outside the safe alphabet, so no raw key can equal a hashed
@@ -32,6 +35,12 @@ pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), ConfigErro
 /// Appends the client part, with its hash tag braces, to `out`.
 pub(crate) fn push_client(out: &mut String, client: &[u8]) {
     out.push('{');
+    push_escaped(out, client);
+    out.push('}');
+}
+
+/// Appends the client bytes raw if safe, else hashed; never a brace.
+pub(crate) fn push_escaped(out: &mut String, client: &[u8]) {
     match std::str::from_utf8(client) {
         Ok(s) if !s.is_empty() && s.len() <= RAW_KEY_MAX && s.bytes().all(is_safe) => {
             out.push_str(s)
@@ -44,7 +53,6 @@ pub(crate) fn push_client(out: &mut String, client: &[u8]) {
             }
         }
     }
-    out.push('}');
 }
 
 #[cfg(test)]

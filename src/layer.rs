@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::{DefaultResponse, Limiter, OnStoreError, RateLimit, core::Core};
+use crate::{DefaultResponse, Limiter, OnStoreError, RateLimit, core::Core, key};
 
 /// Rate limits requests with a [`Limiter`], keyed by a
 /// [`KeyExtractor`](crate::key::KeyExtractor).
@@ -57,6 +57,39 @@ impl<K> RateLimitLayer<K> {
     }
 }
 
+impl<T: key::KeyTuple> RateLimitLayer<key::Each<T>> {
+    /// Limits with `limiter`, keying each of its limits with its own
+    /// extractor, in order: say `(PeerIp, Header::new("x-api-key"), Global)`
+    /// for limits per IP, per API key and in total.
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::{Global, Header, PeerIp}};
+    ///
+    /// let limiter = Limiter::builder(Quota::per_second(10))
+    ///     .name("per-ip")
+    ///     .limit("per-key", Quota::per_day(1000))
+    ///     .limit("global", Quota::per_second(5000))
+    ///     .build()
+    ///     .unwrap();
+    /// let layer = RateLimitLayer::each(limiter, (PeerIp, Header::new("x-api-key"), Global));
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// # Panics
+    /// If the tuple's length is not the limiter's number of limits.
+    pub fn each(limiter: Limiter, extractors: T) -> Self {
+        let limits = limiter.limits().count();
+        assert_eq!(
+            T::LEN,
+            limits,
+            "RateLimitLayer::each got {} extractors for a limiter with {limits} limits; \
+             give one per limit, in order",
+            T::LEN
+        );
+        Self::new(limiter, key::each(extractors))
+    }
+}
+
 impl<K, R> RateLimitLayer<K, R> {
     /// The state shared by every service (tower or actix) the layer makes.
     pub(crate) fn core(&self) -> &Arc<Core<K, R>> {
@@ -84,6 +117,31 @@ impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
         self.map(|c| c.legacy_headers = enabled)
+    }
+
+    /// Makes each request spend `cost(request)` units instead of 1: say 5
+    /// for `/search` and 1 for everything else. `cost` gets
+    /// `&http::request::Parts` under tower and `&ServiceRequest` under actix.
+    ///
+    /// A cost of 0 lets the request through without spending. A cost above a
+    /// limit's [capacity](crate::Quota::capacity) could never be admitted:
+    /// it is answered at once with [`Rejection::CostExceedsLimit`](crate::Rejection::CostExceedsLimit)
+    /// (429 without `Retry-After`), and nothing is spent.
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Header};
+    ///
+    /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), Header::new("x-api-key"))
+    ///     .cost(|p: &http::request::Parts| if p.uri.path() == "/search" { 5 } else { 1 });
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn cost<F>(self, cost: F) -> RateLimitLayer<key::WithCost<K, F>, R> {
+        let core = Arc::unwrap_or_clone(self.core);
+        let core = core.map_extractor(|keys| key::WithCost::new(keys, cost));
+        RateLimitLayer {
+            core: Arc::new(core),
+        }
     }
 
     /// Builds rejections with `respond`: a [`Respond`](crate::Respond)

@@ -6,6 +6,7 @@
 #[cfg(feature = "actix")]
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix;
+pub mod algorithm;
 mod core;
 mod decision;
 mod error;
@@ -21,7 +22,8 @@ mod service;
 pub mod store;
 
 pub use crate::{
-    decision::Decision,
+    algorithm::Algorithm,
+    decision::{Decision, LimitDecision},
     error::{ConfigError, Error},
     future::ResponseFuture,
     keyspace::RAW_KEY_MAX,
@@ -30,7 +32,7 @@ pub use crate::{
     quota::{Quota, QuotaError},
     respond::{DefaultResponse, OnStoreError, Rejection, Respond},
     service::RateLimit,
-    store::{MemoryStore, RedisStore, Store},
+    store::{LimitCheck, LimitState, MemoryStore, RedisStore, Store},
 };
 
 /// The README's code blocks, compiled as doc-tests.

@@ -1,18 +1,19 @@
-//! [`Limiter`]: a quota plus a store; the framework-free entry point.
+//! [`Limiter`]: named limits plus a store; the framework-free entry point.
 
 use std::{fmt, sync::Arc, time::Duration};
 
 use crate::{
     ConfigError, Decision, Error, MemoryStore, Quota,
-    headers::Policy,
+    headers::Policies,
     keyspace,
-    store::{BoxFuture, Store},
+    store::{BoxFuture, LimitCheck, Store},
 };
 
 /// The default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// Checks keys against a [`Quota`] in a [`Store`], one atomic decision each.
+/// Checks keys against one or more named limits in a [`Store`], one atomic
+/// decision each.
 ///
 /// Clones are cheap and share one `Arc` of state. Use it directly from
 /// business code, or hand it to [`RateLimitLayer`](crate::RateLimitLayer).
@@ -38,26 +39,49 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// assert_eq!(limiter.store_key("user:42"), "shop:fw:coupons:{user:42}");
 /// # Ok(()) }
 /// ```
+///
+/// Several limits are decided together, all or nothing: a request denied by
+/// one limit spends nothing in the others. Each limit may count a different
+/// key ([`check_each`](Self::check_each)):
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use redis_ratelimit::{Limiter, Quota};
+///
+/// let coupons = Limiter::builder(Quota::per_day(1))
+///     .name("per-user-day")
+///     .limit("total", Quota::per_day(2))
+///     .build()?;
+/// assert!(coupons.check_each(&["alice", "all"], 1).await?.is_allowed());
+/// // Alice's daily coupon is spent: denied, and the total is untouched...
+/// let again = coupons.check_each(&["alice", "all"], 1).await?;
+/// assert_eq!(again.policy(), "per-user-day");
+/// // ...so Bob still gets the last one.
+/// assert!(coupons.check_each(&["bob", "all"], 1).await?.is_allowed());
+/// assert!(!coupons.check_each(&["carol", "all"], 1).await?.is_allowed());
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Limiter {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    quota: Quota,
-    policy: Arc<Policy>,
-    /// `{prefix}:fw:{name}:`, built once.
-    key_prefix: String,
+    /// Per limit: its quota and `{prefix}:{algo}:{name}:`, built once.
+    limits: Box<[(Quota, String)]>,
+    policies: Arc<Policies>,
+    /// With several limits: `{<prefix>:<first name>}:`, the shared hash tag.
+    shared_tag: Option<String>,
     store: Arc<dyn Store>,
     timeout: Duration,
 }
 
 impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits: Vec<_> = self.limits().collect();
         f.debug_struct("Limiter")
-            .field("quota", &self.inner.quota)
-            .field("name", &self.inner.policy.name())
-            .field("key_prefix", &self.inner.key_prefix)
+            .field("limits", &limits)
             .field("store", &self.inner.store)
             .field("timeout", &self.inner.timeout)
             .finish()
@@ -72,89 +96,124 @@ impl Limiter {
             .expect("the default limiter settings are valid")
     }
 
-    /// Starts a [`LimiterBuilder`].
+    /// Starts a [`LimiterBuilder`] whose first limit, named `"default"`, has
+    /// `quota`.
     pub fn builder(quota: Quota) -> LimiterBuilder {
         LimiterBuilder {
-            quota,
-            name: "default".into(),
+            limits: vec![("default".into(), quota)],
             prefix: "rl".into(),
             store: None,
             timeout: DEFAULT_TIMEOUT,
         }
     }
 
-    /// Checks `key` and, if `cost` fits in the current window, spends it.
+    /// Checks `key` against every limit and, if `cost` fits in all of them,
+    /// spends it in all of them.
     ///
     /// A `cost` of 0 only looks. A denied check spends nothing. A `cost`
-    /// above the quota's limit is [`Error::CostExceedsLimit`] without asking
-    /// the store. Store failures and the timeout are errors; the tower layer
-    /// turns them into its [`OnStoreError`](crate::OnStoreError) policy.
+    /// above a limit's [capacity](Quota::capacity) is
+    /// [`Error::CostExceedsLimit`] without asking the store: no wait could
+    /// ever admit it. Store failures and the timeout are errors; the layers
+    /// turn them into their [`OnStoreError`](crate::OnStoreError) policy.
     pub async fn check<K: AsRef<[u8]> + ?Sized>(
         &self,
         key: &K,
         cost: u64,
     ) -> Result<Decision, Error> {
-        self.decide(key.as_ref(), cost).await
+        self.decide(&[key.as_ref()], cost).await
     }
 
-    /// The same as [`check`](Self::check), as a `'static` future.
+    /// Like [`check`](Self::check), with one key per limit, in the order
+    /// the limits were added (say an IP, an API key and `"global"`).
+    ///
+    /// Passing a number of keys other than one per limit is
+    /// [`Error::KeyCount`].
+    pub async fn check_each<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let keys: Vec<&[u8]> = keys.iter().map(AsRef::as_ref).collect();
+        self.decide(&keys, cost).await
+    }
+
+    /// Decides `cost` for `keys`: one key for every limit, or one per limit.
     pub(crate) fn decide(
         &self,
-        key: &[u8],
+        keys: &[&[u8]],
         cost: u64,
     ) -> BoxFuture<'static, Result<Decision, Error>> {
         let inner = &self.inner;
-        let quota = inner.quota;
-        if cost > quota.limit() {
-            let err = Error::CostExceedsLimit {
-                cost,
-                limit: quota.limit(),
-            };
-            return Box::pin(std::future::ready(Err(err)));
+        let fail = |e| -> BoxFuture<'static, _> { Box::pin(std::future::ready(Err(e))) };
+        let limits = inner.limits.len();
+        if keys.len() != 1 && keys.len() != limits {
+            let got = keys.len();
+            return fail(Error::KeyCount { limits, got });
         }
-        let state = inner.store.fixed_window(
-            self.store_key_bytes(key),
-            quota.limit(),
-            quota.window_ms(),
-            cost,
-        );
-        let (timeout, policy) = (inner.timeout, inner.policy.clone());
+        let mut checks = Vec::with_capacity(limits);
+        for (i, (quota, _)) in inner.limits.iter().enumerate() {
+            if cost > quota.capacity() {
+                let limit = quota.capacity();
+                return fail(Error::CostExceedsLimit { cost, limit });
+            }
+            let key = self.key_of(i, keys[i.min(keys.len() - 1)]);
+            checks.push(LimitCheck { key, quota: *quota });
+        }
+        let states = inner.store.decide(checks, cost);
+        let (timeout, policies) = (inner.timeout, inner.policies.clone());
         Box::pin(async move {
-            let state = tokio::time::timeout(timeout, state)
+            let states = tokio::time::timeout(timeout, states)
                 .await
                 .map_err(|_| Error::Timeout(timeout))??;
-            let reset = Duration::from_millis(state.ttl_ms);
-            Ok(Decision::new(
-                state.allowed,
-                quota,
-                state.count,
-                reset,
-                policy,
-            ))
+            if states.len() != limits {
+                let reply = format!("{} states for {limits} limits", states.len());
+                return Err(Error::UnexpectedReply(reply));
+            }
+            Ok(Decision::new(states, policies))
         })
     }
 
-    /// The store key that holds `key`'s counter, e.g.
+    /// The store key that holds `key`'s count for the first limit, e.g.
     /// `rl:fw:default:{203.0.113.9}`; hostile or long keys appear hashed.
     pub fn store_key<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> String {
-        self.store_key_bytes(key.as_ref())
+        self.key_of(0, key.as_ref())
     }
 
-    fn store_key_bytes(&self, key: &[u8]) -> String {
-        let mut out = String::with_capacity(self.inner.key_prefix.len() + key.len().min(68) + 2);
-        out.push_str(&self.inner.key_prefix);
-        keyspace::push_client(&mut out, key);
+    /// The store keys of `key` for every limit, in order. With several limits
+    /// they share the limiter's hash tag: `rl:fw:second:{rl:second}:alice`.
+    pub fn store_keys<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Vec<String> {
+        let n = self.inner.limits.len();
+        (0..n).map(|i| self.key_of(i, key.as_ref())).collect()
+    }
+
+    fn key_of(&self, limit: usize, client: &[u8]) -> String {
+        let prefix = &self.inner.limits[limit].1;
+        let tag = self.inner.shared_tag.as_deref().unwrap_or("");
+        let mut out = String::with_capacity(prefix.len() + tag.len() + client.len().min(68) + 2);
+        out.push_str(prefix);
+        if tag.is_empty() {
+            keyspace::push_client(&mut out, client);
+        } else {
+            out.push_str(tag);
+            keyspace::push_escaped(&mut out, client);
+        }
         out
     }
 
-    /// The quota.
+    /// The first limit's quota.
     pub fn quota(&self) -> Quota {
-        self.inner.quota
+        self.inner.limits[0].0
     }
 
-    /// The policy name reported in the `RateLimit` headers.
+    /// The first limit's name, as reported in the `RateLimit` headers.
     pub fn name(&self) -> &str {
-        self.inner.policy.name()
+        self.inner.policies.name(0)
+    }
+
+    /// Every limit's name and quota, in order.
+    pub fn limits(&self) -> impl Iterator<Item = (&str, Quota)> {
+        let p = &self.inner.policies;
+        (0..self.inner.limits.len()).map(|i| (p.name(i), p.quota(i)))
     }
 }
 
@@ -162,8 +221,7 @@ impl Limiter {
 #[must_use]
 #[derive(Debug)]
 pub struct LimiterBuilder {
-    quota: Quota,
-    name: String,
+    limits: Vec<(String, Quota)>,
     prefix: String,
     store: Option<Arc<dyn Store>>,
     timeout: Duration,
@@ -177,11 +235,17 @@ impl LimiterBuilder {
         self
     }
 
-    /// The policy name, used in `RateLimit` headers and in store keys
-    /// (default `"default"`). Limiters with the same prefix and name share
-    /// counters.
+    /// The first limit's name, used in `RateLimit` headers and in store keys
+    /// (default `"default"`). Limiters with the same prefix, limits and names
+    /// share counters.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
+        self.limits[0].0 = name.into();
+        self
+    }
+
+    /// Adds a limit: every check must fit in it too. Names must differ.
+    pub fn limit(mut self, name: impl Into<String>, quota: Quota) -> Self {
+        self.limits.push((name.into(), quota));
         self
     }
 
@@ -197,19 +261,29 @@ impl LimiterBuilder {
         self
     }
 
-    /// Builds the limiter, checking the name, prefix and timeout.
+    /// Builds the limiter, checking the names, prefix and timeout.
     pub fn build(self) -> Result<Limiter, ConfigError> {
         keyspace::validate("prefix", &self.prefix)?;
-        keyspace::validate("name", &self.name)?;
+        for (i, (name, _)) in self.limits.iter().enumerate() {
+            keyspace::validate("name", name)?;
+            if self.limits[..i].iter().any(|(n, _)| n == name) {
+                return Err(ConfigError::DuplicateName(name.clone()));
+            }
+        }
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        let key_prefix = format!("{}:fw:{}:", self.prefix, self.name);
+        let limits = self.limits.iter().map(|(name, quota)| {
+            let algo = quota.algorithm().key_name();
+            (*quota, format!("{}:{algo}:{name}:", self.prefix))
+        });
+        let shared_tag =
+            (self.limits.len() > 1).then(|| format!("{{{}:{}}}:", self.prefix, self.limits[0].0));
         Ok(Limiter {
             inner: Arc::new(Inner {
-                quota: self.quota,
-                policy: Arc::new(Policy::new(&self.name, self.quota)),
-                key_prefix,
+                limits: limits.collect(),
+                policies: Arc::new(Policies::new(&self.limits)),
+                shared_tag,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 timeout: self.timeout,
             }),
@@ -227,6 +301,8 @@ mod tests {
         assert!(Limiter::builder(q).prefix("a{b").build().is_err());
         assert!(Limiter::builder(q).name("x y").build().is_err());
         assert!(Limiter::builder(q).timeout(Duration::ZERO).build().is_err());
+        let twice = Limiter::builder(q).name("a").limit("a", q).build();
+        assert!(matches!(twice, Err(ConfigError::DuplicateName(_))));
     }
 
     #[test]
@@ -239,6 +315,18 @@ mod tests {
         assert_eq!(l.store_key("1.2.3.4"), "app:fw:api:{1.2.3.4}");
         let huge = l.store_key(&vec![b'x'; 1 << 20]);
         assert!(huge.len() < 100, "{huge}");
+        let multi = Limiter::builder(Quota::per_second(1))
+            .name("second")
+            .limit("day", Quota::per_day(9).sliding_window())
+            .build()
+            .unwrap();
+        assert_eq!(
+            multi.store_keys("a{b}"),
+            [
+                "rl:fw:second:{rl:second}:#b8a4b706093b9c712e002b1b283c048684d27813032ba14c3a07f3508e3321d6",
+                "rl:sw:day:{rl:second}:#b8a4b706093b9c712e002b1b283c048684d27813032ba14c3a07f3508e3321d6",
+            ]
+        );
     }
 
     #[tokio::test]

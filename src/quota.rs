@@ -20,6 +20,8 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
+use crate::Algorithm;
+
 /// The largest limit a quota accepts.
 ///
 /// Counts travel through Lua (whose numbers are doubles) and through the
@@ -38,10 +40,25 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 60 * 60);
 /// [`Quota::new`], or parse the text form `<limit>/<window>`, where the window
 /// is a number and a unit out of `ms`, `s`, `m`, `h`, `d` (`"100/1s"`,
 /// `"5/500ms"`, `"1000/1h"`, `"10/1d"`; a bare unit means one of it, `"60/m"`).
+///
+/// A quota counts with a fixed window unless it selects another
+/// [`Algorithm`]: [`Quota::sliding_window`] or [`Quota::gcra`].
+///
+/// ```
+/// use redis_ratelimit::{Algorithm, Quota};
+///
+/// let smooth = Quota::per_second(10).sliding_window();
+/// assert_eq!(smooth.algorithm(), Algorithm::SlidingWindow);
+/// // 10 per second on average, up to 20 at once.
+/// let bursty = Quota::per_second(10).gcra(20)?;
+/// assert_eq!(bursty.capacity(), 20);
+/// # Ok::<(), redis_ratelimit::QuotaError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,
     window_ms: u64,
+    algorithm: Algorithm,
 }
 
 /// Why a quota was rejected. Every message says what to fix.
@@ -69,6 +86,14 @@ pub enum QuotaError {
         "cannot parse rate limit {0:?}: expected <count>/<window> such as \"100/1s\", \"5/500ms\", \"1000/1h\" or \"10/1d\""
     )]
     Syntax(String),
+    /// A GCRA burst was zero or above [`MAX_LIMIT`].
+    #[error("GCRA burst {0} is invalid; use 1 to {MAX_LIMIT} units")]
+    BadBurst(u64),
+    /// A GCRA quota emits more than one unit per microsecond.
+    #[error(
+        "GCRA quota {0} emits more than one unit per microsecond; use a longer window or a lower count"
+    )]
+    GcraTooFast(String),
     /// The window's unit was not one of `ms`, `s`, `m`, `h`, `d`.
     #[error("unknown time unit {unit:?} in rate limit {text:?}: use one of ms, s, m, h, d")]
     UnknownUnit {
@@ -106,6 +131,7 @@ impl Quota {
         Ok(Self {
             limit,
             window_ms: window.as_millis() as u64,
+            algorithm: Algorithm::FixedWindow,
         })
     }
 
@@ -153,6 +179,56 @@ impl Quota {
     /// The window in whole milliseconds, as the store scripts take it.
     pub fn window_ms(&self) -> u64 {
         self.window_ms
+    }
+
+    /// How this quota counts (default [`Algorithm::FixedWindow`]).
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The same rate, counted with a fixed window (the default).
+    #[must_use]
+    pub fn fixed_window(self) -> Self {
+        Self {
+            algorithm: Algorithm::FixedWindow,
+            ..self
+        }
+    }
+
+    /// The same rate, counted with a sliding window (see [`Algorithm`]).
+    #[must_use]
+    pub fn sliding_window(self) -> Self {
+        Self {
+            algorithm: Algorithm::SlidingWindow,
+            ..self
+        }
+    }
+
+    /// The same rate as GCRA: `limit` units per window on average, one every
+    /// `window / limit`, and up to `burst` at once.
+    ///
+    /// Fails if `burst` is 0 or above [`MAX_LIMIT`], or if units would be
+    /// emitted faster than one per microsecond.
+    pub fn gcra(self, burst: u64) -> Result<Self, QuotaError> {
+        if burst == 0 || burst > MAX_LIMIT {
+            return Err(QuotaError::BadBurst(burst));
+        }
+        if self.limit > self.window_ms.saturating_mul(1000) {
+            return Err(QuotaError::GcraTooFast(self.to_string()));
+        }
+        Ok(Self {
+            algorithm: Algorithm::Gcra { burst },
+            ..self
+        })
+    }
+
+    /// The largest cost one request can ever be admitted with: the burst
+    /// for GCRA, the limit otherwise.
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::Gcra { burst } => burst,
+            _ => self.limit,
+        }
     }
 }
 
@@ -202,6 +278,7 @@ impl FromStr for Quota {
 
 impl fmt::Display for Quota {
     /// Writes the text form, in the largest unit that divides the window.
+    /// The algorithm is not part of it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let units = [
             (86_400_000, "d"),

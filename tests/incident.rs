@@ -162,18 +162,42 @@ async fn corrupt_keys_are_reset_not_obeyed() {
 async fn script_rejects_bad_arguments_without_writing() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let script = redis::Script::new(include_str!("../lua/fixed_window.lua"));
-    for args in [
-        ["0", "1000", "1"],
-        ["5", "0", "1"],
-        ["5", "1000", "-1"],
-        ["5", "x", "1"],
-        ["5", "1.5", "1"],
-    ] {
-        let r: redis::RedisResult<Vec<i64>> =
-            script.key("k").arg(&args[..]).invoke_async(&mut conn).await;
-        assert!(r.is_err(), "{args:?} accepted");
+    let script = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    // ARGV: cost, then algorithm, limit, window_ms, burst per key.
+    let good = ["1", "1", "5", "1000", "0"];
+    let ok: Vec<i64> = script
+        .key("k")
+        .arg(&good[..])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ok[0], 1, "the well-formed call is admitted: {ok:?}");
+    let _: () = conn.del("k").await.unwrap();
+    let mut bad_calls: Vec<(Vec<&str>, Vec<&str>)> = Vec::new();
+    for cost in ["-1", "x", "1.5"] {
+        bad_calls.push((vec!["k"], vec![cost, "1", "5", "1000", "0"]));
     }
-    let exists: bool = conn.exists("k").await.unwrap();
-    assert!(!exists, "a rejected call wrote the key");
+    // A bad limit, alone or after a good one: the good one must not write.
+    for limit in [
+        &["1", "0", "1000", "0"][..],
+        &["1", "5", "0", "0"],
+        &["1", "5", "x", "0"],
+        &["1", "5", "1.5", "0"],
+        &["4", "5", "1000", "0"],
+        &["3", "5", "1000", "0"],
+        &["1", "5", "1000"],
+    ] {
+        bad_calls.push((vec!["k"], [&["1"][..], limit].concat()));
+        bad_calls.push((vec!["k", "k2"], [&good[..], limit].concat()));
+    }
+    for (keys, argv) in bad_calls {
+        let mut call = script.prepare_invoke();
+        for k in &keys {
+            call.key(*k);
+        }
+        let r: redis::RedisResult<Vec<i64>> = call.arg(&argv[..]).invoke_async(&mut conn).await;
+        assert!(r.is_err(), "{keys:?} {argv:?} accepted: {r:?}");
+    }
+    let exists: usize = conn.exists(&["k", "k2"]).await.unwrap();
+    assert_eq!(exists, 0, "a rejected call wrote a key");
 }

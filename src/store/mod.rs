@@ -1,13 +1,13 @@
 //! Where counters live: the [`Store`] trait, [`RedisStore`] and [`MemoryStore`].
 //!
-//! Both stores give the same answers for the same sequence of checks: a fixed
-//! window per key that starts at the key's first admitted request, counts
-//! admitted cost only, never goes above the limit, and expires after the
-//! window.
+//! Both stores give the same answers for the same sequence of checks, for
+//! every [`Algorithm`](crate::Algorithm): they count admitted cost only,
+//! decide all limits of a request at once (all or nothing), never go above a
+//! limit, and let every key expire.
 
 use std::{fmt, future::Future, pin::Pin};
 
-use crate::Error;
+use crate::{Error, Quota};
 
 mod memory;
 mod redis;
@@ -15,33 +15,46 @@ pub(crate) mod scripts;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use self::scripts::DECIDE_LUA;
 
 /// A boxed, `Send` future, as [`Store`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The state of one fixed-window counter after a check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowState {
-    /// Whether the cost was admitted (and counted).
-    pub allowed: bool,
-    /// Units counted in the current window, after this check.
-    pub count: u64,
-    /// Milliseconds until the window resets.
-    pub ttl_ms: u64,
+/// One limit of a decision: the key it counts under and its quota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitCheck {
+    /// The store key (see [`Limiter::store_key`](crate::Limiter::store_key)).
+    pub key: String,
+    /// The quota, with its algorithm.
+    pub quota: Quota,
 }
 
-/// A backend that decides fixed-window checks atomically.
+/// What a store reports for one limit of a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitState {
+    /// Whether this limit alone would admit the cost.
+    pub allowed: bool,
+    /// Units left after the decision (after spending, if the decision admitted).
+    pub remaining: u64,
+    /// Milliseconds until the limit is fully available again.
+    pub reset_ms: u64,
+    /// Milliseconds until the limit would admit the cost; 0 when it does.
+    pub retry_ms: u64,
+}
+
+/// A backend that decides rate-limit checks atomically.
 ///
-/// Implementations must admit `cost` only if `count + cost <= limit`, count
-/// only admitted cost, and give every counter they create an expiry of at
-/// most `window_ms`.
+/// One call decides every limit of a request **all or nothing**: if every
+/// limit admits `cost`, all of them spend it; if any denies, none spends
+/// anything. Implementations count as [`Algorithm`](crate::Algorithm)
+/// documents, take time from one clock of their own, and give every key they
+/// create an expiry.
 pub trait Store: fmt::Debug + Send + Sync + 'static {
-    /// Checks and, if it fits, spends `cost` against the counter at `key`.
-    fn fixed_window(
+    /// Decides `cost` against every limit in `checks` at once; the reply has
+    /// one state per check, in order.
+    fn decide(
         &self,
-        key: String,
-        limit: u64,
-        window_ms: u64,
+        checks: Vec<LimitCheck>,
         cost: u64,
-    ) -> BoxFuture<'static, Result<WindowState, Error>>;
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>>;
 }

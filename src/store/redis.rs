@@ -8,8 +8,8 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
 };
 
-use super::{BoxFuture, Store, WindowState, scripts};
-use crate::Error;
+use super::{BoxFuture, LimitCheck, LimitState, Store, scripts};
+use crate::{Algorithm, Error};
 
 /// Counters in Redis.
 ///
@@ -119,50 +119,70 @@ impl From<Pool<RedisConnectionManager>> for RedisStore {
     }
 }
 
-async fn fixed_window<C: ConnectionLike>(
+async fn decide<C: ConnectionLike>(
     conn: &mut C,
-    key: &str,
-    limit: u64,
-    window_ms: u64,
+    checks: &[LimitCheck],
     cost: u64,
-) -> Result<WindowState, Error> {
-    let (allowed, count, ttl_ms): (i64, i64, i64) = scripts::FIXED_WINDOW
-        .key(key)
-        .arg(limit)
-        .arg(window_ms)
-        .arg(cost)
-        .invoke_async(conn)
-        .await?;
-    match (allowed, u64::try_from(count), u64::try_from(ttl_ms)) {
-        (0 | 1, Ok(count), Ok(ttl_ms)) => Ok(WindowState {
-            allowed: allowed == 1,
-            count,
-            ttl_ms,
-        }),
-        _ => Err(Error::UnexpectedReply(format!(
-            "fixed_window returned [{allowed}, {count}, {ttl_ms}]"
-        ))),
+) -> Result<Vec<LimitState>, Error> {
+    let mut invocation = scripts::DECIDE.prepare_invoke();
+    invocation.arg(cost);
+    for check in checks {
+        let quota = check.quota;
+        let burst = match quota.algorithm() {
+            Algorithm::Gcra { burst } => burst,
+            _ => 0,
+        };
+        invocation
+            .key(&check.key)
+            .arg(quota.algorithm().code())
+            .arg(quota.limit())
+            .arg(quota.window_ms())
+            .arg(burst);
     }
+    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
+    parse_reply(&reply, checks.len())
+}
+
+/// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
+fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
+    let bad = || Error::UnexpectedReply(format!("decide returned {reply:?}"));
+    if reply.len() != 1 + 4 * limits {
+        return Err(bad());
+    }
+    let states = reply[1..].chunks_exact(4).map(|s| {
+        let n = |i: usize| u64::try_from(s[i]).ok();
+        Some(LimitState {
+            allowed: s[0] == 1,
+            remaining: n(1)?,
+            reset_ms: n(2)?,
+            retry_ms: n(3)?,
+        })
+    });
+    let states: Option<Vec<_>> = states.collect();
+    let states = states.ok_or_else(bad)?;
+    // The overall answer must agree with the per-limit ones.
+    if (reply[0] == 1) != states.iter().all(|s| s.allowed) {
+        return Err(bad());
+    }
+    Ok(states)
 }
 
 impl Store for RedisStore {
-    fn fixed_window(
+    fn decide(
         &self,
-        key: String,
-        limit: u64,
-        window_ms: u64,
+        checks: Vec<LimitCheck>,
         cost: u64,
-    ) -> BoxFuture<'static, Result<WindowState, Error>> {
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         match &self.backend {
             Backend::Manager(manager) => {
                 let mut conn = manager.clone();
-                Box::pin(async move { fixed_window(&mut conn, &key, limit, window_ms, cost).await })
+                Box::pin(async move { decide(&mut conn, &checks, cost).await })
             }
             Backend::Pool(pool) => {
                 let pool = pool.clone();
                 Box::pin(async move {
                     let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    fixed_window(&mut *conn, &key, limit, window_ms, cost).await
+                    decide(&mut *conn, &checks, cost).await
                 })
             }
         }

@@ -8,6 +8,22 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `lua/fixed_window.lua`: see its header for KEYS, ARGV and the reply.
-pub(crate) static FIXED_WINDOW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/fixed_window.lua")));
+/// The decide script: `lua/lib.lua`, the algorithm modules
+/// (`fixed_window.lua`, `sliding_window.lua`, `gcra.lua`) and `lua/decide.lua`,
+/// joined. `decide.lua`'s header documents KEYS, ARGV and the reply.
+pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(DECIDE_LUA));
+
+/// The source of the one script [`RedisStore`](super::RedisStore) runs, for
+/// inspection and tooling: `lua/lib.lua`, `fixed_window.lua`,
+/// `sliding_window.lua`, `gcra.lua` and `decide.lua`, joined.
+pub const DECIDE_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../lua/sliding_window.lua"),
+    "\n",
+    include_str!("../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../lua/decide.lua"),
+);

@@ -22,6 +22,11 @@ use std::{
 
 use redis_ratelimit::{Limiter, LimiterBuilder, MemoryStore, Quota, RedisStore};
 
+/// The store timeout of the harness's limiters. Tests run in parallel on a
+/// loaded machine (2 cores in CI), where the 200 ms default would test the
+/// machine rather than the code; tests about timeouts set their own.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A `redis-server` owned by one test.
 pub struct RedisServer {
     child: Option<Child>,
@@ -198,6 +203,7 @@ impl RedisServer {
     pub async fn limiter(&self, quota: &str) -> Limiter {
         Limiter::builder(quota.parse().unwrap())
             .store(self.store().await)
+            .timeout(TEST_TIMEOUT)
             .build()
             .unwrap()
     }
@@ -276,9 +282,10 @@ impl Backend {
     /// A builder on this backend's store.
     pub fn builder(&self, quota: &str) -> LimiterBuilder {
         let quota: Quota = quota.parse().unwrap();
+        let builder = Limiter::builder(quota).timeout(TEST_TIMEOUT);
         match self {
-            Backend::Memory(m) => Limiter::builder(quota).store(m.clone()),
-            Backend::Redis(_, r) => Limiter::builder(quota).store(r.clone()),
+            Backend::Memory(m) => builder.store(m.clone()),
+            Backend::Redis(_, r) => builder.store(r.clone()),
         }
     }
 
@@ -291,7 +298,7 @@ impl Backend {
     /// connection, as another replica would.
     pub async fn other_replica(&self, quota: &str) -> Limiter {
         let quota: Quota = quota.parse().unwrap();
-        let builder = Limiter::builder(quota);
+        let builder = Limiter::builder(quota).timeout(TEST_TIMEOUT);
         match self {
             Backend::Memory(m) => builder.store(m.clone()),
             Backend::Redis(server, _) => builder.store(server.store().await),

@@ -1,0 +1,82 @@
+-- sliding_window.lua: the sliding-window-counter algorithm module (see
+-- lib.lua for how modules become the decide script).
+--
+-- Key     a hash "{prefix}:sw:{policy}:..." with fields
+--           s  start of the current window (Redis time, ms)
+--           c  units admitted in the current window
+--           p  units admitted in the previous window
+--         Windows start at the key's first request and follow each other.
+--         The key expires when both counts stop mattering: 2 windows after s.
+-- Args    limit, window_ms, cost, now_ms (from Redis TIME).
+-- Result  used = c + p * (window - elapsed) / window, the previous window
+--         weighted by the share of it the rolling window still covers;
+--         allowed when used + cost <= limit; remaining = floor(limit - used);
+--         retry = the exact wait until cost fits; reset = the wait until used
+--         is 0.
+--
+-- Bound: over any span of length d <= window, at most limit * (1 + d/window)
+-- units are admitted (a fixed window admits 2 * limit within 2 ms).
+
+local sliding_window = {}
+
+function sliding_window.check(key, limit, window, cost, now)
+  local s, c, p
+  local raw = redis.pcall('HMGET', key, 's', 'c', 'p')
+  if type(raw) == 'table' and raw.err then
+    redis.call('DEL', key)
+  else
+    s, c, p = whole(raw[1], 0), whole(raw[2], 0), whole(raw[3], 0)
+    if (s == nil or c == nil or p == nil) and (raw[1] or raw[2] or raw[3]) then
+      redis.call('DEL', key) -- corrupt: start afresh
+    end
+  end
+  if s == nil or c == nil or p == nil then
+    s, c, p = now, 0, 0
+  elseif s > now then
+    s = now -- Redis time went back (failover to another host): keep counts
+  end
+  local elapsed = now - s
+  if elapsed >= window then
+    local k = math.floor(elapsed / window)
+    if k == 1 then p = c else p = 0 end
+    c = 0
+    s = s + k * window
+    elapsed = now - s
+  end
+  local ttl = redis.call('PTTL', key)
+  local expiry = s + 2 * window - now
+  if ttl == -1 or ttl > expiry then
+    redis.call('PEXPIRE', key, int(expiry)) -- heal a hash without (a sane) TTL
+  end
+
+  local left = window - elapsed
+  local weighted = p * left / window
+  local st = { key = key, s = s, c = c, p = p, expiry = expiry }
+  st.allowed = c + cost + weighted <= limit
+  st.remaining = math.max(0, math.floor(limit - c - weighted))
+  st.remaining_after = math.max(0, math.floor(limit - (c + cost) - weighted))
+  local function drain(count)
+    if count > 0 then return left + window end
+    if p > 0 then return left end
+    return 0
+  end
+  st.reset = drain(c)
+  st.reset_after = drain(c + cost)
+  if c + cost <= limit then
+    -- Fits in this window once the previous one's weight has shrunk enough.
+    st.retry = math.ceil(window - (limit - c - cost) * window / p - elapsed)
+  else
+    -- Next window: this window's count becomes the weighted one.
+    local at = math.max(0, window - (limit - cost) * window / c)
+    st.retry = left + math.ceil(at)
+  end
+  st.retry = math.max(1, st.retry)
+  return st
+end
+
+function sliding_window.commit(st, cost)
+  if cost > 0 then
+    redis.call('HSET', st.key, 's', int(st.s), 'c', int(st.c + cost), 'p', int(st.p))
+    redis.call('PEXPIRE', st.key, int(st.expiry))
+  end
+end

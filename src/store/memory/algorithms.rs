@@ -1,0 +1,173 @@
+//! The algorithms of `lua/fixed_window.lua`, `sliding_window.lua` and
+//! `gcra.lua`, in Rust, with the same formulas in the same order (so the same
+//! floating-point results) for [`MemoryStore`](super::MemoryStore).
+
+use crate::{Algorithm, Quota};
+
+/// The store's clock: microseconds, and whole milliseconds of the same instant
+/// (as the scripts get from Redis `TIME`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Now {
+    pub(super) us: u64,
+    pub(super) ms: u64,
+}
+
+/// One key's state.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Entry {
+    Fixed {
+        count: u64,
+        expires_ms: u64,
+    },
+    Sliding {
+        s: u64,
+        c: u64,
+        p: u64,
+        expires_ms: u64,
+    },
+    Gcra {
+        tat: f64,
+        expires_ms: u64,
+    },
+}
+
+impl Entry {
+    pub(super) fn expires_ms(&self) -> u64 {
+        match *self {
+            Entry::Fixed { expires_ms, .. }
+            | Entry::Sliding { expires_ms, .. }
+            | Entry::Gcra { expires_ms, .. } => expires_ms,
+        }
+    }
+}
+
+/// What one limit says, before and after spending.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Checked {
+    pub(super) allowed: bool,
+    pub(super) remaining: u64,
+    pub(super) remaining_after: u64,
+    pub(super) reset_ms: u64,
+    pub(super) reset_after_ms: u64,
+    pub(super) retry_ms: u64,
+    /// The entry to store if the decision spends.
+    pub(super) spent: Option<Entry>,
+}
+
+/// Float rounding tolerance of GCRA, in microseconds (as in `gcra.lua`).
+const EPSILON: f64 = 1.0;
+
+/// Checks `cost` against `entry` (a live entry of this key, if any). Heals
+/// `entry` in place where the scripts would (an over-long expiry).
+pub(super) fn check(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Checked {
+    match q.algorithm() {
+        Algorithm::SlidingWindow => sliding_window(entry, q, cost, now),
+        Algorithm::Gcra { burst } => gcra(entry, q, burst, cost, now),
+        _ => fixed_window(entry, q, cost, now),
+    }
+}
+
+fn fixed_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Checked {
+    let (limit, window) = (q.limit(), q.window_ms());
+    let (count, expires) = match entry {
+        Some(Entry::Fixed { count, expires_ms }) => {
+            *expires_ms = (*expires_ms).min(now.ms + window);
+            (*count, Some(*expires_ms))
+        }
+        _ => (0, None),
+    };
+    let ttl = expires.map_or(window, |e| e - now.ms);
+    let allowed = count.saturating_add(cost) <= limit;
+    Checked {
+        allowed,
+        remaining: limit.saturating_sub(count),
+        remaining_after: limit.saturating_sub(count + cost),
+        reset_ms: ttl,
+        reset_after_ms: ttl,
+        retry_ms: ttl,
+        spent: (cost > 0).then(|| Entry::Fixed {
+            count: count + cost,
+            expires_ms: expires.unwrap_or(now.ms + window),
+        }),
+    }
+}
+
+fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Checked {
+    let (limit, window) = (q.limit(), q.window_ms());
+    let (mut s, mut c, mut p) = match entry {
+        Some(&mut Entry::Sliding { s, c, p, .. }) => (s.min(now.ms), c, p),
+        _ => (now.ms, 0, 0),
+    };
+    let mut elapsed = now.ms - s;
+    if elapsed >= window {
+        let k = elapsed / window;
+        p = if k == 1 { c } else { 0 };
+        c = 0;
+        s += k * window;
+        elapsed = now.ms - s;
+    }
+    let expires_ms = s + 2 * window;
+    let (l, w, e) = (limit as f64, window as f64, elapsed as f64);
+    let (cf, pf, costf) = (c as f64, p as f64, cost as f64);
+    let left = w - e;
+    let weighted = pf * left / w;
+    let allowed = cf + costf + weighted <= l;
+    let floor0 = |x: f64| x.floor().max(0.0) as u64;
+    let drain = |count: u64| {
+        if count > 0 {
+            window - elapsed + window
+        } else if p > 0 {
+            window - elapsed
+        } else {
+            0
+        }
+    };
+    let retry = if c + cost <= limit {
+        (w - (l - cf - costf) * w / pf - e).ceil()
+    } else {
+        left + (w - (l - costf) * w / cf).max(0.0).ceil()
+    };
+    Checked {
+        allowed,
+        remaining: floor0(l - cf - weighted),
+        remaining_after: floor0(l - (cf + costf) - weighted),
+        reset_ms: drain(c),
+        reset_after_ms: drain(c + cost),
+        retry_ms: retry.max(1.0) as u64,
+        spent: (cost > 0).then_some(Entry::Sliding {
+            s,
+            c: c + cost,
+            p,
+            expires_ms,
+        }),
+    }
+}
+
+fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) -> Checked {
+    let interval = q.window_ms() as f64 * 1000.0 / q.limit() as f64;
+    let capacity = burst as f64 * interval;
+    let now_us = now.us as f64;
+    let tat = match entry {
+        Some(&mut Entry::Gcra { tat, .. }) => tat.clamp(now_us, now_us + capacity),
+        _ => now_us,
+    };
+    let new_tat = tat + cost as f64 * interval;
+    let fits = |t: f64| {
+        ((capacity - (t - now_us)) / interval + 1e-9)
+            .floor()
+            .max(0.0) as u64
+    };
+    let ms_until = |t: f64| ((t - now_us) / 1000.0).ceil() as u64;
+    Checked {
+        allowed: new_tat - now_us <= capacity + EPSILON,
+        remaining: fits(tat),
+        remaining_after: fits(new_tat),
+        reset_ms: ms_until(tat),
+        reset_after_ms: ms_until(new_tat),
+        retry_ms: ms_until(new_tat - capacity).max(1),
+        spent: (cost > 0).then(|| Entry::Gcra {
+            tat: new_tat,
+            expires_ms: now.ms + ms_until(new_tat).max(1),
+        }),
+    }
+}

@@ -1,0 +1,184 @@
+//! [`MemoryStore`]: counters in this process, with the Redis store's semantics.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use tokio::time::Instant;
+
+use self::algorithms::{Entry, Now};
+use super::{BoxFuture, LimitCheck, LimitState, Store};
+use crate::Error;
+
+mod algorithms;
+
+/// Counters in process memory: the default when no Redis is configured.
+///
+/// It decides exactly like the Redis script, for every
+/// [`Algorithm`](crate::Algorithm) (same formulas, windows, expiries and cost
+/// rules, all or nothing across limits, never over-admits under concurrency),
+/// with time from its own monotonic clock. But each process counts alone,
+/// so replicas do not share a limit. Memory stays bounded: expired windows are
+/// reclaimed whenever the map has doubled since the last sweep, so it holds at
+/// most about twice the keys that are live at once.
+///
+/// Clones share the same counters.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redis_ratelimit::Error> {
+/// use redis_ratelimit::{Limiter, MemoryStore, Quota};
+///
+/// let store = MemoryStore::new();
+/// let a = Limiter::builder(Quota::per_minute(1)).store(store.clone()).build().unwrap();
+/// let b = Limiter::builder(Quota::per_minute(1)).store(store).build().unwrap();
+/// assert!(a.check("k", 1).await?.is_allowed());
+/// assert!(!b.check("k", 1).await?.is_allowed()); // same store, same counter
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Counters>>,
+    epoch: Instant,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    map: HashMap<String, Entry>,
+    sweep_at: usize,
+}
+
+/// The smallest map size at which a sweep is considered.
+const MIN_SWEEP: usize = 1024;
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of keys held, live or not yet reclaimed.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Whether no keys are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
+        // A panic while holding the lock cannot leave an entry half-written.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> Now {
+        let us = self.epoch.elapsed().as_micros() as u64;
+        Now { us, ms: us / 1000 }
+    }
+
+    fn decide_now(&self, checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
+        let now = self.now();
+        let mut counters = self.lock();
+        let checked: Vec<_> = checks
+            .iter()
+            .map(|c| {
+                let live = counters.map.get_mut(&c.key);
+                let live = live.filter(|e| e.expires_ms() > now.ms);
+                algorithms::check(live, c.quota, cost, now)
+            })
+            .collect();
+        let all = checked.iter().all(|c| c.allowed);
+        if all {
+            for (check, c) in checks.into_iter().zip(&checked) {
+                if let Some(entry) = c.spent {
+                    counters.insert(check.key, entry, now);
+                }
+            }
+        }
+        let state = |c: &algorithms::Checked| LimitState {
+            allowed: c.allowed,
+            remaining: if all { c.remaining_after } else { c.remaining },
+            reset_ms: if all { c.reset_after_ms } else { c.reset_ms },
+            retry_ms: if c.allowed { 0 } else { c.retry_ms },
+        };
+        checked.iter().map(state).collect()
+    }
+}
+
+impl Counters {
+    fn insert(&mut self, key: String, entry: Entry, now: Now) {
+        if self.map.insert(key, entry).is_none() && self.map.len() >= self.sweep_at {
+            self.map.retain(|_, e| e.expires_ms() > now.ms);
+            self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn decide(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        let states = self.decide_now(checks, cost);
+        Box::pin(std::future::ready(Ok(states)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Quota;
+
+    fn one(store: &MemoryStore, key: &str, quota: &str, cost: u64) -> LimitState {
+        let quota: Quota = quota.parse().unwrap();
+        let check = LimitCheck {
+            key: key.into(),
+            quota,
+        };
+        store.decide_now(vec![check], cost)[0]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn windows_expire_and_memory_is_reclaimed() {
+        let store = MemoryStore::new();
+        for i in 0..5000 {
+            assert!(one(&store, &format!("k{i}"), "1/1s", 1).allowed);
+        }
+        assert!(!one(&store, "k1", "1/1s", 1).allowed);
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert!(one(&store, "k1", "1/1s", 1).allowed);
+        for i in 0..5000 {
+            one(&store, &format!("n{i}"), "1/1s", 1);
+        }
+        // The 5000 expired "k" windows were swept when the map doubled.
+        assert!(store.len() <= 5001 + MIN_SWEEP, "{}", store.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn denied_and_peek_consume_nothing() {
+        let store = MemoryStore::new();
+        assert_eq!(one(&store, "k", "3/1s", 0).remaining, 3);
+        assert!(store.is_empty());
+        assert!(!one(&store, "k", "3/1s", 4).allowed);
+        assert!(store.is_empty());
+        let s = one(&store, "k", "3/1s", 2);
+        assert_eq!((s.allowed, s.remaining, s.reset_ms), (true, 1, 1000));
+        tokio::time::advance(Duration::from_millis(400)).await;
+        let s = one(&store, "k", "3/1s", 2);
+        assert_eq!((s.allowed, s.remaining, s.retry_ms), (false, 1, 600));
+    }
+}
