@@ -63,7 +63,7 @@ async fn redis_killed_mid_test_errors_within_the_timeout_then_recovers_after_res
         let r = limiter.check("k", 1).await;
         assert!(r.is_err(), "answered with Redis dead: {r:?}");
         assert!(
-            start.elapsed() < TIMEOUT + Duration::from_millis(300),
+            start.elapsed() < TIMEOUT + Duration::from_secs(1),
             "{:?}",
             start.elapsed()
         );
