@@ -23,37 +23,38 @@ local EPSILON = 1
 function gcra.check(key, limit, window, burst, cost, now)
   local interval = window * 1000 / limit
   local capacity = burst * interval
+  -- How far the key runs ahead of now, in microseconds. Relative values keep
+  -- the arithmetic exact enough; absolute ones are ~10^15.
+  local ahead = 0
   local tat = read_number(key, false)
-  if tat == nil or tat < now then
-    tat = now
-  elseif tat > now + capacity then
-    tat = now + capacity
+  if tat ~= nil then
+    ahead = math.min(math.max(tat - now, 0), capacity)
   end
   local ttl = redis.call('PTTL', key)
   if ttl == -1 or ttl > math.ceil(capacity / 1000) then
-    if tat > now then
-      redis.call('PEXPIRE', key, int(math.max(1, math.ceil((tat - now) / 1000))))
+    if ahead > 0 then
+      redis.call('PEXPIRE', key, int(math.max(1, math.ceil(ahead / 1000))))
     else
       redis.call('DEL', key)
     end
   end
-  local new_tat = tat + cost * interval
-  local st = { key = key, new_tat = new_tat, now = now }
-  st.allowed = new_tat - now <= capacity + EPSILON
-  local function fits(t)
-    return math.max(0, math.floor((capacity - (t - now)) / interval + 1e-9))
+  local after = ahead + cost * interval
+  local st = { key = key, at = now + after, after = after }
+  st.allowed = after <= capacity + EPSILON
+  local function fits(a)
+    return math.max(0, math.floor((capacity - a + EPSILON) / interval))
   end
-  st.remaining = fits(tat)
-  st.remaining_after = fits(new_tat)
-  st.reset = math.ceil((tat - now) / 1000)
-  st.reset_after = math.ceil((new_tat - now) / 1000)
-  st.retry = math.max(1, math.ceil((new_tat - capacity - now) / 1000))
+  st.remaining = fits(ahead)
+  st.remaining_after = fits(after)
+  st.reset = math.ceil(ahead / 1000)
+  st.reset_after = math.ceil(after / 1000)
+  st.retry = math.max(1, math.ceil((after - capacity) / 1000))
   return st
 end
 
 function gcra.commit(st, cost)
   if cost > 0 then
-    local ttl = math.max(1, math.ceil((st.new_tat - st.now) / 1000))
-    redis.call('SET', st.key, string.format('%.17g', st.new_tat), 'PX', int(ttl))
+    local ttl = math.max(1, math.ceil(st.after / 1000))
+    redis.call('SET', st.key, string.format('%.17g', st.at), 'PX', int(ttl))
   end
 end

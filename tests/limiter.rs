@@ -136,21 +136,7 @@ async fn hostile_keys_are_distinct(b: Backend) {
     }
 }
 
-macro_rules! for_every_store {
-    ($($scenario:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test] async fn $scenario() { super::$scenario(super::Backend::memory()).await })*
-        }
-        mod redis_manager {
-            $(#[tokio::test] async fn $scenario() { super::$scenario(super::Backend::redis().await).await })*
-        }
-        mod redis_bb8_pool {
-            $(#[tokio::test] async fn $scenario() { super::$scenario(super::Backend::redis_pool().await).await })*
-        }
-    };
-}
-
-for_every_store!(
+support::for_every_store!(
     exact_count,
     window_reopens,
     costs_are_exact,

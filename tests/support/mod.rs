@@ -281,7 +281,11 @@ impl Backend {
 
     /// A builder on this backend's store.
     pub fn builder(&self, quota: &str) -> LimiterBuilder {
-        let quota: Quota = quota.parse().unwrap();
+        self.builder_for(quota.parse().unwrap())
+    }
+
+    /// A builder for `quota` (with its algorithm) on this backend's store.
+    pub fn builder_for(&self, quota: Quota) -> LimiterBuilder {
         let builder = Limiter::builder(quota).timeout(TEST_TIMEOUT);
         match self {
             Backend::Memory(m) => builder.store(m.clone()),
@@ -314,3 +318,27 @@ impl Backend {
         }
     }
 }
+
+/// Runs each named scenario `async fn(Backend)` against every store: in
+/// memory, Redis through a `ConnectionManager`, and Redis through a bb8 pool.
+macro_rules! for_every_store {
+    ($($scenario:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test] async fn $scenario() {
+                super::$scenario(crate::support::Backend::memory()).await
+            })*
+        }
+        mod redis_manager {
+            $(#[tokio::test] async fn $scenario() {
+                super::$scenario(crate::support::Backend::redis().await).await
+            })*
+        }
+        mod redis_bb8_pool {
+            $(#[tokio::test] async fn $scenario() {
+                super::$scenario(crate::support::Backend::redis_pool().await).await
+            })*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use for_every_store;

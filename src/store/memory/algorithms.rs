@@ -147,27 +147,23 @@ fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) ->
     let interval = q.window_ms() as f64 * 1000.0 / q.limit() as f64;
     let capacity = burst as f64 * interval;
     let now_us = now.us as f64;
-    let tat = match entry {
-        Some(&mut Entry::Gcra { tat, .. }) => tat.clamp(now_us, now_us + capacity),
-        _ => now_us,
+    let ahead = match entry {
+        Some(&mut Entry::Gcra { tat, .. }) => (tat - now_us).max(0.0).min(capacity),
+        _ => 0.0,
     };
-    let new_tat = tat + cost as f64 * interval;
-    let fits = |t: f64| {
-        ((capacity - (t - now_us)) / interval + 1e-9)
-            .floor()
-            .max(0.0) as u64
-    };
-    let ms_until = |t: f64| ((t - now_us) / 1000.0).ceil() as u64;
+    let after = ahead + cost as f64 * interval;
+    let fits = |a: f64| ((capacity - a + EPSILON) / interval).floor().max(0.0) as u64;
+    let ms = |us: f64| (us / 1000.0).ceil() as u64;
     Checked {
-        allowed: new_tat - now_us <= capacity + EPSILON,
-        remaining: fits(tat),
-        remaining_after: fits(new_tat),
-        reset_ms: ms_until(tat),
-        reset_after_ms: ms_until(new_tat),
-        retry_ms: ms_until(new_tat - capacity).max(1),
+        allowed: after <= capacity + EPSILON,
+        remaining: fits(ahead),
+        remaining_after: fits(after),
+        reset_ms: ms(ahead),
+        reset_after_ms: ms(after),
+        retry_ms: ms(after - capacity).max(1),
         spent: (cost > 0).then(|| Entry::Gcra {
-            tat: new_tat,
-            expires_ms: now.ms + ms_until(new_tat).max(1),
+            tat: now_us + after,
+            expires_ms: now.ms + ms(after).max(1),
         }),
     }
 }

@@ -1,0 +1,249 @@
+//! Sliding window, GCRA and costs, against every store; and store parity:
+//! the memory store gives the same decisions as Redis, run side by side.
+
+mod support;
+
+use std::time::Duration;
+
+use redis_ratelimit::{Decision, Error, Limiter, MemoryStore, Quota};
+use support::{Backend, RedisServer};
+use tokio::time::sleep;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn admitted(limiter: &Limiter, key: &str, n: usize) -> usize {
+    let mut count = 0;
+    for _ in 0..n {
+        count += usize::from(limiter.check(key, 1).await.unwrap().is_allowed());
+    }
+    count
+}
+
+async fn assert_ttls(b: &Backend) {
+    if let Some(server) = b.server() {
+        server.assert_every_key_has_ttl().await;
+    }
+}
+
+/// GCRA "2/1s" with a burst of 3: exactly 3 at once, then one every 500 ms;
+/// `retry_after` and `reset_after` are what the next request experiences.
+async fn gcra_admits_the_burst_then_one_per_interval(b: Backend) {
+    let quota = Quota::per_second(2).gcra(3).unwrap();
+    let limiter = b.builder_for(quota).build().unwrap();
+    let mut ds = Vec::new();
+    for _ in 0..4 {
+        ds.push(limiter.check("k", 1).await.unwrap());
+    }
+    let allowed: Vec<_> = ds.iter().map(Decision::is_allowed).collect();
+    assert_eq!(allowed, [true, true, true, false], "{ds:?}");
+    let remaining: Vec<_> = ds.iter().map(Decision::remaining).collect();
+    assert_eq!(remaining, [2, 1, 0, 0], "{ds:?}");
+    // Full again three intervals after the burst.
+    assert!(
+        (1400..=1500).contains(&ds[2].reset_after().as_millis()),
+        "{ds:?}"
+    );
+    let wait = ds[3].retry_after().unwrap();
+    assert!((400..=500).contains(&wait.as_millis()), "{wait:?}");
+
+    // 250 ms before the wait is over: still denied, and told the rest.
+    sleep(wait - ms(250)).await;
+    let early = limiter.check("k", 1).await.unwrap();
+    assert!(!early.is_allowed(), "{early:?}");
+    let rest = early.retry_after().unwrap();
+    assert!((100..=260).contains(&rest.as_millis()), "{rest:?}");
+    // At the wait: admitted, and the next one waits a whole interval.
+    sleep(rest).await;
+    let on_time = limiter.check("k", 1).await.unwrap();
+    assert!(on_time.is_allowed(), "{on_time:?}");
+    let next = limiter.check("k", 1).await.unwrap();
+    let wait = next.retry_after().unwrap();
+    assert!((400..=500).contains(&wait.as_millis()), "{next:?}");
+    // After reset_after, the whole burst is back.
+    sleep(on_time.reset_after()).await;
+    let burst = limiter.check("k", 3).await.unwrap();
+    assert!(burst.is_allowed(), "{burst:?}");
+    assert!(matches!(
+        limiter.check("k", 4).await,
+        Err(Error::CostExceedsLimit { cost: 4, limit: 3 })
+    ));
+    assert_ttls(&b).await;
+}
+
+/// "5/2s": one request opens the window, four more come at 1.7 s and five
+/// at 2.2 s. A fixed window admits all nine of the last within 0.5 s; the
+/// sliding window stays within its bound, 5 × (1 + 0.5 / 2) = 6.
+async fn sliding_window_bounds_the_boundary_burst(b: Backend) {
+    let fixed = b.builder("5/2s").name("fixed").build().unwrap();
+    let quota = "5/2s".parse::<Quota>().unwrap().sliding_window();
+    let sliding = b.builder_for(quota).name("sliding").build().unwrap();
+    let (mut fixed_late, mut sliding_late) = (0, 0);
+    for (limiter, late) in [(&fixed, &mut fixed_late), (&sliding, &mut sliding_late)] {
+        assert_eq!(admitted(limiter, "k", 1).await, 1);
+        sleep(ms(1700)).await;
+        *late += admitted(limiter, "k", 4).await;
+        sleep(ms(500)).await;
+        *late += admitted(limiter, "k", 5).await;
+    }
+    assert_eq!(fixed_late, 9, "a fixed window admits 2 x limit - 1 here");
+    assert!(
+        sliding_late <= 6,
+        "sliding admitted {sliding_late} in 0.5 s"
+    );
+    assert_eq!(
+        sliding_late, 4,
+        "the weighted count admits none after the boundary"
+    );
+    assert_ttls(&b).await;
+}
+
+/// The sliding window tells a denied request when its cost fits, and a
+/// request at that time is admitted.
+async fn sliding_window_retry_after_is_honest(b: Backend) {
+    let quota = "4/1s".parse::<Quota>().unwrap().sliding_window();
+    let limiter = b.builder_for(quota).build().unwrap();
+    assert_eq!(admitted(&limiter, "k", 4).await, 4);
+    let denied = limiter.check("k", 1).await.unwrap();
+    // The count moves to the previous window at 1 s and weighs 4 × 0.75 = 3
+    // at 1.25 s, when one unit fits.
+    let wait = denied.retry_after().unwrap();
+    assert!((1150..=1250).contains(&wait.as_millis()), "{denied:?}");
+    sleep(wait - ms(200)).await;
+    assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
+    sleep(ms(220)).await;
+    let d = limiter.check("k", 1).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_ttls(&b).await;
+}
+
+/// Costs are spent exactly in every algorithm; a cost above the capacity is
+/// an error that spends nothing.
+async fn costs_are_exact_in_every_algorithm(b: Backend) {
+    let quotas = [
+        Quota::per_minute(10),
+        Quota::per_minute(10).sliding_window(),
+        Quota::per_minute(10).gcra(10).unwrap(),
+    ];
+    for quota in quotas {
+        let limiter = b.builder_for(quota).build().unwrap();
+        let spend = |cost| limiter.check("k", cost);
+        let what = format!("{:?}", quota.algorithm());
+        assert_eq!(spend(3).await.unwrap().remaining(), 7, "{what}");
+        assert_eq!(spend(3).await.unwrap().remaining(), 4, "{what}");
+        assert_eq!(spend(3).await.unwrap().remaining(), 1, "{what}");
+        let denied = spend(3).await.unwrap();
+        assert!(!denied.is_allowed(), "{what}");
+        assert_eq!(denied.remaining(), 1, "{what}: a denial spent");
+        assert_eq!(
+            spend(0).await.unwrap().remaining(),
+            1,
+            "{what}: a peek spent"
+        );
+        assert_eq!(spend(1).await.unwrap().remaining(), 0, "{what}");
+        let err = spend(11).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::CostExceedsLimit {
+                    cost: 11,
+                    limit: 10
+                }
+            ),
+            "{err}"
+        );
+    }
+    assert_ttls(&b).await;
+}
+
+support::for_every_store!(
+    gcra_admits_the_burst_then_one_per_interval,
+    sliding_window_bounds_the_boundary_burst,
+    sliding_window_retry_after_is_honest,
+    costs_are_exact_in_every_algorithm,
+);
+
+/// Steps of a parity run: wait, then spend `cost` for `key`.
+const STEPS: &[(u64, u64, &str)] = &[
+    (0, 1, "a"),
+    (0, 2, "a"),
+    (0, 1, "b"),
+    (300, 1, "a"),
+    (0, 3, "a"),
+    (0, 1, "a"),
+    (450, 2, "a"),
+    (0, 1, "b"),
+    (700, 1, "a"),
+    (0, 1, "a"),
+    (0, 2, "b"),
+    (1300, 4, "a"),
+    (0, 1, "a"),
+    (350, 1, "a"),
+];
+
+/// Runs [`STEPS`] on a memory and a Redis limiter side by side (each step
+/// within a few ms on both) and compares every decision.
+async fn parity(limits: &[(&str, Quota)], redis: &RedisServer) {
+    let build = |store: Box<
+        dyn FnOnce(redis_ratelimit::LimiterBuilder) -> redis_ratelimit::LimiterBuilder,
+    >| {
+        let mut builder = Limiter::builder(limits[0].1).name(limits[0].0);
+        for (name, quota) in &limits[1..] {
+            builder = builder.limit(*name, *quota);
+        }
+        store(builder)
+            .timeout(support::TEST_TIMEOUT)
+            .build()
+            .unwrap()
+    };
+    let memory = build(Box::new(|b| b.store(MemoryStore::new())));
+    let store = redis.store().await;
+    let redis_limiter = build(Box::new(move |b| b.store(store)));
+    for (i, &(wait, cost, key)) in STEPS.iter().enumerate() {
+        sleep(ms(wait)).await;
+        let m = memory.check(key, cost).await.unwrap();
+        let r = redis_limiter.check(key, cost).await.unwrap();
+        let context = format!("step {i} ({cost} for {key}):\nmemory {m:?}\nredis  {r:?}");
+        assert_eq!(m.is_allowed(), r.is_allowed(), "{context}");
+        for (lm, lr) in m.limits().zip(r.limits()) {
+            assert_eq!(lm.is_allowed(), lr.is_allowed(), "{context}");
+            assert_eq!(lm.remaining(), lr.remaining(), "{context}");
+            let close = |a: Duration, b: Duration| a.abs_diff(b) <= ms(60);
+            assert!(close(lm.reset_after(), lr.reset_after()), "{context}");
+            let (wm, wr) = (lm.retry_after(), lr.retry_after());
+            assert!(
+                close(wm.unwrap_or_default(), wr.unwrap_or_default()),
+                "{context}"
+            );
+        }
+    }
+    redis.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn memory_and_redis_agree_on_fixed_windows() {
+    parity(&[("fw", "5/1s".parse().unwrap())], &RedisServer::start()).await;
+}
+
+#[tokio::test]
+async fn memory_and_redis_agree_on_sliding_windows() {
+    let quota = "5/1s".parse::<Quota>().unwrap().sliding_window();
+    parity(&[("sw", quota)], &RedisServer::start()).await;
+}
+
+#[tokio::test]
+async fn memory_and_redis_agree_on_gcra() {
+    let quota = "3/1s".parse::<Quota>().unwrap().gcra(4).unwrap();
+    parity(&[("gcra", quota)], &RedisServer::start()).await;
+}
+
+#[tokio::test]
+async fn memory_and_redis_agree_on_several_limits_at_once() {
+    let limits = [
+        ("fw", "6/1s".parse().unwrap()),
+        ("sw", "8/2s".parse::<Quota>().unwrap().sliding_window()),
+        ("gcra", "4/1s".parse::<Quota>().unwrap().gcra(5).unwrap()),
+    ];
+    parity(&limits, &RedisServer::start()).await;
+}
