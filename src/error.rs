@@ -54,6 +54,17 @@ pub enum ConfigError {
         /// The rejected value.
         value: String,
     },
+    /// A trusted proxy given to
+    /// [`ClientIp::trust`](crate::key::ClientIp::trust) was neither an IP
+    /// address nor a CIDR range.
+    #[error(
+        "trusted proxy {value:?} is neither an IP address nor a CIDR range; \
+         use addresses or ranges such as 10.0.0.0/8, 192.168.1.7 or 2001:db8::/32"
+    )]
+    InvalidTrustedProxy {
+        /// The rejected entry.
+        value: String,
+    },
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,

@@ -1,5 +1,6 @@
 //! Which client a request counts against: the [`KeyExtractor`] trait and the
-//! built-in extractors [`PeerIp`], [`Header`], [`Global`] and [`from_fn`].
+//! built-in extractors [`PeerIp`], [`ClientIp`], [`Header`], [`Global`] and
+//! [`from_fn`].
 //!
 //! An extractor turns a request into a [`Key`], or into a [`KeyError`] when it
 //! cannot. A request whose key cannot be derived is **never** let through
@@ -9,6 +10,7 @@
 //! | extractor | key | when it cannot derive one |
 //! |---|---|---|
 //! | [`PeerIp`] | the peer's IP address (port dropped) | 500, logged once as a server misconfiguration |
+//! | [`ClientIp`] | the client's address behind trusted proxies, IPv6 by /64 ([`proxies`]) | 500, as `PeerIp` |
 //! | [`Header`] | the first value of a header, as raw bytes | 400 if missing or empty |
 //! | [`Global`] | one shared key for every request | never fails |
 //! | [`from_fn`] | whatever the closure returns | whatever the closure returns |
@@ -20,8 +22,10 @@
 //!
 //! Keys are client-controlled bytes. The [`Limiter`](crate::Limiter) never
 //! puts them into Redis raw unless they are short and made of a safe alphabet;
-//! anything else (long, non-UTF-8, braces, spaces) is stored as a SHA-256
-//! digest, so a 1 MB header makes a Redis key of under 100 bytes.
+//! anything else (long, non-UTF-8, braces, spaces, a leading `#`) is stored as
+//! a SHA-256 digest, so no value can reach outside its hash tag or pose as
+//! another client's digest, and every client part of a Redis key is at most
+//! 130 bytes.
 //!
 //! ```
 //! use http::Request;
@@ -42,6 +46,14 @@ use std::{fmt, net::SocketAddr};
 
 use bytes::Bytes;
 use http::{HeaderName, StatusCode, request::Parts};
+
+mod client_ip;
+mod forwarded;
+pub mod proxies;
+mod warnings;
+
+pub use client_ip::ClientIp;
+pub use forwarded::ForwardedHeader;
 
 /// The client identity a request is counted against.
 ///
@@ -198,8 +210,8 @@ impl<R: ?Sized + 'static> KeyExtractor<R> for std::sync::Arc<dyn KeyExtractor<R>
 /// Under tower it reads a `SocketAddr` request extension (insert one in a
 /// hyper server) or, with the `axum` feature (on by default), axum's
 /// `ConnectInfo<SocketAddr>`; under actix, the connection's peer address.
-/// Behind a proxy every request comes from the proxy's address: key by a
-/// header or a closure there instead.
+/// Behind a proxy every request comes from the proxy's address: use
+/// [`ClientIp`] there instead (see [`proxies`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
