@@ -295,7 +295,7 @@ impl<R: RequestInfo + ?Sized> KeyExtractor<R> for ClientIp {
 
 impl fmt::Display for ClientIp {
     /// Describes the configuration, for startup logs, e.g.
-    /// `client-ip (x-forwarded-for from 10.0.0.0/8; IPv6 by /64)`.
+    /// `client-ip (x-forwarded-for from 10.0.0.0/8; IPv4 by /32, IPv6 by /64)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "client-ip (")?;
         match (self.hops, self.trusted.is_empty()) {
