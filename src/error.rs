@@ -66,6 +66,17 @@ pub enum ConfigError {
     /// Two limits of one limiter had the same name.
     #[error("limit name {0:?} is used twice; give every limit of a limiter its own name")]
     DuplicateName(String),
+    /// A trusted proxy given to
+    /// [`ClientIp::trust`](crate::key::ClientIp::trust) was neither an IP
+    /// address nor a CIDR range.
+    #[error(
+        "trusted proxy {value:?} is neither an IP address nor a CIDR range; \
+         use addresses or ranges such as 10.0.0.0/8, 192.168.1.7 or 2001:db8::/32"
+    )]
+    InvalidTrustedProxy {
+        /// The rejected entry.
+        value: String,
+    },
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,

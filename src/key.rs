@@ -1,5 +1,6 @@
 //! Which client a request counts against: the [`KeyExtractor`] trait and the
-//! built-in extractors [`PeerIp`], [`Header`], [`Global`] and [`from_fn`].
+//! built-in extractors [`PeerIp`], [`ClientIp`], [`Header`], [`Global`] and
+//! [`from_fn`].
 //!
 //! An extractor turns a request into a [`Key`], or into a [`KeyError`] when it
 //! cannot. A request whose key cannot be derived is **never** let through
@@ -9,7 +10,8 @@
 //! | extractor | key | when it cannot derive one |
 //! |---|---|---|
 //! | [`PeerIp`] | the peer's IP address (port dropped) | 500, logged once as a server misconfiguration |
-//! | [`Header`] | the first value of a header, as raw bytes | 400 if missing or empty |
+//! | [`ClientIp`] | the client's address behind trusted proxies, IPv6 by /64 ([`proxies`]) | 500, as `PeerIp` |
+//! | [`Header`] | the first value of a header, as raw bytes | 400 if missing, empty or over [`MAX_HEADER_KEY_LEN`] bytes |
 //! | [`Global`] | one shared key for every request | never fails |
 //! | [`from_fn`] | whatever the closure returns | whatever the closure returns |
 //!
@@ -20,8 +22,11 @@
 //!
 //! Keys are client-controlled bytes. The [`Limiter`](crate::Limiter) never
 //! puts them into Redis raw unless they are short and made of a safe alphabet;
-//! anything else (long, non-UTF-8, braces, spaces) is stored as a SHA-256
-//! digest, so a 1 MB header makes a Redis key of under 100 bytes.
+//! anything else (long, non-UTF-8, braces, spaces, a leading `#`) is stored as
+//! a SHA-256 digest, so no value can reach outside its hash tag or pose as
+//! another client's digest, and every client part of a Redis key is at most
+//! 130 bytes. [`Header`] refuses values over [`MAX_HEADER_KEY_LEN`] bytes
+//! before hashing them.
 //!
 //! ```
 //! use http::Request;
@@ -42,6 +47,20 @@ use std::{fmt, net::SocketAddr};
 
 use bytes::Bytes;
 use http::{HeaderName, StatusCode, request::Parts};
+
+mod client_ip;
+mod forwarded;
+pub mod proxies;
+mod warnings;
+
+pub use client_ip::ClientIp;
+pub use forwarded::ForwardedHeader;
+
+/// The longest header value [`Header`] keys by: longer values are answered
+/// with 400 ([`KeyError::HeaderTooLong`]) rather than hashed. No API key or
+/// tenant id needs 8 KiB, and the bound caps the hashing work a client can
+/// cause.
+pub const MAX_HEADER_KEY_LEN: usize = 8 * 1024;
 
 /// The client identity a request is counted against.
 ///
@@ -100,6 +119,10 @@ pub enum KeyError {
     /// Answered with 400: the client must send it.
     #[error("request has no (or an empty) `{0}` header to rate limit by")]
     MissingHeader(HeaderName),
+    /// The header the [`Header`] extractor reads was longer than
+    /// [`MAX_HEADER_KEY_LEN`] bytes. Answered with 400.
+    #[error("the `{0}` header to rate limit by is over {MAX_HEADER_KEY_LEN} bytes")]
+    HeaderTooLong(HeaderName),
     /// The server never told the request its peer address. Answered with 500
     /// and logged once: the server is misconfigured (axum needs
     /// `into_make_service_with_connect_info::<SocketAddr>()`; hyper servers
@@ -124,7 +147,7 @@ impl KeyError {
     /// The HTTP status a request with this error is answered with by default.
     pub fn status(&self) -> StatusCode {
         match self {
-            KeyError::MissingHeader(_) => StatusCode::BAD_REQUEST,
+            KeyError::MissingHeader(_) | KeyError::HeaderTooLong(_) => StatusCode::BAD_REQUEST,
             KeyError::NoPeerAddr => StatusCode::INTERNAL_SERVER_ERROR,
             KeyError::Rejected { status, .. } => *status,
         }
@@ -342,8 +365,8 @@ where
 /// Under tower it reads a `SocketAddr` request extension (insert one in a
 /// hyper server) or, with the `axum` feature (on by default), axum's
 /// `ConnectInfo<SocketAddr>`; under actix, the connection's peer address.
-/// Behind a proxy every request comes from the proxy's address: key by a
-/// header or a closure there instead.
+/// Behind a proxy every request comes from the proxy's address: use
+/// [`ClientIp`] there instead (see [`proxies`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerIp;
 
@@ -356,8 +379,10 @@ impl<R: RequestInfo + ?Sized> KeyExtractor<R> for PeerIp {
 
 /// Keys by the first value of a request header, such as `x-api-key`.
 ///
-/// The value is taken as raw bytes (it need not be UTF-8). A missing or empty
-/// header is [`KeyError::MissingHeader`] (400).
+/// The value is taken as raw bytes (it need not be UTF-8; the limiter hashes
+/// any value that is not short and plain before it reaches Redis). A missing
+/// or empty header is [`KeyError::MissingHeader`] (400); a value over
+/// [`MAX_HEADER_KEY_LEN`] bytes is [`KeyError::HeaderTooLong`] (400).
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
@@ -390,6 +415,9 @@ impl Header {
 impl<R: RequestInfo + ?Sized> KeyExtractor<R> for Header {
     fn extract(&self, req: &R) -> Result<Key, KeyError> {
         match req.header_values(&self.name).next() {
+            Some(v) if v.len() > MAX_HEADER_KEY_LEN => {
+                Err(KeyError::HeaderTooLong(self.name.clone()))
+            }
             Some(v) if !v.is_empty() => Ok(Key(Bytes::copy_from_slice(v))),
             _ => Err(KeyError::MissingHeader(self.name.clone())),
         }
@@ -474,6 +502,20 @@ mod tests {
                 .header("x-api-key", "b"),
         );
         assert_eq!(h.extract(&p).unwrap().as_bytes(), b"a");
+    }
+
+    #[test]
+    fn header_refuses_values_over_the_bound() {
+        let h = Header::new("x-api-key");
+        let at_bound = vec![b'a'; MAX_HEADER_KEY_LEN];
+        let p = parts(Request::get("/").header("x-api-key", &at_bound[..]));
+        assert_eq!(h.extract(&p).unwrap().as_bytes().len(), MAX_HEADER_KEY_LEN);
+        let over = vec![b'a'; MAX_HEADER_KEY_LEN + 1];
+        let p = parts(Request::get("/").header("x-api-key", &over[..]));
+        let err = h.extract(&p).unwrap_err();
+        assert!(matches!(err, KeyError::HeaderTooLong(_)), "{err}");
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert!(!err.is_server_error());
     }
 
     #[test]

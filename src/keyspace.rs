@@ -9,6 +9,10 @@
 //! `-._~:@/+=`); anything else becomes `#` followed by the hex SHA-256 of the
 //! bytes. `#` is outside the safe alphabet, so no raw key can equal a hashed
 //! one, and no client can close the hash tag early or reach outside it.
+//!
+//! So the client part, braces included, is at most `RAW_KEY_MAX + 2` = 130
+//! bytes, and a whole key at most `prefix + name + 135` bytes: 263 with the
+//! longest prefix and name `validate` allows.
 
 use sha2::{Digest, Sha256};
 
@@ -96,6 +100,15 @@ mod tests {
         let inner = &hashed[1..hashed.len() - 1];
         assert_ne!(client(inner.as_bytes()), hashed);
         assert_eq!(client(&[b'a'; RAW_KEY_MAX]).len(), RAW_KEY_MAX + 2);
+    }
+
+    #[test]
+    fn values_starting_with_a_hash_are_never_stored_raw() {
+        for raw in [&b"#abc"[..], b"#", b"#0123456789abcdef"] {
+            let k = client(raw);
+            assert_ne!(k.as_bytes()[1..k.len() - 1], *raw);
+            assert_eq!(k.len(), 2 + 1 + 64, "{k}");
+        }
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0` |
 //! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL`: a bb8 pool of this many connections |
 //! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`), or `off` for no limiter |
-//! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address) or `header:<name>` (e.g. `header:x-api-key`) |
+//! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
+//! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
+//! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended) |
+//! | `FORWARDED_HEADER` | `x-forwarded-for` | with `client-ip`: the header read, `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `RATE_LIMIT_ON_ERROR` | `allow` | when the store fails: `allow` the request or `deny` it (503) |
 //! | `RUST_LOG` | `info` | tracing filter |
 //!
@@ -124,6 +127,7 @@ impl From<std::io::Error> for Error {
 #[derive(Debug, Clone)]
 pub enum KeyBy {
     PeerIp(key::PeerIp),
+    ClientIp(key::ClientIp),
     Header(key::Header),
 }
 
@@ -131,6 +135,7 @@ impl<R: RequestInfo> KeyExtractor<R> for KeyBy {
     fn extract(&self, req: &R) -> Result<Key, KeyError> {
         match self {
             KeyBy::PeerIp(k) => k.extract(req),
+            KeyBy::ClientIp(k) => k.extract(req),
             KeyBy::Header(k) => k.extract(req),
         }
     }
@@ -140,6 +145,7 @@ impl fmt::Display for KeyBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyBy::PeerIp(_) => f.write_str("ip"),
+            KeyBy::ClientIp(k) => k.fmt(f),
             KeyBy::Header(h) => write!(f, "header:{}", h.name()),
         }
     }
@@ -207,6 +213,7 @@ impl Config {
             })?),
         };
         let key = parse_key(var("RATE_LIMIT_KEY")?.as_deref().unwrap_or("ip"))?;
+        let key = client_ip_settings(key)?;
         let on_error = var("RATE_LIMIT_ON_ERROR")?.unwrap_or_else(|| "allow".into());
         let (on_error, on_error_name) = match on_error.to_ascii_lowercase().as_str() {
             "allow" => (OnStoreError::Allow, "allow"),
@@ -304,9 +311,12 @@ fn parse_pool(text: &str) -> Result<u32, Error> {
 }
 
 fn parse_key(text: &str) -> Result<KeyBy, Error> {
-    let fix = "use `ip` or `header:<name>`, such as header:x-api-key";
+    let fix = "use `ip`, `client-ip` or `header:<name>`, such as header:x-api-key";
     if text.eq_ignore_ascii_case("ip") {
         return Ok(KeyBy::PeerIp(key::PeerIp));
+    }
+    if text.eq_ignore_ascii_case("client-ip") {
+        return Ok(KeyBy::ClientIp(key::ClientIp::new()));
     }
     match text.split_once(':') {
         Some((kind, name)) if kind.eq_ignore_ascii_case("header") => {
@@ -318,6 +328,54 @@ fn parse_key(text: &str) -> Result<KeyBy, Error> {
         }
         _ => Err(Error::config("RATE_LIMIT_KEY", text, fix)),
     }
+}
+
+/// Applies `TRUSTED_PROXIES`, `TRUSTED_HOPS` and `FORWARDED_HEADER` to a
+/// `client-ip` key; with any other key they are a mistake worth reporting.
+fn client_ip_settings(key: KeyBy) -> Result<KeyBy, Error> {
+    let proxies = var("TRUSTED_PROXIES")?;
+    let hops = var("TRUSTED_HOPS")?;
+    let header = var("FORWARDED_HEADER")?;
+    let KeyBy::ClientIp(mut client_ip) = key else {
+        return match ["TRUSTED_PROXIES", "TRUSTED_HOPS", "FORWARDED_HEADER"]
+            .into_iter()
+            .zip([&proxies, &hops, &header])
+            .find(|(_, v)| v.is_some())
+        {
+            Some((name, _)) => Err(Error::usage(format!(
+                "{name} is set but RATE_LIMIT_KEY is not `client-ip`: set RATE_LIMIT_KEY=client-ip, or unset {name}"
+            ))),
+            None => Ok(key),
+        };
+    };
+    if let Some(list) = proxies {
+        client_ip = client_ip
+            .trust(&list)
+            .map_err(|e| Error::config("TRUSTED_PROXIES", &list, e))?;
+    }
+    if let Some(text) = hops {
+        let n = match text.trim().parse::<u8>() {
+            Ok(n) if n <= 32 => n,
+            _ => {
+                let fix = "use the number of proxies in front of the server, 0 to 32";
+                return Err(Error::config("TRUSTED_HOPS", &text, fix));
+            }
+        };
+        client_ip = client_ip.hops(n);
+    }
+    if let Some(text) = header {
+        let header = match text.trim().to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => key::ForwardedHeader::XForwardedFor,
+            "forwarded" => key::ForwardedHeader::Forwarded,
+            "x-real-ip" => key::ForwardedHeader::XRealIp,
+            _ => {
+                let fix = "use `x-forwarded-for`, `forwarded` or `x-real-ip`";
+                return Err(Error::config("FORWARDED_HEADER", &text, fix));
+            }
+        };
+        client_ip = client_ip.header(header);
+    }
+    Ok(KeyBy::ClientIp(client_ip))
 }
 
 /// A variable's value; unset and empty are the same.

@@ -319,6 +319,7 @@ impl Backend {
     }
 }
 
+#[allow(unused_macros)]
 /// Runs each named scenario `async fn(Backend)` against every store: in
 /// memory, Redis through a `ConnectionManager`, and Redis through a bb8 pool.
 macro_rules! for_every_store {
