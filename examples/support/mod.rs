@@ -7,7 +7,9 @@
 //! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one) |
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0` |
 //! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL`: a bb8 pool of this many connections |
-//! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`), or `off` for no limiter |
+//! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter |
+//! | `RATE_LIMIT_ALGORITHM` | `fixed-window` | `fixed-window`, `sliding-window` or `gcra`, for every quota |
+//! | `RATE_LIMIT_BURST` | the quota's count | with `gcra`: requests admitted at once |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
 //! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
 //! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended) |
@@ -23,10 +25,14 @@ use std::{env, fmt, net::SocketAddr, process::ExitCode, time::Duration};
 use http::HeaderName;
 use redis::IntoConnectionInfo;
 use redis_ratelimit::{
-    Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore,
+    OnStoreError, RateLimitLayer, RedisStore,
     key::{self, Key, KeyError, KeyExtractor, RequestInfo},
 };
 use tokio::net::TcpListener;
+
+use self::limits::Limits;
+
+mod limits;
 
 /// What the examples serve with: a bound listener and, unless
 /// `RATE_LIMIT=off`, the rate-limit layer.
@@ -44,7 +50,7 @@ pub async fn setup() -> Result<Setup, Error> {
             let (layer, store) = l.layer().await?;
             let text = format!(
                 "store: {store}; limit: {}; key: {}; on store error: {}",
-                l.quota, l.key, l.on_error_name
+                l.limits, l.key, l.on_error_name
             );
             (Some(layer), text)
         }
@@ -158,7 +164,7 @@ struct Config {
 }
 
 struct Limiting {
-    quota: Quota,
+    limits: Limits,
     key: KeyBy,
     on_error: OnStoreError,
     on_error_name: &'static str,
@@ -201,17 +207,7 @@ impl Config {
                 pool: pool.map(|p| parse_pool(&p)).transpose()?,
             },
         };
-        let quota = var("RATE_LIMIT")?.unwrap_or_else(|| "100/1s".into());
-        let quota = match quota.to_ascii_lowercase().as_str() {
-            "off" => None,
-            _ => Some(quota.parse::<Quota>().map_err(|e| {
-                Error::config(
-                    "RATE_LIMIT",
-                    &quota,
-                    format!("{e}; or use `off` for no limiter"),
-                )
-            })?),
-        };
+        let limits = Limits::from_env()?;
         let key = parse_key(var("RATE_LIMIT_KEY")?.as_deref().unwrap_or("ip"))?;
         let key = client_ip_settings(key)?;
         let on_error = var("RATE_LIMIT_ON_ERROR")?.unwrap_or_else(|| "allow".into());
@@ -225,8 +221,8 @@ impl Config {
         };
         Ok(Self {
             bind,
-            rate_limit: quota.map(|quota| Limiting {
-                quota,
+            rate_limit: limits.map(|limits| Limiting {
+                limits,
                 key,
                 on_error,
                 on_error_name,
@@ -240,7 +236,7 @@ impl Limiting {
     /// Connects the store and builds the layer; also describes the store for
     /// the startup line.
     async fn layer(&self) -> Result<(RateLimitLayer<KeyBy>, String), Error> {
-        let builder = Limiter::builder(self.quota);
+        let builder = self.limits.builder();
         let (builder, described) = match &self.backend {
             Backend::Memory => (builder, "in-memory, REDIS_URL unset".to_owned()),
             Backend::Redis { url, addr, pool } => {

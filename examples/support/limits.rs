@@ -1,0 +1,94 @@
+//! `RATE_LIMIT`, `RATE_LIMIT_ALGORITHM` and `RATE_LIMIT_BURST`: the limits an
+//! example server enforces.
+
+use redis_ratelimit::{Limiter, LimiterBuilder, Quota};
+
+use super::{Error, var};
+
+/// One or more quotas, all counted with one algorithm.
+pub(super) struct Limits {
+    quotas: Vec<Quota>,
+    /// For the startup line, e.g. `10/1s;1000/1d (gcra, burst 20)`.
+    described: String,
+}
+
+impl Limits {
+    /// Reads the variables; `None` for `RATE_LIMIT=off`.
+    pub(super) fn from_env() -> Result<Option<Self>, Error> {
+        let text = var("RATE_LIMIT")?.unwrap_or_else(|| "100/1s".into());
+        let algorithm = var("RATE_LIMIT_ALGORITHM")?.unwrap_or_else(|| "fixed-window".into());
+        let burst = var("RATE_LIMIT_BURST")?;
+        let burst = match burst {
+            Some(b) => Some(b.trim().parse::<u64>().map_err(|_| {
+                Error::config(
+                    "RATE_LIMIT_BURST",
+                    &b,
+                    "use a whole number of requests, such as 20",
+                )
+            })?),
+            None => None,
+        };
+        let algorithm = algorithm.to_ascii_lowercase();
+        if !matches!(
+            algorithm.as_str(),
+            "fixed-window" | "sliding-window" | "gcra"
+        ) {
+            let fix = "use `fixed-window` (the default), `sliding-window` or `gcra`";
+            return Err(Error::config("RATE_LIMIT_ALGORITHM", &algorithm, fix));
+        }
+        if burst.is_some() && algorithm != "gcra" {
+            return Err(Error::usage(format!(
+                "RATE_LIMIT_BURST is set but RATE_LIMIT_ALGORITHM is {algorithm}: a burst is a GCRA setting; \
+                 set RATE_LIMIT_ALGORITHM=gcra or unset RATE_LIMIT_BURST"
+            )));
+        }
+        if text.trim().eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        let mut quotas = Vec::new();
+        for part in text.split(';') {
+            let fix = |e: &dyn std::fmt::Display| {
+                let fix = format!(
+                    "{e}; give one or more quotas separated by `;`, such as 10/1s;1000/1d, or `off`"
+                );
+                Error::config("RATE_LIMIT", &text, fix)
+            };
+            let quota: Quota = part.trim().parse().map_err(|e| fix(&e))?;
+            let quota = match algorithm.as_str() {
+                "sliding-window" => quota.sliding_window(),
+                // Default burst: the quota's own count.
+                "gcra" => quota
+                    .gcra(burst.unwrap_or(quota.limit()))
+                    .map_err(|e| Error::config("RATE_LIMIT_BURST", &format!("{burst:?}"), e))?,
+                _ => quota,
+            };
+            if quotas.contains(&quota) {
+                return Err(fix(&format!("{part} is given twice")));
+            }
+            quotas.push(quota);
+        }
+        let list: Vec<String> = quotas.iter().map(Quota::to_string).collect();
+        let burst = burst.map(|b| format!(", burst {b}")).unwrap_or_default();
+        let described = format!("{} ({algorithm}{burst})", list.join(";"));
+        Ok(Some(Self { quotas, described }))
+    }
+
+    /// A builder with every quota. One quota is named `default`; several are
+    /// named by their text (`"10/1s"`), which the `RateLimit` headers show.
+    pub(super) fn builder(&self) -> LimiterBuilder {
+        let mut builder = Limiter::builder(self.quotas[0]);
+        if self.quotas.len() > 1 {
+            builder = builder.name(self.quotas[0].to_string());
+            for q in &self.quotas[1..] {
+                builder = builder.limit(q.to_string(), *q);
+            }
+        }
+        builder
+    }
+}
+
+impl std::fmt::Display for Limits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.described)
+    }
+}
