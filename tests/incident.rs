@@ -201,3 +201,65 @@ async fn script_rejects_bad_arguments_without_writing() {
     let exists: usize = conn.exists(&["k", "k2"]).await.unwrap();
     assert_eq!(exists, 0, "a rejected call wrote a key");
 }
+
+/// The sliding window and GCRA heal and reset their keys too: a hash or a
+/// timestamp planted without a TTL, or garbage of the wrong type, never
+/// wedges a client, and every key ends with a TTL.
+#[tokio::test]
+async fn sliding_window_and_gcra_keys_are_healed_and_reset() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let sliding = "3/1s"
+        .parse::<redis_ratelimit::Quota>()
+        .unwrap()
+        .sliding_window();
+    let gcra = "3/1s"
+        .parse::<redis_ratelimit::Quota>()
+        .unwrap()
+        .gcra(3)
+        .unwrap();
+    let store = server.store().await;
+    let build = |quota| {
+        let builder = redis_ratelimit::Limiter::builder(quota).store(store.clone());
+        builder.build().unwrap()
+    };
+    let (sliding, gcra) = (build(sliding), build(gcra));
+
+    // A sliding-window hash with counts but no TTL.
+    let key = sliding.store_key("no-ttl");
+    let _: () = conn
+        .hset_multiple(&key, &[("s", "0"), ("c", "2"), ("p", "9")])
+        .await
+        .unwrap();
+    let d = sliding.check("no-ttl", 1).await.unwrap();
+    assert!(
+        d.is_allowed() && d.remaining() == 2,
+        "an ancient window counts nothing: {d:?}"
+    );
+    // Garbage fields and the wrong type.
+    let key = sliding.store_key("garbage");
+    let _: () = conn
+        .hset_multiple(&key, &[("s", "x"), ("c", "-1")])
+        .await
+        .unwrap();
+    assert_eq!(sliding.check("garbage", 1).await.unwrap().remaining(), 2);
+    let key = sliding.store_key("list");
+    let _: () = conn.rpush(&key, "x").await.unwrap();
+    assert_eq!(sliding.check("list", 1).await.unwrap().remaining(), 2);
+
+    // A GCRA timestamp far in the future, without a TTL: clamped to a full
+    // bucket's wait, not obeyed for years.
+    let key = gcra.store_key("future");
+    let _: () = conn.set(&key, "99999999999999999").await.unwrap();
+    let d = gcra.check("future", 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    assert!(
+        d.retry_after().unwrap() <= Duration::from_millis(400),
+        "{d:?}"
+    );
+    let key = gcra.store_key("text");
+    let _: () = conn.set(&key, "garbage").await.unwrap();
+    assert_eq!(gcra.check("text", 1).await.unwrap().remaining(), 2);
+
+    server.assert_every_key_has_ttl().await;
+}
