@@ -11,6 +11,9 @@ use tokio::time::Instant;
 use super::{BoxFuture, Store, WindowState};
 use crate::Error;
 
+#[path = "memory_lease.rs"]
+mod lease;
+
 /// Counters in process memory: the default when no Redis is configured.
 ///
 /// It decides exactly like the Redis script (same windows, TTLs and cost
@@ -36,6 +39,7 @@ use crate::Error;
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Counters>>,
+    leases: lease::Leases,
 }
 
 #[derive(Debug, Default)]
