@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::{
     Decision, Error, Limiter, OnStoreError, Rejection, Respond,
     headers::{self, HeaderSink},
-    key::{KeyError, KeyExtractor},
+    key::{Key, KeyError, KeyExtractor},
     store::BoxFuture,
 };
 
@@ -22,9 +22,13 @@ pub(crate) enum Verdict {
 }
 
 /// Everything one layer needs, behind one `Arc` shared by all its clones.
+///
+/// `L` is what decides (a [`Limiter`] for the rate-limit layer). Deriving
+/// keys, building rejections and applying the store-error policy do not
+/// depend on it, so another kind of limiter can share them.
 #[derive(Debug)]
-pub(crate) struct Core<K, R> {
-    pub(crate) limiter: Limiter,
+pub(crate) struct Core<K, R, L = Limiter> {
+    pub(crate) limiter: L,
     pub(crate) extractor: K,
     pub(crate) respond: R,
     pub(crate) on_error: OnStoreError,
@@ -32,7 +36,7 @@ pub(crate) struct Core<K, R> {
     logs: Logs,
 }
 
-impl<K: Clone, R: Clone> Clone for Core<K, R> {
+impl<K: Clone, R: Clone, L: Clone> Clone for Core<K, R, L> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
@@ -45,8 +49,8 @@ impl<K: Clone, R: Clone> Clone for Core<K, R> {
     }
 }
 
-impl<K, R> Core<K, R> {
-    pub(crate) fn new(limiter: Limiter, extractor: K, respond: R) -> Self {
+impl<K, R, L> Core<K, R, L> {
+    pub(crate) fn new(limiter: L, extractor: K, respond: R) -> Self {
         Self {
             limiter,
             extractor,
@@ -58,7 +62,7 @@ impl<K, R> Core<K, R> {
     }
 
     /// Swaps the responder, keeping everything else.
-    pub(crate) fn with_respond<R2>(self, respond: R2) -> Core<K, R2> {
+    pub(crate) fn with_respond<R2>(self, respond: R2) -> Core<K, R2, L> {
         Core {
             limiter: self.limiter,
             extractor: self.extractor,
@@ -69,22 +73,15 @@ impl<K, R> Core<K, R> {
         }
     }
 
-    /// Derives the request's key and starts its check (cost 1), or rejects
-    /// the request at once when no key can be derived.
-    pub(crate) fn start<Req: ?Sized>(
-        &self,
-        req: &Req,
-    ) -> Result<BoxFuture<'static, Result<Decision, Error>>, Rejection>
+    /// Derives the request's key, or the rejection for a request without one.
+    pub(crate) fn key<Req: ?Sized>(&self, req: &Req) -> Result<Key, Rejection>
     where
         K: KeyExtractor<Req>,
     {
-        match self.extractor.extract(req) {
-            Ok(key) => Ok(self.limiter.decide(key.as_bytes(), 1)),
-            Err(e) => {
-                self.logs.key_error(&e);
-                Err(Rejection::KeyUnavailable(e))
-            }
-        }
+        self.extractor.extract(req).map_err(|e| {
+            self.logs.key_error(&e);
+            Rejection::KeyUnavailable(e)
+        })
     }
 
     /// The response for a rejection, with the rate-limit headers when the
@@ -105,6 +102,31 @@ impl<K, R> Core<K, R> {
         headers::write(decision, res, self.legacy_headers);
     }
 
+    /// Applies the store-error policy to a failed store call: `None` lets
+    /// the request through, unlimited.
+    pub(crate) fn store_failed(&self, e: Error) -> Option<Rejection> {
+        self.logs.store_error(&e, self.on_error);
+        match self.on_error {
+            OnStoreError::Deny => Some(Rejection::StoreUnavailable(e)),
+            _ => None,
+        }
+    }
+}
+
+impl<K, R> Core<K, R> {
+    /// Derives the request's key and starts its check (cost 1), or rejects
+    /// the request at once when no key can be derived.
+    pub(crate) fn start<Req: ?Sized>(
+        &self,
+        req: &Req,
+    ) -> Result<BoxFuture<'static, Result<Decision, Error>>, Rejection>
+    where
+        K: KeyExtractor<Req>,
+    {
+        let key = self.key(req)?;
+        Ok(self.limiter.decide(key.as_bytes(), 1))
+    }
+
     /// Applies the store-error policy to a finished check.
     pub(crate) fn verdict(&self, result: Result<Decision, Error>) -> Verdict {
         match result {
@@ -113,13 +135,10 @@ impl<K, R> Core<K, R> {
             Err(Error::CostExceedsLimit { cost, limit }) => {
                 Verdict::Reject(Rejection::CostExceedsLimit { cost, limit })
             }
-            Err(e) => {
-                self.logs.store_error(&e, self.on_error);
-                match self.on_error {
-                    OnStoreError::Deny => Verdict::Reject(Rejection::StoreUnavailable(e)),
-                    _ => Verdict::Pass(None),
-                }
-            }
+            Err(e) => match self.store_failed(e) {
+                Some(rejection) => Verdict::Reject(rejection),
+                None => Verdict::Pass(None),
+            },
         }
     }
 }

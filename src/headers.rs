@@ -38,7 +38,7 @@
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
-use sfv::{KeyRef, ListSerializer, StringRef};
+use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
 use crate::{Decision, Quota};
 
@@ -66,7 +66,7 @@ pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     ceil_secs(wait).max(1)
 }
 
-fn sf_int(n: u64) -> sfv::Integer {
+pub(crate) fn sf_int(n: u64) -> sfv::Integer {
     sfv::Integer::constant(n.min(SF_INT_MAX) as i64)
 }
 
@@ -75,13 +75,25 @@ fn key(k: &'static str) -> &'static KeyRef {
 }
 
 fn list_item(name: &str, params: [(&'static str, u64); 2]) -> HeaderValue {
+    sf_item(
+        name,
+        params.map(|(k, v)| (k, RefBareItem::Integer(sf_int(v)))),
+    )
+}
+
+/// A one-item sf-list: the string `name` with `params`, e.g.
+/// `"default";q=10;w=60`.
+pub(crate) fn sf_item<'b>(
+    name: &str,
+    params: impl IntoIterator<Item = (&'static str, RefBareItem<'b>)>,
+) -> HeaderValue {
     // Policy names are validated at build time to a token-like alphabet, so
     // they are always valid sf-strings; fall back to a fixed name regardless.
     let name = StringRef::from_str(name).unwrap_or(StringRef::constant("default"));
     let mut ser = ListSerializer::new();
     let mut item = ser.bare_item(name);
     for (k, v) in params {
-        item = item.parameter(key(k), sf_int(v));
+        item = item.parameter(key(k), v);
     }
     let text = ser.finish().unwrap_or_default();
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static(""))
