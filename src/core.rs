@@ -23,9 +23,10 @@ pub(crate) enum Verdict {
 
 /// Everything one layer needs, behind one `Arc` shared by all its clones.
 ///
-/// `L` is what decides (a [`Limiter`] for the rate-limit layer). Deriving
-/// keys, building rejections and applying the store-error policy do not
-/// depend on it, so another kind of limiter can share them.
+/// `L` is what decides: a [`Limiter`] for the rate-limit layer, a
+/// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) for the
+/// concurrency layer. Keys, responses, headers on rejections and the
+/// store-error policy are shared by both.
 #[derive(Debug)]
 pub(crate) struct Core<K, R, L = Limiter> {
     pub(crate) limiter: L,
@@ -85,14 +86,16 @@ impl<K, R, L> Core<K, R, L> {
     }
 
     /// The response for a rejection, with the rate-limit headers when the
-    /// quota denied it.
+    /// quota or the concurrency limit denied it.
     pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
     where
         R: Respond<Res>,
     {
         let mut res = self.respond.respond(&rejection);
-        if let Some(d) = rejection.decision() {
-            headers::write(d, &mut res, self.legacy_headers);
+        match &rejection {
+            Rejection::Denied(d) => headers::write(d, &mut res, self.legacy_headers),
+            Rejection::Busy(busy) => busy.write_headers(&mut res),
+            _ => {}
         }
         res
     }

@@ -6,6 +6,7 @@
 #[cfg(feature = "actix")]
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix;
+pub mod concurrency;
 mod core;
 mod decision;
 mod error;
@@ -21,6 +22,7 @@ mod service;
 pub mod store;
 
 pub use crate::{
+    concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     decision::Decision,
     error::{ConfigError, Error},
     future::ResponseFuture,
