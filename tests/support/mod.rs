@@ -8,6 +8,8 @@
 //! one `PING`, so nothing polls or sleeps while waiting for it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod lease;
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
