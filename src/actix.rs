@@ -150,9 +150,9 @@ impl<S, K, R> fmt::Debug for RateLimitMiddleware<S, K, R> {
 }
 
 /// The middleware's own answer, on the right side of `EitherBody`.
-fn answer<B, K, R>(
+pub(crate) fn answer<B, K, R, L>(
     req: ServiceRequest,
-    core: &Core<K, R>,
+    core: &Core<K, R, L>,
     rejection: Rejection,
 ) -> ServiceResponse<EitherBody<B>>
 where

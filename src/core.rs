@@ -22,9 +22,14 @@ pub(crate) enum Verdict {
 }
 
 /// Everything one layer needs, behind one `Arc` shared by all its clones.
+///
+/// `L` is what decides: a [`Limiter`] for the rate-limit layer, a
+/// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) for the
+/// concurrency layer. Keys, responses, headers on rejections and the
+/// store-error policy are shared by both.
 #[derive(Debug)]
-pub(crate) struct Core<K, R> {
-    pub(crate) limiter: Limiter,
+pub(crate) struct Core<K, R, L = Limiter> {
+    pub(crate) limiter: L,
     pub(crate) extractor: K,
     pub(crate) respond: R,
     pub(crate) on_error: OnStoreError,
@@ -32,7 +37,7 @@ pub(crate) struct Core<K, R> {
     logs: Logs,
 }
 
-impl<K: Clone, R: Clone> Clone for Core<K, R> {
+impl<K: Clone, R: Clone, L: Clone> Clone for Core<K, R, L> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
@@ -45,8 +50,8 @@ impl<K: Clone, R: Clone> Clone for Core<K, R> {
     }
 }
 
-impl<K, R> Core<K, R> {
-    pub(crate) fn new(limiter: Limiter, extractor: K, respond: R) -> Self {
+impl<K, R, L> Core<K, R, L> {
+    pub(crate) fn new(limiter: L, extractor: K, respond: R) -> Self {
         Self {
             limiter,
             extractor,
@@ -58,7 +63,7 @@ impl<K, R> Core<K, R> {
     }
 
     /// Wraps the extractor, keeping everything else.
-    pub(crate) fn map_extractor<K2>(self, f: impl FnOnce(K) -> K2) -> Core<K2, R> {
+    pub(crate) fn map_extractor<K2>(self, f: impl FnOnce(K) -> K2) -> Core<K2, R, L> {
         Core {
             limiter: self.limiter,
             extractor: f(self.extractor),
@@ -70,7 +75,7 @@ impl<K, R> Core<K, R> {
     }
 
     /// Swaps the responder, keeping everything else.
-    pub(crate) fn with_respond<R2>(self, respond: R2) -> Core<K, R2> {
+    pub(crate) fn with_respond<R2>(self, respond: R2) -> Core<K, R2, L> {
         Core {
             limiter: self.limiter,
             extractor: self.extractor,
@@ -81,6 +86,49 @@ impl<K, R> Core<K, R> {
         }
     }
 
+    /// Derives the request's key, or the rejection for a request without one.
+    pub(crate) fn key<Req: ?Sized>(&self, req: &Req) -> Result<Key, Rejection>
+    where
+        K: KeyExtractor<Req>,
+    {
+        self.extractor.extract(req).map_err(|e| {
+            self.logs.key_error(&e);
+            Rejection::KeyUnavailable(e)
+        })
+    }
+
+    /// The response for a rejection, with the rate-limit headers when the
+    /// quota or the concurrency limit denied it.
+    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
+    where
+        R: Respond<Res>,
+    {
+        let mut res = self.respond.respond(&rejection);
+        match &rejection {
+            Rejection::Denied(d) => headers::write(d, &mut res, self.legacy_headers),
+            Rejection::Busy(busy) => busy.write_headers(&mut res),
+            _ => {}
+        }
+        res
+    }
+
+    /// Adds the decision's rate-limit headers to a passed request's response.
+    pub(crate) fn decorate(&self, res: &mut impl HeaderSink, decision: &Decision) {
+        headers::write(decision, res, self.legacy_headers);
+    }
+
+    /// Applies the store-error policy to a failed store call: `None` lets
+    /// the request through, unlimited.
+    pub(crate) fn store_failed(&self, e: Error) -> Option<Rejection> {
+        self.logs.store_error(&e, self.on_error);
+        match self.on_error {
+            OnStoreError::Deny => Some(Rejection::StoreUnavailable(e)),
+            _ => None,
+        }
+    }
+}
+
+impl<K, R> Core<K, R> {
     /// Derives the request's keys and cost and starts its check, or rejects
     /// the request at once when no key can be derived.
     pub(crate) fn start<Req: ?Sized>(
@@ -91,39 +139,17 @@ impl<K, R> Core<K, R> {
         K: KeyExtractor<Req>,
     {
         let cost = self.extractor.cost(req);
-        let keys = if self.extractor.key_count() == 1 {
-            self.extractor
-                .extract(req)
-                .map(|key| self.limiter.decide(&[key.as_bytes()], cost))
-        } else {
-            let mut keys = Vec::with_capacity(self.extractor.key_count());
-            self.extractor.extract_all(req, &mut keys).map(|()| {
-                let keys: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
-                self.limiter.decide(&keys, cost)
-            })
-        };
-        keys.map_err(|e| {
-            self.logs.key_error(&e);
-            Rejection::KeyUnavailable(e)
-        })
-    }
-
-    /// The response for a rejection, with the rate-limit headers when the
-    /// quota denied it.
-    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
-    where
-        R: Respond<Res>,
-    {
-        let mut res = self.respond.respond(&rejection);
-        if let Some(d) = rejection.decision() {
-            headers::write(d, &mut res, self.legacy_headers);
+        if self.extractor.key_count() == 1 {
+            let key = self.key(req)?;
+            return Ok(self.limiter.decide(&[key.as_bytes()], cost));
         }
-        res
-    }
-
-    /// Adds the decision's rate-limit headers to a passed request's response.
-    pub(crate) fn decorate(&self, res: &mut impl HeaderSink, decision: &Decision) {
-        headers::write(decision, res, self.legacy_headers);
+        let mut keys = Vec::with_capacity(self.extractor.key_count());
+        if let Err(e) = self.extractor.extract_all(req, &mut keys) {
+            self.logs.key_error(&e);
+            return Err(Rejection::KeyUnavailable(e));
+        }
+        let keys: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
+        Ok(self.limiter.decide(&keys, cost))
     }
 
     /// Applies the store-error policy to a finished check.
@@ -143,13 +169,10 @@ impl<K, R> Core<K, R> {
                 self.logs.key_error(&e);
                 Verdict::Reject(Rejection::KeyUnavailable(e))
             }
-            Err(e) => {
-                self.logs.store_error(&e, self.on_error);
-                match self.on_error {
-                    OnStoreError::Deny => Verdict::Reject(Rejection::StoreUnavailable(e)),
-                    _ => Verdict::Pass(None),
-                }
-            }
+            Err(e) => match self.store_failed(e) {
+                Some(rejection) => Verdict::Reject(rejection),
+                None => Verdict::Pass(None),
+            },
         }
     }
 }

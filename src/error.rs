@@ -80,4 +80,21 @@ pub enum ConfigError {
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,
+    /// A concurrency limit was 0 or above [`MAX_LIMIT`](crate::quota::MAX_LIMIT).
+    #[error(
+        "concurrency limit {0} is out of range: allow at least 1 request in flight (and at most 2^50)"
+    )]
+    ConcurrencyLimit(u64),
+    /// A concurrency lease was shorter than three store timeouts, or longer
+    /// than 366 days.
+    #[error(
+        "concurrency lease {lease:?} is out of range: use at least {min:?} (three store \
+         timeouts, so a renewal sent a third into the lease lands before it ends) and at most 366 days"
+    )]
+    LeaseOutOfRange {
+        /// The lease asked for.
+        lease: Duration,
+        /// The shortest lease the timeout allows.
+        min: Duration,
+    },
 }

@@ -42,7 +42,7 @@
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
-use sfv::{KeyRef, ListSerializer, StringRef};
+use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
 use crate::{Decision, Quota};
 
@@ -70,7 +70,7 @@ pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     ceil_secs(wait).max(1)
 }
 
-fn sf_int(n: u64) -> sfv::Integer {
+pub(crate) fn sf_int(n: u64) -> sfv::Integer {
     sfv::Integer::constant(n.min(SF_INT_MAX) as i64)
 }
 
@@ -78,8 +78,11 @@ fn key(k: &'static str) -> &'static KeyRef {
     KeyRef::constant(k)
 }
 
-/// Serialises `"<name>";k1=v1;k2=v2` items as one sf-list.
-fn list<'a>(items: impl IntoIterator<Item = (&'a str, [(&'static str, u64); 2])>) -> HeaderValue {
+/// Serialises `"<name>";k=v;...` items as one sf-list.
+pub(crate) fn sf_list<'a, 'b, P>(items: impl IntoIterator<Item = (&'a str, P)>) -> HeaderValue
+where
+    P: IntoIterator<Item = (&'static str, RefBareItem<'b>)>,
+{
     let mut ser = ListSerializer::new();
     for (name, params) in items {
         // Policy names are validated at build time to a token-like alphabet,
@@ -87,11 +90,30 @@ fn list<'a>(items: impl IntoIterator<Item = (&'a str, [(&'static str, u64); 2])>
         let name = StringRef::from_str(name).unwrap_or(StringRef::constant("default"));
         let mut item = ser.bare_item(name);
         for (k, v) in params {
-            item = item.parameter(key(k), sf_int(v));
+            item = item.parameter(key(k), v);
         }
     }
     let text = ser.finish().unwrap_or_default();
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// A one-item sf-list: the string `name` with `params`, e.g.
+/// `"concurrency";q=5;qu="concurrent-requests"`.
+pub(crate) fn sf_item<'b>(
+    name: &str,
+    params: impl IntoIterator<Item = (&'static str, RefBareItem<'b>)>,
+) -> HeaderValue {
+    sf_list([(name, params)])
+}
+
+/// An sf-list of items with integer parameters.
+fn list<'a>(items: impl IntoIterator<Item = (&'a str, [(&'static str, u64); 2])>) -> HeaderValue {
+    let int = |(k, v): (&'static str, u64)| (k, RefBareItem::Integer(sf_int(v)));
+    sf_list(
+        items
+            .into_iter()
+            .map(|(name, params)| (name, params.map(int))),
+    )
 }
 
 /// A limiter's named quotas and their `RateLimit-Policy` value, built once.

@@ -92,6 +92,7 @@ impl<T: key::KeyTuple> RateLimitLayer<key::Each<T>> {
 
 impl<K, R> RateLimitLayer<K, R> {
     /// The state shared by every service (tower or actix) the layer makes.
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
     pub(crate) fn core(&self) -> &Arc<Core<K, R>> {
         &self.core
     }

@@ -7,6 +7,7 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix;
 pub mod algorithm;
+pub mod concurrency;
 mod core;
 mod decision;
 mod error;
@@ -23,6 +24,7 @@ pub mod store;
 
 pub use crate::{
     algorithm::Algorithm,
+    concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     decision::{Decision, LimitDecision},
     error::{ConfigError, Error},
     future::ResponseFuture,

@@ -4,6 +4,7 @@
 //! | case | default status | rate-limit headers |
 //! |---|---|---|
 //! | [`Rejection::Denied`]: over the quota | 429 | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
+//! | [`Rejection::Busy`]: the key's concurrency limit is in flight | 429 | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
 //! | [`Rejection::KeyUnavailable`]: no key for the request | the [`KeyError`]'s (400, 500, ...) | none |
 //! | [`Rejection::StoreUnavailable`]: store failed, policy [`OnStoreError::Deny`] | 503 | none |
 //! | [`Rejection::CostExceedsLimit`]: a cost no window can hold | 429 | none (there is nothing to wait for) |
@@ -28,7 +29,7 @@
 
 use http::{Response, StatusCode};
 
-use crate::{Decision, Error, key::KeyError};
+use crate::{Decision, Error, concurrency::Busy, key::KeyError};
 
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,6 +50,9 @@ pub enum OnStoreError {
 pub enum Rejection {
     /// The key is over its quota.
     Denied(Decision),
+    /// The key already has its limit of requests in flight (the
+    /// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer)).
+    Busy(Busy),
     /// No key could be derived for the request.
     KeyUnavailable(KeyError),
     /// The store failed or timed out and the policy is [`OnStoreError::Deny`].
@@ -66,7 +70,7 @@ impl Rejection {
     /// The status the default response uses.
     pub fn status(&self) -> StatusCode {
         match self {
-            Rejection::Denied(_) | Rejection::CostExceedsLimit { .. } => {
+            Rejection::Denied(_) | Rejection::Busy(_) | Rejection::CostExceedsLimit { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             Rejection::KeyUnavailable(e) => e.status(),

@@ -9,10 +9,12 @@ use std::{fmt, future::Future, pin::Pin};
 
 use crate::{Error, Quota};
 
+mod lease;
 mod memory;
 mod redis;
 pub(crate) mod scripts;
 
+pub use self::lease::{LeaseState, LeaseStore};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::scripts::DECIDE_LUA;

@@ -11,6 +11,9 @@ use redis::{
 use super::{BoxFuture, LimitCheck, LimitState, Store, scripts};
 use crate::{Algorithm, Error};
 
+#[path = "redis_lease.rs"]
+mod lease;
+
 /// Counters in Redis.
 ///
 /// The default backend is redis-rs's [`ConnectionManager`]: one multiplexed

@@ -9,6 +9,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod http;
+pub mod lease;
 pub mod scenarios;
 pub mod servers;
 

@@ -12,6 +12,7 @@ use super::{BoxFuture, LimitCheck, LimitState, Store};
 use crate::Error;
 
 mod algorithms;
+mod lease;
 
 /// Counters in process memory: the default when no Redis is configured.
 ///
@@ -41,6 +42,7 @@ mod algorithms;
 pub struct MemoryStore {
     inner: Arc<Mutex<Counters>>,
     epoch: Instant,
+    leases: lease::Leases,
 }
 
 impl Default for MemoryStore {
@@ -48,6 +50,7 @@ impl Default for MemoryStore {
         Self {
             inner: Arc::default(),
             epoch: Instant::now(),
+            leases: lease::Leases::default(),
         }
     }
 }

@@ -1,0 +1,81 @@
+-- concurrency_acquire.lua: take one of a key's `limit` concurrent slots.
+--
+-- KEYS[1]  the lease set ("{prefix}:cc:{policy}:{<client>}"): a ZSET whose
+--          members are owner tokens, each scored by the Redis time (ms) at
+--          which its lease expires
+-- ARGV[1]  limit     integer >= 1: leases the key may hold at once
+-- ARGV[2]  lease_ms  integer >= 1: how long a lease lives unless renewed
+-- ARGV[3]  token     the caller's owner token: 1 to 128 bytes, new for every
+--                    acquire (random per process, plus a counter)
+--
+-- Reply: { acquired (1|0), held }
+--   acquired  1 if `token` now holds a lease expiring lease_ms from now
+--   held      live leases on the key after this call, this one included
+--
+-- Guarantees:
+--   * expired leases are dropped before counting, so a crashed holder's slot
+--     comes back lease_ms after its last acquire or renewal, at the latest;
+--   * a lease is added only while fewer than `limit` live leases remain, so
+--     concurrent callers on any number of replicas never exceed `limit`;
+--   * acquiring with a token that already holds a lease renews it: a retried
+--     call never takes a second slot;
+--   * the key's TTL is the expiry of its last lease, so an abandoned set
+--     disappears, and a set left with no TTL is healed. A lease that claims to
+--     outlive lease_ms from now (left by a clock that moved backwards, or by
+--     tampering) is cut to lease_ms, and a non-ZSET value under the key is
+--     deleted: neither can wedge a slot;
+--   * time is Redis's own (TIME), never the caller's clock;
+--   * arguments are validated before the first write.
+
+local function whole(v, min)
+  local n = tonumber(v)
+  if n == nil or n ~= math.floor(n) or n < min or n > 2^53 then
+    return nil
+  end
+  return n
+end
+
+local limit = whole(ARGV[1], 1)
+local lease = whole(ARGV[2], 1)
+local token = ARGV[3]
+if not limit or not lease then
+  return redis.error_reply('ERR concurrency_acquire: limit and lease_ms must be integers >= 1')
+end
+if not token or #token == 0 or #token > 128 then
+  return redis.error_reply('ERR concurrency_acquire: token must be 1 to 128 bytes')
+end
+
+local key = KEYS[1]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local expiry = now + lease
+
+local kind = redis.call('TYPE', key).ok
+if kind ~= 'zset' and kind ~= 'none' then
+  -- Not ours to honour.
+  redis.call('DEL', key)
+end
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+for _, stale in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. expiry, '+inf')) do
+  redis.call('ZADD', key, 'XX', expiry, stale)
+end
+
+local held = redis.call('ZCARD', key)
+local acquired = 0
+if redis.call('ZSCORE', key, token) then
+  redis.call('ZADD', key, 'XX', expiry, token)
+  acquired = 1
+elseif held < limit then
+  redis.call('ZADD', key, expiry, token)
+  held = held + 1
+  acquired = 1
+end
+
+if held > 0 then
+  -- The set lives exactly as long as its last lease.
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', key, math.max(1, tonumber(last[2]) - now))
+end
+
+return { acquired, held }

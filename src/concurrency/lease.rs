@@ -1,0 +1,283 @@
+//! [`Lease`], the guard that holds a slot; [`Busy`], the answer when none is
+//! free; and the owner tokens that tell holders apart.
+
+use std::{
+    fmt,
+    hash::{BuildHasher, Hasher},
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use tokio::{runtime::Handle, task::AbortHandle, time::MissedTickBehavior};
+
+use super::{ConcurrencyLimiter, headers::Policy, limiter::Inner};
+use crate::{Error, headers::HeaderSink};
+
+/// What [`ConcurrencyLimiter::acquire`] got.
+#[derive(Debug)]
+#[must_use = "dropping a lease releases its slot at once"]
+pub enum Acquired {
+    /// A slot, held until the lease is released or dropped.
+    Lease(Lease),
+    /// The key already has its limit of leases.
+    Busy(Busy),
+}
+
+impl Acquired {
+    /// The lease, if one was granted.
+    pub fn lease(self) -> Option<Lease> {
+        match self {
+            Acquired::Lease(lease) => Some(lease),
+            Acquired::Busy(_) => None,
+        }
+    }
+
+    /// Whether a lease was granted.
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, Acquired::Lease(_))
+    }
+}
+
+/// The answer for a key that already has its limit of leases.
+#[derive(Debug, Clone)]
+pub struct Busy {
+    held: u64,
+    retry_after: Duration,
+    policy: Arc<Policy>,
+}
+
+impl Busy {
+    pub(super) fn new(held: u64, retry_after: Duration, policy: Arc<Policy>) -> Self {
+        Self {
+            held,
+            retry_after,
+            policy,
+        }
+    }
+
+    /// Leases allowed per key at once.
+    pub fn limit(&self) -> u64 {
+        self.policy.limit()
+    }
+
+    /// Leases held on the key when it was found busy.
+    pub fn in_flight(&self) -> u64 {
+        self.held
+    }
+
+    /// The limiter's suggested wait (see
+    /// [`retry_after`](super::ConcurrencyLimiterBuilder::retry_after)).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// The policy (limiter) name used in the `RateLimit` headers.
+    pub fn policy(&self) -> &str {
+        self.policy.name()
+    }
+
+    /// Writes `RateLimit-Policy`, `RateLimit` (`r=0`) and `Retry-After`.
+    pub(crate) fn write_headers(&self, sink: &mut impl HeaderSink) {
+        let wait = Some(self.retry_after);
+        super::headers::write(sink, &self.policy, self.policy.limit(), wait);
+    }
+}
+
+/// One slot of a key's concurrency limit, held until released or dropped.
+///
+/// While it is held, a background task renews it every third of the lease
+/// time. Dropping it (at the end of a request, on an error, a panic or a
+/// disconnect) stops the renewals and spawns an owner-checked release onto
+/// the current Tokio runtime; outside a runtime nothing can be sent and the
+/// lease simply expires. A holder that crashes, or whose renewals stop
+/// landing, loses the slot after one lease time; its late release then
+/// removes nothing, so it can never free a slot someone else holds by then.
+///
+/// A lease leaked with [`std::mem::forget`] keeps renewing for as long as its
+/// runtime runs.
+pub struct Lease {
+    inner: Arc<Inner>,
+    key: Arc<str>,
+    token: Arc<str>,
+    held: u64,
+    renewal: Option<AbortHandle>,
+    released: bool,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("store_key", &self.key)
+            .field("token", &self.token)
+            .field("in_flight", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    /// A granted lease; starts its renewals.
+    pub(super) fn new(
+        limiter: ConcurrencyLimiter,
+        key: Arc<str>,
+        token: Arc<str>,
+        held: u64,
+    ) -> Self {
+        let inner = limiter.inner;
+        let renew = renew(inner.clone(), key.clone(), token.clone());
+        let renewal = Handle::try_current()
+            .ok()
+            .map(|rt| rt.spawn(renew).abort_handle());
+        Self {
+            inner,
+            key,
+            token,
+            held,
+            renewal,
+            released: false,
+        }
+    }
+
+    /// Leases allowed per key at once.
+    pub fn limit(&self) -> u64 {
+        self.inner.policy.limit()
+    }
+
+    /// Leases held on the key when this one was granted, this one included.
+    pub fn in_flight(&self) -> u64 {
+        self.held
+    }
+
+    /// How many more leases the key could grant when this one was granted.
+    pub fn remaining(&self) -> u64 {
+        self.limit().saturating_sub(self.held)
+    }
+
+    /// The store key the lease is held on.
+    pub fn store_key(&self) -> &str {
+        &self.key
+    }
+
+    /// This holder's owner token: random per process, plus a counter.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Releases the slot now and waits for the store. `Ok(false)`: the lease
+    /// had already expired (and the slot may be someone else's by now);
+    /// nothing was removed.
+    pub async fn release(mut self) -> Result<bool, Error> {
+        self.stop_renewals();
+        self.released = true;
+        let inner = &self.inner;
+        let release = inner.store.release(&self.key, &self.token);
+        tokio::time::timeout(inner.timeout, release)
+            .await
+            .map_err(|_| Error::Timeout(inner.timeout))?
+    }
+
+    /// Writes `RateLimit-Policy` and `RateLimit` for a passed request.
+    pub(crate) fn write_headers(&self, sink: &mut impl HeaderSink) {
+        super::headers::write(sink, &self.inner.policy, self.held, None);
+    }
+
+    fn stop_renewals(&mut self) {
+        if let Some(task) = self.renewal.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop_renewals();
+        if self.released {
+            return;
+        }
+        let Ok(rt) = Handle::try_current() else {
+            tracing::debug!(key = %self.key, "concurrency lease dropped outside a Tokio runtime; it expires on its own");
+            return;
+        };
+        let (inner, key, token) = (self.inner.clone(), self.key.clone(), self.token.clone());
+        rt.spawn(async move { release_quietly(&inner, &key, &token).await });
+    }
+}
+
+/// Releases `token`'s lease on `key`, bounded by the timeout. A failure is
+/// only logged: the lease expires on its own.
+pub(super) async fn release_quietly(inner: &Inner, key: &str, token: &str) {
+    let release = inner.store.release(key, token);
+    match tokio::time::timeout(inner.timeout, release).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, %key, "concurrency lease release failed; it expires on its own")
+        }
+        Err(_) => {
+            tracing::debug!(%key, "concurrency lease release timed out; it expires on its own")
+        }
+    }
+}
+
+/// Renews a lease every third of the lease time until aborted, or until the
+/// store says it was lost.
+async fn renew(inner: Arc<Inner>, key: Arc<str>, token: Arc<str>) {
+    let every = inner.lease / 3;
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let renewal = inner.store.renew(&key, &token, inner.lease_ms());
+        match tokio::time::timeout(inner.timeout, renewal).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                tracing::warn!(%key, "concurrency lease lost: it expired before a renewal landed, so its slot may be held by another request");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, %key, "concurrency lease renewal failed; retrying")
+            }
+            Err(_) => tracing::debug!(%key, "concurrency lease renewal timed out; retrying"),
+        }
+    }
+}
+
+/// A new owner token: `<process id>-<counter>`. The process id is 96 random
+/// bits drawn once, so tokens are unique across replicas as well as within
+/// this process.
+pub(super) fn next_token() -> Arc<str> {
+    static PROCESS: LazyLock<String> = LazyLock::new(process_id);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{n:x}", *PROCESS).into()
+}
+
+fn process_id() -> String {
+    let mut bytes = [0u8; 12];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No OS randomness: std's hasher keys, the pid and the time still
+        // differ between processes.
+        let mut h = std::hash::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+        h.write_u128(since_epoch.unwrap_or_default().as_nanos());
+        bytes[..8].copy_from_slice(&h.finish().to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_unique_and_short() {
+        let a = next_token();
+        let b = next_token();
+        assert_ne!(a, b);
+        assert_eq!(a.split('-').next(), b.split('-').next(), "one process id");
+        assert!(a.len() <= 24 + 1 + 16, "{a}");
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-'), "{a}");
+    }
+}

@@ -1,0 +1,348 @@
+//! [`ConcurrencyLimiter`]: a concurrency limit plus a lease store; the
+//! framework-free entry point.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use super::{
+    headers::Policy,
+    lease::{Acquired, Busy, Lease, next_token, release_quietly},
+};
+use crate::{
+    ConfigError, DEFAULT_TIMEOUT, Error, MemoryStore, keyspace,
+    quota::{MAX_LIMIT, MAX_WINDOW},
+    store::{BoxFuture, LeaseState, LeaseStore},
+};
+
+/// How long a lease lives unless renewed, by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The `Retry-After` a refused request is given, by default.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The shortest lease, whatever the timeout.
+const MIN_LEASE: Duration = Duration::from_millis(3);
+
+/// Allows at most `limit` leases per key at once, across every replica that
+/// shares the store: a distributed semaphore.
+///
+/// [`acquire`](Self::acquire) either grants a [`Lease`], which holds one slot
+/// until it is released or dropped, or reports the key [`Busy`]. Leases
+/// expire after the lease time (default [`DEFAULT_LEASE`], 30 s) unless
+/// renewed, and a lease renews itself in the background every third of that
+/// time for as long as it is held, so a crashed holder frees its slot within
+/// one lease time while a long-running holder keeps it.
+///
+/// Clones are cheap and share one `Arc` of state. Needs a Tokio runtime (for
+/// the timeout, renewals and releases on drop).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use redis_ratelimit::concurrency::{Acquired, ConcurrencyLimiter};
+///
+/// // At most 2 reports per tenant at once, in memory (RedisStore for Redis).
+/// let limiter = ConcurrencyLimiter::builder(2).name("reports").build()?;
+/// let first = limiter.acquire("tenant:7").await?.lease().unwrap();
+/// let second = limiter.acquire("tenant:7").await?.lease().unwrap();
+/// assert_eq!(second.remaining(), 0);
+/// let Acquired::Busy(busy) = limiter.acquire("tenant:7").await? else { panic!() };
+/// assert_eq!(busy.in_flight(), 2);
+///
+/// assert!(first.release().await?); // or drop it: the release is spawned
+/// assert!(limiter.acquire("tenant:7").await?.is_acquired());
+/// # drop(second);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ConcurrencyLimiter {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) policy: Arc<Policy>,
+    /// `{prefix}:cc:{name}:`, built once.
+    key_prefix: String,
+    pub(super) store: Arc<dyn LeaseStore>,
+    pub(super) lease: Duration,
+    pub(super) timeout: Duration,
+    retry_after: Duration,
+}
+
+impl Inner {
+    pub(super) fn lease_ms(&self) -> u64 {
+        self.lease.as_millis() as u64
+    }
+}
+
+impl fmt::Debug for ConcurrencyLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        f.debug_struct("ConcurrencyLimiter")
+            .field("limit", &inner.policy.limit())
+            .field("name", &inner.policy.name())
+            .field("key_prefix", &inner.key_prefix)
+            .field("store", &inner.store)
+            .field("lease", &inner.lease)
+            .field("timeout", &inner.timeout)
+            .field("retry_after", &inner.retry_after)
+            .finish()
+    }
+}
+
+impl ConcurrencyLimiter {
+    /// A limiter of `limit` leases per key with default settings and an
+    /// in-memory store.
+    ///
+    /// # Panics
+    /// If `limit` is 0 or above [`MAX_LIMIT`]; use [`builder`](Self::builder)
+    /// for values that come from configuration.
+    pub fn new(limit: u64) -> Self {
+        match Self::builder(limit).build() {
+            Ok(limiter) => limiter,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Starts a [`ConcurrencyLimiterBuilder`].
+    pub fn builder(limit: u64) -> ConcurrencyLimiterBuilder {
+        ConcurrencyLimiterBuilder {
+            limit,
+            name: "concurrency".into(),
+            prefix: "rl".into(),
+            store: None,
+            lease: DEFAULT_LEASE,
+            timeout: DEFAULT_TIMEOUT,
+            retry_after: DEFAULT_RETRY_AFTER,
+        }
+    }
+
+    /// Takes one of `key`'s slots, or reports it [`Busy`].
+    ///
+    /// Store failures and the timeout are errors, and never leak a slot: the
+    /// acquire may still have been applied (a timed-out call can succeed in
+    /// Redis later), so its token is released in the background once the
+    /// call's real outcome is known (or after one lease time, whichever comes
+    /// first). The release is owner-checked, hence harmless if nothing was
+    /// granted.
+    pub async fn acquire<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Result<Acquired, Error> {
+        self.start(key.as_ref()).await
+    }
+
+    /// The same as [`acquire`](Self::acquire), as a `'static` future.
+    pub(crate) fn start(&self, key: &[u8]) -> BoxFuture<'static, Result<Acquired, Error>> {
+        let inner = &self.inner;
+        let key: Arc<str> = self.store_key_bytes(key).into();
+        let token = next_token();
+        let limit = inner.policy.limit();
+        let call = inner.store.acquire(&key, &token, limit, inner.lease_ms());
+        let limiter = self.clone();
+        Box::pin(async move { limiter.finish(key, token, call).await })
+    }
+
+    async fn finish(
+        self,
+        key: Arc<str>,
+        token: Arc<str>,
+        mut call: BoxFuture<'static, Result<LeaseState, Error>>,
+    ) -> Result<Acquired, Error> {
+        let inner = &self.inner;
+        match tokio::time::timeout(inner.timeout, &mut call).await {
+            Ok(Ok(LeaseState {
+                acquired: true,
+                held,
+            })) => Ok(Acquired::Lease(Lease::new(self, key, token, held))),
+            Ok(Ok(LeaseState { held, .. })) => Ok(Acquired::Busy(Busy::new(
+                held,
+                inner.retry_after,
+                inner.policy.clone(),
+            ))),
+            Ok(Err(e)) => {
+                // The reply may have been lost after the script ran.
+                self.release_later(key, token, None);
+                Err(e)
+            }
+            Err(_) => {
+                self.release_later(key, token, Some(call));
+                Err(Error::Timeout(inner.timeout))
+            }
+        }
+    }
+
+    /// Releases `token` in the background, after `pending` (a timed-out
+    /// acquire) has finished, unless it is known to have granted nothing.
+    fn release_later(
+        &self,
+        key: Arc<str>,
+        token: Arc<str>,
+        pending: Option<BoxFuture<'static, Result<LeaseState, Error>>>,
+    ) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            if let Some(call) = pending {
+                // Wait for the real outcome, but at most one lease time; an
+                // acquire that only runs after that holds its slot for one
+                // lease at most.
+                let outcome = tokio::time::timeout(inner.lease, call).await;
+                if let Ok(Ok(LeaseState {
+                    acquired: false, ..
+                })) = outcome
+                {
+                    return;
+                }
+            }
+            release_quietly(&inner, &key, &token).await;
+        });
+    }
+
+    /// The store key that holds `key`'s leases, e.g.
+    /// `rl:cc:concurrency:{203.0.113.9}`; hostile or long keys appear hashed.
+    pub fn store_key<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> String {
+        self.store_key_bytes(key.as_ref())
+    }
+
+    fn store_key_bytes(&self, key: &[u8]) -> String {
+        let prefix = &self.inner.key_prefix;
+        let mut out = String::with_capacity(prefix.len() + key.len().min(68) + 2);
+        out.push_str(prefix);
+        keyspace::push_client(&mut out, key);
+        out
+    }
+
+    /// Leases allowed per key at once.
+    pub fn limit(&self) -> u64 {
+        self.inner.policy.limit()
+    }
+
+    /// How long a lease lives unless renewed.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// The policy name reported in the `RateLimit` headers.
+    pub fn name(&self) -> &str {
+        self.inner.policy.name()
+    }
+}
+
+/// Builds a [`ConcurrencyLimiter`]; start with [`ConcurrencyLimiter::builder`].
+#[must_use]
+#[derive(Debug)]
+pub struct ConcurrencyLimiterBuilder {
+    limit: u64,
+    name: String,
+    prefix: String,
+    store: Option<Arc<dyn LeaseStore>>,
+    lease: Duration,
+    timeout: Duration,
+    retry_after: Duration,
+}
+
+impl ConcurrencyLimiterBuilder {
+    /// The store: a [`RedisStore`](crate::RedisStore), a [`MemoryStore`]
+    /// (the default), or your own [`LeaseStore`].
+    pub fn store(mut self, store: impl LeaseStore) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// The policy name, used in `RateLimit` headers and in store keys
+    /// (default `"concurrency"`). Limiters with the same prefix and name
+    /// share slots.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The store key prefix (default `"rl"`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long a lease lives unless renewed (default [`DEFAULT_LEASE`],
+    /// 30 s): the longest a crashed holder keeps its slot. At least three
+    /// times the timeout, so that a renewal sent a third into the lease lands
+    /// in time even if it is slow; at most 366 days.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The bound on every store call (default
+    /// [`DEFAULT_TIMEOUT`](crate::DEFAULT_TIMEOUT), 200 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The wait suggested to refused requests (default
+    /// [`DEFAULT_RETRY_AFTER`], 1 s; `Retry-After` rounds up to whole
+    /// seconds). A slot frees whenever any request in flight finishes, which
+    /// nobody can predict, so this is a fixed hint rather than a computed one.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = wait;
+        self
+    }
+
+    /// Builds the limiter, checking the limit, name, prefix, timeout and lease.
+    pub fn build(self) -> Result<ConcurrencyLimiter, ConfigError> {
+        if self.limit == 0 || self.limit > MAX_LIMIT {
+            return Err(ConfigError::ConcurrencyLimit(self.limit));
+        }
+        keyspace::validate("prefix", &self.prefix)?;
+        keyspace::validate("name", &self.name)?;
+        if self.timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        let min = self.timeout.saturating_mul(3).max(MIN_LEASE);
+        if self.lease < min || self.lease > MAX_WINDOW {
+            return Err(ConfigError::LeaseOutOfRange {
+                lease: self.lease,
+                min,
+            });
+        }
+        Ok(ConcurrencyLimiter {
+            inner: Arc::new(Inner {
+                policy: Arc::new(Policy::new(&self.name, self.limit)),
+                key_prefix: format!("{}:cc:{}:", self.prefix, self.name),
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                lease: self.lease,
+                timeout: self.timeout,
+                retry_after: self.retry_after,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_rejects_bad_settings() {
+        let b = ConcurrencyLimiter::builder;
+        assert!(matches!(
+            b(0).build(),
+            Err(ConfigError::ConcurrencyLimit(0))
+        ));
+        assert!(b(MAX_LIMIT + 1).build().is_err());
+        assert!(b(1).prefix("a b").build().is_err());
+        assert!(b(1).name("{x}").build().is_err());
+        assert!(b(1).timeout(Duration::ZERO).build().is_err());
+        let short = b(1).lease(Duration::from_millis(599)).build().unwrap_err();
+        assert!(short.to_string().contains("600ms"), "{short}");
+        assert!(b(1).lease(Duration::from_millis(600)).build().is_ok());
+        assert!(b(1).lease(MAX_WINDOW * 2).build().is_err());
+    }
+
+    #[test]
+    fn store_keys_are_prefixed_tagged_and_bounded() {
+        let l = ConcurrencyLimiter::builder(3)
+            .prefix("app")
+            .name("uploads")
+            .build()
+            .unwrap();
+        assert_eq!(l.store_key("1.2.3.4"), "app:cc:uploads:{1.2.3.4}");
+        assert!(l.store_key(&vec![b'x'; 1 << 20]).len() < 100);
+    }
+}

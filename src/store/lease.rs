@@ -1,0 +1,56 @@
+//! The [`LeaseStore`] trait: owned, expiring leases for the concurrency limit.
+
+use std::fmt;
+
+use super::BoxFuture;
+use crate::Error;
+
+/// What an acquire found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseState {
+    /// Whether the token now holds a lease.
+    pub acquired: bool,
+    /// Live leases on the key after the call, the caller's included.
+    pub held: u64,
+}
+
+/// A backend that keeps, per key, a set of owned leases that expire unless
+/// renewed: a distributed semaphore.
+///
+/// Implemented by [`RedisStore`](crate::RedisStore) (one Lua script per
+/// call, on Redis's clock) and [`MemoryStore`](crate::MemoryStore) (same
+/// semantics, in this process). Implementations must:
+///
+/// * drop expired leases before counting, and grant a lease only while fewer
+///   than `limit` live ones remain;
+/// * treat `acquire` with a token that already holds a lease as a renewal;
+/// * only ever touch the caller's own token in `renew` and `release`, and
+///   never create a lease in `renew`;
+/// * give every key an expiry no later than its last lease's.
+///
+/// Tokens are at most 128 bytes; keys are built by the
+/// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter).
+pub trait LeaseStore: fmt::Debug + Send + Sync + 'static {
+    /// Grants `token` a lease of `lease_ms` on `key` if fewer than `limit`
+    /// live leases are held there.
+    fn acquire(
+        &self,
+        key: &str,
+        token: &str,
+        limit: u64,
+        lease_ms: u64,
+    ) -> BoxFuture<'static, Result<LeaseState, Error>>;
+
+    /// Extends `token`'s lease to `lease_ms` from now. `false`: the token
+    /// holds no live lease any more (it expired or was released).
+    fn renew(
+        &self,
+        key: &str,
+        token: &str,
+        lease_ms: u64,
+    ) -> BoxFuture<'static, Result<bool, Error>>;
+
+    /// Removes `token`'s lease. `false`: it held no live lease. Never touches
+    /// another token's lease.
+    fn release(&self, key: &str, token: &str) -> BoxFuture<'static, Result<bool, Error>>;
+}

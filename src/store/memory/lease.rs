@@ -1,0 +1,234 @@
+//! [`LeaseStore`] for [`MemoryStore`]: the lease scripts' semantics, in this
+//! process.
+//!
+//! A child module of `memory.rs`: the store holds a [`Leases`] table next to
+//! its counters, shared by its clones.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use super::MemoryStore;
+use crate::{
+    Error,
+    store::{BoxFuture, LeaseState, LeaseStore},
+};
+
+/// Every key's leases: owner token and expiry.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Leases(Arc<Mutex<Table>>);
+
+#[derive(Debug, Default)]
+struct Table {
+    keys: HashMap<String, Vec<(Box<str>, Instant)>>,
+    sweep_at: usize,
+}
+
+/// The smallest table at which a sweep of abandoned keys is considered.
+const MIN_SWEEP: usize = 1024;
+
+impl Leases {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Every change below leaves the table consistent before it can panic.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn acquire(&self, key: &str, token: &str, limit: u64, lease: Duration) -> LeaseState {
+        let now = Instant::now();
+        let expiry = now + lease;
+        let mut table = self.lock();
+        let table = &mut *table;
+        if !table.keys.contains_key(key) {
+            if table.keys.len() >= table.sweep_at {
+                // Reclaim keys whose holders all went away without releasing.
+                table
+                    .keys
+                    .retain(|_, set| set.iter().any(|(_, e)| *e > now));
+                table.sweep_at = (table.keys.len() * 2).max(MIN_SWEEP);
+            }
+            table.keys.insert(key.to_owned(), Vec::new());
+        }
+        let set = table.keys.get_mut(key).expect("inserted above");
+        set.retain(|(_, e)| *e > now);
+        for (_, e) in set.iter_mut() {
+            // As the script does: no lease outlives one granted now.
+            *e = (*e).min(expiry);
+        }
+        let acquired = if let Some((_, e)) = set.iter_mut().find(|(t, _)| &**t == token) {
+            *e = expiry;
+            true
+        } else if (set.len() as u64) < limit {
+            set.push((token.into(), expiry));
+            true
+        } else {
+            false
+        };
+        let held = set.len() as u64;
+        if set.is_empty() {
+            table.keys.remove(key);
+        }
+        LeaseState { acquired, held }
+    }
+
+    fn renew(&self, key: &str, token: &str, lease: Duration) -> bool {
+        let now = Instant::now();
+        let mut table = self.lock();
+        let Some(set) = table.keys.get_mut(key) else {
+            return false;
+        };
+        let Some(i) = set.iter().position(|(t, _)| &**t == token) else {
+            return false;
+        };
+        if set[i].1 <= now {
+            set.swap_remove(i);
+            if set.is_empty() {
+                table.keys.remove(key);
+            }
+            return false;
+        }
+        set[i].1 = now + lease;
+        true
+    }
+
+    fn release(&self, key: &str, token: &str) -> bool {
+        let now = Instant::now();
+        let mut table = self.lock();
+        let Some(set) = table.keys.get_mut(key) else {
+            return false;
+        };
+        let Some(i) = set.iter().position(|(t, _)| &**t == token) else {
+            return false;
+        };
+        let (_, expiry) = set.swap_remove(i);
+        if set.is_empty() {
+            table.keys.remove(key);
+        }
+        expiry > now
+    }
+
+    /// Keys held, live or not yet reclaimed.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().keys.len()
+    }
+}
+
+fn ready<T: Send + 'static>(value: T) -> BoxFuture<'static, Result<T, Error>> {
+    Box::pin(std::future::ready(Ok(value)))
+}
+
+impl LeaseStore for MemoryStore {
+    fn acquire(
+        &self,
+        key: &str,
+        token: &str,
+        limit: u64,
+        lease_ms: u64,
+    ) -> BoxFuture<'static, Result<LeaseState, Error>> {
+        let lease = Duration::from_millis(lease_ms);
+        ready(self.leases.acquire(key, token, limit, lease))
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: &str,
+        lease_ms: u64,
+    ) -> BoxFuture<'static, Result<bool, Error>> {
+        ready(
+            self.leases
+                .renew(key, token, Duration::from_millis(lease_ms)),
+        )
+    }
+
+    fn release(&self, key: &str, token: &str) -> BoxFuture<'static, Result<bool, Error>> {
+        ready(self.leases.release(key, token))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn admits_up_to_the_limit_and_frees_expired_slots() {
+        let l = Leases::default();
+        assert_eq!(
+            l.acquire("k", "a", 2, SEC),
+            LeaseState {
+                acquired: true,
+                held: 1
+            }
+        );
+        assert_eq!(
+            l.acquire("k", "b", 2, SEC),
+            LeaseState {
+                acquired: true,
+                held: 2
+            }
+        );
+        assert_eq!(
+            l.acquire("k", "c", 2, SEC),
+            LeaseState {
+                acquired: false,
+                held: 2
+            }
+        );
+        // A retried acquire renews rather than taking a second slot.
+        assert_eq!(
+            l.acquire("k", "a", 2, SEC),
+            LeaseState {
+                acquired: true,
+                held: 2
+            }
+        );
+        tokio::time::advance(SEC).await;
+        assert_eq!(
+            l.acquire("k", "c", 2, SEC),
+            LeaseState {
+                acquired: true,
+                held: 1
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renew_and_release_touch_only_the_owners_live_lease() {
+        let l = Leases::default();
+        l.acquire("k", "old", 1, SEC);
+        tokio::time::advance(SEC / 2).await;
+        assert!(l.renew("k", "old", SEC));
+        tokio::time::advance(SEC).await;
+        // Expired: lost, and the slot goes to someone else.
+        assert!(!l.renew("k", "old", SEC));
+        assert!(l.acquire("k", "new", 1, SEC).acquired);
+        assert!(!l.release("k", "old"));
+        assert!(!l.renew("k", "old", SEC));
+        assert!(
+            !l.acquire("k", "third", 1, SEC).acquired,
+            "new still holds it"
+        );
+        assert!(l.release("k", "new"));
+        assert!(!l.release("k", "new"), "releasing twice is harmless");
+        assert_eq!(l.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_keys_are_reclaimed() {
+        let l = Leases::default();
+        for i in 0..5000 {
+            l.acquire(&format!("k{i}"), "t", 1, SEC);
+        }
+        tokio::time::advance(SEC).await;
+        for i in 0..5000 {
+            l.acquire(&format!("n{i}"), "t", 1, SEC);
+        }
+        assert!(l.len() <= 5000 + MIN_SWEEP, "{}", l.len());
+    }
+}

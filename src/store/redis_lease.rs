@@ -1,0 +1,103 @@
+//! [`LeaseStore`] for [`RedisStore`]: one Lua script call per acquire,
+//! renewal and release, all on Redis's clock.
+//!
+//! A child module of `redis.rs`, so that it reaches the store's connections.
+
+use std::sync::LazyLock;
+
+use redis::{FromRedisValue, Script, ScriptInvocation, aio::ConnectionLike};
+
+use super::{Backend, RedisStore};
+use crate::{
+    Error,
+    store::{BoxFuture, LeaseState, LeaseStore},
+};
+
+/// `lua/concurrency_acquire.lua`: see its header for KEYS, ARGV and the reply.
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_acquire.lua")));
+/// `lua/concurrency_renew.lua`.
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_renew.lua")));
+/// `lua/concurrency_release.lua`.
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_release.lua")));
+
+async fn invoke<T: FromRedisValue>(
+    script: &ScriptInvocation<'static>,
+    conn: &mut impl ConnectionLike,
+) -> Result<T, Error> {
+    Ok(script.invoke_async(conn).await?)
+}
+
+impl RedisStore {
+    /// Runs a script invocation on a connection of this store.
+    fn run<T>(&self, script: ScriptInvocation<'static>) -> BoxFuture<'static, Result<T, Error>>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        match &self.backend {
+            Backend::Manager(manager) => {
+                let mut conn = manager.clone();
+                Box::pin(async move { invoke(&script, &mut conn).await })
+            }
+            Backend::Pool(pool) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+                    invoke(&script, &mut *conn).await
+                })
+            }
+        }
+    }
+}
+
+/// A reply of 0 or 1 as a bool.
+fn flag(script: &str, n: i64) -> Result<bool, Error> {
+    match n {
+        0 | 1 => Ok(n == 1),
+        _ => Err(Error::UnexpectedReply(format!("{script} returned {n}"))),
+    }
+}
+
+impl LeaseStore for RedisStore {
+    fn acquire(
+        &self,
+        key: &str,
+        token: &str,
+        limit: u64,
+        lease_ms: u64,
+    ) -> BoxFuture<'static, Result<LeaseState, Error>> {
+        let mut script = ACQUIRE.key(key);
+        script.arg(limit).arg(lease_ms).arg(token);
+        let reply = self.run::<(i64, i64)>(script);
+        Box::pin(async move {
+            let (acquired, held) = reply.await?;
+            match (flag("concurrency_acquire", acquired), u64::try_from(held)) {
+                (Ok(acquired), Ok(held)) => Ok(LeaseState { acquired, held }),
+                _ => Err(Error::UnexpectedReply(format!(
+                    "concurrency_acquire returned [{acquired}, {held}]"
+                ))),
+            }
+        })
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: &str,
+        lease_ms: u64,
+    ) -> BoxFuture<'static, Result<bool, Error>> {
+        let mut script = RENEW.key(key);
+        script.arg(lease_ms).arg(token);
+        let reply = self.run::<i64>(script);
+        Box::pin(async move { flag("concurrency_renew", reply.await?) })
+    }
+
+    fn release(&self, key: &str, token: &str) -> BoxFuture<'static, Result<bool, Error>> {
+        let mut script = RELEASE.key(key);
+        script.arg(token);
+        let reply = self.run::<i64>(script);
+        Box::pin(async move { flag("concurrency_release", reply.await?) })
+    }
+}

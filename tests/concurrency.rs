@@ -1,0 +1,273 @@
+//! The concurrency limiter against real Redis (a `ConnectionManager` and a
+//! bb8 pool) and the in-memory store: crashed holders free their slot,
+//! expired holders cannot free someone else's, long holders renew, timeouts
+//! leak nothing, and every key has a TTL. See `concurrency_http.rs` for the
+//! limit over HTTP.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis_ratelimit::{Error, concurrency::Acquired};
+use support::{
+    Backend, RedisServer,
+    lease::{LEASE, unrenewed},
+};
+
+async fn crashed_holder_frees_its_slot(b: Backend) {
+    let limiter = b.short_lease(2);
+    // A live holder, renewed all along, keeps the key itself alive.
+    let live = limiter.acquire("k").await.unwrap().lease().unwrap();
+    let crashed_at = Instant::now();
+    std::mem::forget(unrenewed(&limiter, "k").await);
+    assert!(
+        !limiter.acquire("k").await.unwrap().is_acquired(),
+        "both slots held"
+    );
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    let freed = limiter.acquire("k").await.unwrap().lease();
+    let freed = freed.unwrap_or_else(|| {
+        panic!(
+            "not freed {:?} after the crash\n{}",
+            crashed_at.elapsed(),
+            b.log()
+        )
+    });
+    assert!(
+        !limiter.acquire("k").await.unwrap().is_acquired(),
+        "the live holder lost its slot"
+    );
+    if let Some(server) = b.server() {
+        server.assert_every_key_has_ttl().await;
+        let pttl = server.pttl(&limiter.store_key("k")).await;
+        assert!(
+            (1..=1000).contains(&pttl),
+            "the key outlives its leases: {pttl}"
+        );
+        assert_eq!(server.lease_tokens(&limiter.store_key("k")).await.len(), 2);
+    }
+    assert!(live.release().await.unwrap() && freed.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn crashed_holder_frees_its_slot_after_the_lease_with_redis() {
+    crashed_holder_frees_its_slot(Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn crashed_holder_frees_its_slot_after_the_lease_with_memory_store() {
+    crashed_holder_frees_its_slot(Backend::memory()).await;
+}
+
+async fn expired_holder_cannot_release_the_new_holders_slot(b: Backend) {
+    let limiter = b.short_lease(1);
+    let slow = unrenewed(&limiter, "k").await;
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    let new = limiter.acquire("k").await.unwrap().lease();
+    let new = new.unwrap_or_else(|| panic!("the expired lease was not taken over\n{}", b.log()));
+    // The slow holder finally finishes and releases: it held nothing any more.
+    assert!(
+        !slow.release().await.unwrap(),
+        "released a lease it had lost"
+    );
+    assert!(
+        !limiter.acquire("k").await.unwrap().is_acquired(),
+        "the new holder's slot was freed"
+    );
+    if let Some(server) = b.server() {
+        let tokens = server.lease_tokens(new.store_key()).await;
+        assert_eq!(tokens, [new.token()]);
+    }
+    assert!(new.release().await.unwrap());
+    assert!(limiter.acquire("k").await.unwrap().is_acquired());
+}
+
+#[tokio::test]
+async fn expired_holder_cannot_release_the_new_holders_slot_with_redis() {
+    expired_holder_cannot_release_the_new_holders_slot(Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn expired_holder_cannot_release_the_new_holders_slot_with_memory_store() {
+    expired_holder_cannot_release_the_new_holders_slot(Backend::memory()).await;
+}
+
+async fn renewal_keeps_a_long_holders_slot(b: Backend) {
+    let limiter = b.short_lease(1);
+    let other = b.concurrency_replica(1).await.lease(LEASE).build().unwrap();
+    let long = limiter.acquire("k").await.unwrap().lease().unwrap();
+    // Well past the original lease, twice: still held.
+    for _ in 0..2 {
+        tokio::time::sleep(LEASE + LEASE / 2).await;
+        let Acquired::Busy(busy) = other.acquire("k").await.unwrap() else {
+            panic!("the long holder lost its slot\n{}", b.log());
+        };
+        assert_eq!((busy.in_flight(), busy.limit()), (1, 1));
+    }
+    assert!(long.release().await.unwrap(), "the lease was still live");
+    assert!(other.acquire("k").await.unwrap().is_acquired());
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_long_holders_slot_with_redis() {
+    renewal_keeps_a_long_holders_slot(Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_long_holders_slot_with_memory_store() {
+    renewal_keeps_a_long_holders_slot(Backend::memory()).await;
+}
+
+async fn timed_out_acquire_does_not_leak_a_slot(b: Backend) {
+    let server = b.server().unwrap();
+    let limiter = b
+        .concurrency(1)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut events = server.key_events(&limiter.store_key("k")).await;
+    server.freeze(true);
+    let err = limiter.acquire("k").await.unwrap_err();
+    server.freeze(false);
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    // Redis thaws and runs the acquire the client gave up on; its token is
+    // released soon after, long before the 60 s lease could expire.
+    events.wait_for("zadd", Duration::from_secs(10)).await;
+    events.wait_for("zrem", Duration::from_secs(10)).await;
+    assert!(
+        limiter.acquire("k").await.unwrap().is_acquired(),
+        "{}",
+        server.log()
+    );
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn timed_out_acquire_does_not_leak_a_slot_with_redis() {
+    timed_out_acquire_does_not_leak_a_slot(Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn timed_out_acquire_does_not_leak_a_slot_with_redis_pool() {
+    timed_out_acquire_does_not_leak_a_slot(Backend::redis_pool().await).await;
+}
+
+#[tokio::test]
+async fn keys_always_carry_a_ttl_and_tampered_keys_are_healed() {
+    let b = Backend::redis().await;
+    let server = b.server().unwrap();
+    let limiter = b.short_lease(1);
+    let mut conn = server.conn().await;
+    let (wrong_type, no_ttl) = (limiter.store_key("string"), limiter.store_key("stale"));
+    redis::cmd("SET")
+        .arg(&wrong_type)
+        .arg("x")
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    // A lease an hour out, on a key with no TTL: it would block for an hour.
+    let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let hour_out = time.0 * 1000 + 3_600_000;
+    redis::cmd("ZADD")
+        .arg(&no_ttl)
+        .arg(hour_out)
+        .arg("stale")
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+
+    let healed = limiter
+        .acquire("string")
+        .await
+        .unwrap()
+        .lease()
+        .expect("a healed key");
+    assert!(
+        !limiter.acquire("stale").await.unwrap().is_acquired(),
+        "stale counts until cut"
+    );
+    for key in [&wrong_type, &no_ttl] {
+        let pttl = server.pttl(key).await;
+        assert!((1..=1000).contains(&pttl), "{key}: {pttl}");
+    }
+    server.assert_every_key_has_ttl().await;
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    assert!(
+        limiter.acquire("stale").await.unwrap().is_acquired(),
+        "cut to one lease"
+    );
+    assert!(healed.release().await.unwrap());
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn scripts_validate_their_arguments_before_writing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let acquire = redis::Script::new(include_str!("../lua/concurrency_acquire.lua"));
+    let renew = redis::Script::new(include_str!("../lua/concurrency_renew.lua"));
+    let release = redis::Script::new(include_str!("../lua/concurrency_release.lua"));
+    redis::cmd("SET")
+        .arg("other")
+        .arg("x")
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    let long_token = "t".repeat(129);
+    for key in ["fresh", "other"] {
+        for (limit, lease, token) in [
+            ("0", "1000", "t"),
+            ("1.5", "1000", "t"),
+            ("x", "1000", "t"),
+            ("1", "0", "t"),
+            ("1", "1000", ""),
+            ("1", "1000", long_token.as_str()),
+        ] {
+            let mut call = acquire.key(key);
+            call.arg(limit).arg(lease).arg(token);
+            let reply: redis::RedisResult<redis::Value> = call.invoke_async(&mut conn).await;
+            assert!(reply.is_err(), "{key} {limit} {lease} {token:?}: {reply:?}");
+        }
+        let mut call = renew.key(key);
+        call.arg("-5").arg("t");
+        assert!(call.invoke_async::<i64>(&mut conn).await.is_err());
+        let mut call = release.key(key);
+        call.arg("");
+        assert!(call.invoke_async::<i64>(&mut conn).await.is_err());
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys, ["other"], "an invalid call wrote");
+    let kind: String = redis::cmd("TYPE")
+        .arg("other")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "string", "an invalid call deleted a key");
+}
+
+#[tokio::test]
+async fn script_flush_is_invisible_to_acquire_renew_and_release() {
+    let b = Backend::redis().await;
+    let server = b.server().unwrap();
+    let limiter = b.short_lease(1);
+    let mut conn = server.conn().await;
+    let mut flush = redis::cmd("SCRIPT");
+    flush.arg("FLUSH");
+    flush.exec_async(&mut conn).await.unwrap();
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    flush.exec_async(&mut conn).await.unwrap();
+    // Renewals after the flush reload the script: the slot is still held.
+    tokio::time::sleep(LEASE + LEASE / 2).await;
+    assert!(
+        !limiter.acquire("k").await.unwrap().is_acquired(),
+        "{}",
+        server.log()
+    );
+    flush.exec_async(&mut conn).await.unwrap();
+    assert!(held.release().await.unwrap());
+    assert!(limiter.acquire("k").await.unwrap().is_acquired());
+}
