@@ -1,7 +1,7 @@
 //! actix-web 4 middleware (the `actix` feature): the same limiter, keys,
 //! store-error policy, headers and 429 as the tower layer.
 //!
-//! [`RateLimitLayer`] is itself an actix [`Transform`], so the one
+//! [`RateLimitLayer`](crate::RateLimitLayer) is itself an actix [`Transform`], so the one
 //! configuration type serves both frameworks: register it with `App::wrap`
 //! or `Scope::wrap`. It is re-exported here as [`RateLimit`] for readers who
 //! look for actix middleware under an actix name; it is the same type.
@@ -15,7 +15,7 @@
 //! * Responses: a passed request keeps the inner service's body; the
 //!   middleware's own answers (429 and the rest) are the right side of
 //!   [`EitherBody`]. A custom answer is a `Fn(&Rejection) -> HttpResponse`
-//!   given to [`RateLimitLayer::respond_with`].
+//!   given to [`RateLimitLayer::respond_with`](crate::RateLimitLayer::respond_with).
 //!
 //! ```no_run
 //! use actix_web::{App, HttpServer, web};

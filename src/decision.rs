@@ -44,6 +44,7 @@ pub struct Decision {
 pub struct LimitDecision<'a> {
     name: &'a str,
     quota: Quota,
+    shadow: bool,
     state: LimitState,
 }
 
@@ -61,6 +62,11 @@ impl LimitDecision<'_> {
     /// Whether this limit alone admitted the cost.
     pub fn is_allowed(&self) -> bool {
         self.state.allowed
+    }
+
+    /// Whether this limit only observes (dry run): its denial blocks nothing.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Units left in this limit after the decision.
@@ -81,14 +87,17 @@ impl LimitDecision<'_> {
 
 impl Decision {
     pub(crate) fn new(states: Vec<LimitState>, policies: Arc<Policies>) -> Self {
-        let allowed = states.iter().all(|s| s.allowed);
+        let enforced = |i: &usize| !policies.is_shadow(*i);
+        let allowed = (0..states.len())
+            .filter(enforced)
+            .all(|i| states[i].allowed);
         let binding = if allowed {
             // The fewest units left; on a tie, the longest to recover.
             let by = |i: &usize| (states[*i].remaining, std::cmp::Reverse(states[*i].reset_ms));
             (0..states.len()).min_by_key(by)
         } else {
             // The longest wait among the denying limits; the first on a tie.
-            let denying = (0..states.len()).filter(|i| !states[*i].allowed);
+            let denying = (0..states.len()).filter(|i| !states[*i].allowed && enforced(i));
             denying.rev().max_by_key(|i| states[*i].retry_ms)
         };
         Self {
@@ -104,9 +113,29 @@ impl Decision {
     }
 
     /// Whether the request may proceed. A denied request consumed nothing,
-    /// in any of the limits.
+    /// in any of the limits. Shadow (dry-run) limits never deny.
     pub fn is_allowed(&self) -> bool {
         self.allowed
+    }
+
+    /// Whether a shadow (dry-run) limit would have denied this request; see
+    /// [`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow).
+    pub fn is_shadow_denied(&self) -> bool {
+        self.limits().any(|l| l.is_shadow() && !l.is_allowed())
+    }
+
+    /// The same decision, `elapsed` later: the waits are shorter (a wait
+    /// never drops below 1 ms while denied). For the local deny cache.
+    pub(crate) fn aged(&self, elapsed: Duration) -> Self {
+        let ms = elapsed.as_millis() as u64;
+        let mut aged = self.clone();
+        for s in aged.states.iter_mut() {
+            s.reset_ms = s.reset_ms.saturating_sub(ms);
+            if !s.allowed {
+                s.retry_ms = s.retry_ms.saturating_sub(ms).max(1);
+            }
+        }
+        aged
     }
 
     /// The binding limit's units per window.
@@ -146,6 +175,7 @@ impl Decision {
         self.states.iter().enumerate().map(|(i, s)| LimitDecision {
             name: self.policies.name(i),
             quota: self.policies.quota(i),
+            shadow: self.policies.is_shadow(i),
             state: *s,
         })
     }

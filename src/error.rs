@@ -24,6 +24,10 @@ pub enum Error {
     /// means the client may have been charged for a request it did not make.
     #[error("rate limit store did not answer within {0:?}")]
     Timeout(Duration),
+    /// The circuit breaker is open after repeated store failures: the store
+    /// was not called. See [`Breaker`](crate::Breaker).
+    #[error("rate limit store failing: circuit breaker open, store not called")]
+    CircuitOpen,
     /// The store's reply was not what the script returns.
     #[error("unexpected reply from the rate limit store: {0}")]
     UnexpectedReply(String),
@@ -63,6 +67,9 @@ pub enum ConfigError {
         /// The rejected value.
         value: String,
     },
+    /// A shadow limit named no limit of the limiter.
+    #[error("shadow_limit({0:?}) names no limit of this limiter")]
+    UnknownLimit(String),
     /// Two limits of one limiter had the same name.
     #[error("limit name {0:?} is used twice; give every limit of a limiter its own name")]
     DuplicateName(String),

@@ -120,6 +120,8 @@ fn list<'a>(items: impl IntoIterator<Item = (&'a str, [(&'static str, u64); 2])>
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Policies {
     limits: Box<[(Box<str>, Quota)]>,
+    /// Per limit: whether it is a shadow (dry-run) limit.
+    shadow: Box<[bool]>,
     /// `"<name>";q=<limit>;w=<window secs>, ...`: every limit.
     header: HeaderValue,
 }
@@ -136,7 +138,20 @@ impl Policies {
                 .iter()
                 .map(|(n, q)| (n.as_str().into(), *q))
                 .collect(),
+            shadow: vec![false; limits.len()].into(),
         }
+    }
+
+    /// Marks the limits whose flag is set as shadow (dry-run) limits.
+    pub(crate) fn with_shadow(self, shadow: Vec<bool>) -> Self {
+        Self {
+            shadow: shadow.into(),
+            ..self
+        }
+    }
+
+    pub(crate) fn is_shadow(&self, i: usize) -> bool {
+        self.shadow[i]
     }
 
     pub(crate) fn name(&self, i: usize) -> &str {

@@ -7,9 +7,11 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix;
 pub mod algorithm;
+pub mod breaker;
 pub mod concurrency;
 mod core;
 mod decision;
+mod deny_cache;
 mod error;
 mod future;
 pub mod headers;
@@ -17,6 +19,7 @@ pub mod key;
 mod keyspace;
 mod layer;
 mod limiter;
+mod metrics;
 pub mod quota;
 pub mod respond;
 mod service;
@@ -24,13 +27,14 @@ pub mod store;
 
 pub use crate::{
     algorithm::Algorithm,
+    breaker::Breaker,
     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
     decision::{Decision, LimitDecision},
     error::{ConfigError, Error},
     future::ResponseFuture,
     keyspace::RAW_KEY_MAX,
     layer::RateLimitLayer,
-    limiter::{DEFAULT_TIMEOUT, Limiter, LimiterBuilder},
+    limiter::{DEFAULT_DENY_CACHE, DEFAULT_TIMEOUT, Limiter, LimiterBuilder},
     quota::{Quota, QuotaError},
     respond::{DefaultResponse, OnStoreError, Rejection, Respond},
     service::RateLimit,

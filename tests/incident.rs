@@ -163,8 +163,8 @@ async fn script_rejects_bad_arguments_without_writing() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let script = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
-    // ARGV: cost, then algorithm, limit, window_ms, burst per key.
-    let good = ["1", "1", "5", "1000", "0"];
+    // ARGV: cost, then algorithm, limit, window_ms, burst, shadow per key.
+    let good = ["1", "1", "5", "1000", "0", "0"];
     let ok: Vec<i64> = script
         .key("k")
         .arg(&good[..])
@@ -175,17 +175,18 @@ async fn script_rejects_bad_arguments_without_writing() {
     let _: () = conn.del("k").await.unwrap();
     let mut bad_calls: Vec<(Vec<&str>, Vec<&str>)> = Vec::new();
     for cost in ["-1", "x", "1.5"] {
-        bad_calls.push((vec!["k"], vec![cost, "1", "5", "1000", "0"]));
+        bad_calls.push((vec!["k"], vec![cost, "1", "5", "1000", "0", "0"]));
     }
     // A bad limit, alone or after a good one: the good one must not write.
     for limit in [
-        &["1", "0", "1000", "0"][..],
-        &["1", "5", "0", "0"],
-        &["1", "5", "x", "0"],
-        &["1", "5", "1.5", "0"],
-        &["4", "5", "1000", "0"],
-        &["3", "5", "1000", "0"],
-        &["1", "5", "1000"],
+        &["1", "0", "1000", "0", "0"][..],
+        &["1", "5", "0", "0", "0"],
+        &["1", "5", "x", "0", "0"],
+        &["1", "5", "1.5", "0", "0"],
+        &["4", "5", "1000", "0", "0"],
+        &["3", "5", "1000", "0", "0"],
+        &["1", "5", "1000", "0", "2"],
+        &["1", "5", "1000", "0"],
     ] {
         bad_calls.push((vec!["k"], [&["1"][..], limit].concat()));
         bad_calls.push((vec!["k", "k2"], [&good[..], limit].concat()));

@@ -120,6 +120,9 @@ async fn http_reports_every_policy_the_binding_limit_and_the_longest_wait() {
         .builder("1/5s")
         .name("per-key")
         .limit("global", "3/1m".parse().unwrap())
+        // The store's own answers: a cached denial of `a` (by per-key) would
+        // repeat its shorter wait after the global limit ran out too.
+        .deny_cache(0)
         .build()
         .unwrap();
     let layer = RateLimitLayer::each(limiter, (Header::new("x-api-key"), Global)).cost(cost);

@@ -1,5 +1,6 @@
-//! `RATE_LIMIT`, `RATE_LIMIT_ALGORITHM` and `RATE_LIMIT_BURST`: the limits an
-//! example server enforces.
+//! `RATE_LIMIT`, `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`,
+//! `RATE_LIMIT_DENY_CACHE` and `RATE_LIMIT_SHADOW`: the limits an example
+//! server enforces, and how.
 
 use redis_ratelimit::{Limiter, LimiterBuilder, Quota};
 
@@ -8,6 +9,8 @@ use super::{Error, var};
 /// One or more quotas, all counted with one algorithm.
 pub(super) struct Limits {
     quotas: Vec<Quota>,
+    deny_cache: bool,
+    shadow: bool,
     /// For the startup line, e.g. `10/1s;1000/1d (gcra, burst 20)`.
     described: String,
 }
@@ -67,16 +70,36 @@ impl Limits {
             }
             quotas.push(quota);
         }
+        let deny_cache = switch("RATE_LIMIT_DENY_CACHE", true)?;
+        let shadow = switch("RATE_LIMIT_SHADOW", false)?;
         let list: Vec<String> = quotas.iter().map(Quota::to_string).collect();
         let burst = burst.map(|b| format!(", burst {b}")).unwrap_or_default();
-        let described = format!("{} ({algorithm}{burst})", list.join(";"));
-        Ok(Some(Self { quotas, described }))
+        let cache = if deny_cache {
+            "deny cache on"
+        } else {
+            "deny cache off"
+        };
+        let dry = if shadow {
+            ", shadow mode: nothing denied"
+        } else {
+            ""
+        };
+        let described = format!("{} ({algorithm}{burst}, {cache}{dry})", list.join(";"));
+        Ok(Some(Self {
+            quotas,
+            deny_cache,
+            shadow,
+            described,
+        }))
     }
 
     /// A builder with every quota. One quota is named `default`; several are
     /// named by their text (`"10/1s"`), which the `RateLimit` headers show.
     pub(super) fn builder(&self) -> LimiterBuilder {
-        let mut builder = Limiter::builder(self.quotas[0]);
+        let mut builder = Limiter::builder(self.quotas[0]).shadow(self.shadow);
+        if !self.deny_cache {
+            builder = builder.deny_cache(0);
+        }
         if self.quotas.len() > 1 {
             builder = builder.name(self.quotas[0].to_string());
             for q in &self.quotas[1..] {
@@ -90,5 +113,15 @@ impl Limits {
 impl std::fmt::Display for Limits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.described)
+    }
+}
+
+/// An `on`/`off` variable.
+fn switch(name: &'static str, default: bool) -> Result<bool, Error> {
+    match var(name)?.map(|v| v.to_ascii_lowercase()) {
+        None => Ok(default),
+        Some(v) if v == "on" => Ok(true),
+        Some(v) if v == "off" => Ok(false),
+        Some(v) => Err(Error::config(name, &v, "use `on` or `off`")),
     }
 }

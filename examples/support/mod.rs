@@ -10,6 +10,8 @@
 //! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter |
 //! | `RATE_LIMIT_ALGORITHM` | `fixed-window` | `fixed-window`, `sliding-window` or `gcra`, for every quota |
 //! | `RATE_LIMIT_BURST` | the quota's count | with `gcra`: requests admitted at once |
+//! | `RATE_LIMIT_DENY_CACHE` | `on` | `off` sends every denial to the store (see `Limiter`'s deny cache) |
+//! | `RATE_LIMIT_SHADOW` | `off` | `on`: dry run, decisions are made and reported but nothing is denied |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
 //! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
 //! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended) |

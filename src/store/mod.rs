@@ -29,6 +29,9 @@ pub struct LimitCheck {
     pub key: String,
     /// The quota, with its algorithm.
     pub quota: Quota,
+    /// A shadow (dry-run) limit: it is decided and reported, but its denial
+    /// blocks nothing, and it spends only when it admits.
+    pub shadow: bool,
 }
 
 /// What a store reports for one limit of a decision.
@@ -47,8 +50,9 @@ pub struct LimitState {
 /// A backend that decides rate-limit checks atomically.
 ///
 /// One call decides every limit of a request **all or nothing**: if every
-/// limit admits `cost`, all of them spend it; if any denies, none spends
-/// anything. Implementations count as [`Algorithm`](crate::Algorithm)
+/// enforced limit admits `cost`, all of them spend it; if any denies, none
+/// spends anything. A [shadow](LimitCheck::shadow) limit never blocks the
+/// others and spends only what it admits. Implementations count as [`Algorithm`](crate::Algorithm)
 /// documents, take time from one clock of their own, and give every key they
 /// create an expiry.
 pub trait Store: fmt::Debug + Send + Sync + 'static {

@@ -101,21 +101,28 @@ impl MemoryStore {
                 algorithms::check(live, c.quota, cost, now)
             })
             .collect();
-        let all = checked.iter().all(|c| c.allowed);
-        if all {
-            for (check, c) in checks.into_iter().zip(&checked) {
-                if let Some(entry) = c.spent {
-                    counters.insert(check.key, entry, now);
-                }
+        let all = checks
+            .iter()
+            .zip(&checked)
+            .all(|(l, c)| c.allowed || l.shadow);
+        let mut states = Vec::with_capacity(checked.len());
+        for (check, c) in checks.into_iter().zip(&checked) {
+            let spends = all && c.allowed;
+            if let (true, Some(entry)) = (spends, c.spent) {
+                counters.insert(check.key, entry, now);
             }
+            states.push(LimitState {
+                allowed: c.allowed,
+                remaining: if spends {
+                    c.remaining_after
+                } else {
+                    c.remaining
+                },
+                reset_ms: if spends { c.reset_after_ms } else { c.reset_ms },
+                retry_ms: if c.allowed { 0 } else { c.retry_ms },
+            });
         }
-        let state = |c: &algorithms::Checked| LimitState {
-            allowed: c.allowed,
-            remaining: if all { c.remaining_after } else { c.remaining },
-            reset_ms: if all { c.reset_after_ms } else { c.reset_ms },
-            retry_ms: if c.allowed { 0 } else { c.retry_ms },
-        };
-        checked.iter().map(state).collect()
+        states
     }
 }
 
@@ -151,6 +158,7 @@ mod tests {
         let check = LimitCheck {
             key: key.into(),
             quota,
+            shadow: false,
         };
         store.decide_now(vec![check], cost)[0]
     }

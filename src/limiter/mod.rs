@@ -1,13 +1,23 @@
 //! [`Limiter`]: named limits plus a store; the framework-free entry point.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use crate::{
-    ConfigError, Decision, Error, MemoryStore, Quota,
+    Decision, Error, Quota,
+    breaker::{self, Pass},
+    deny_cache::DenyCache,
     headers::Policies,
-    keyspace,
+    keyspace, metrics,
     store::{BoxFuture, LimitCheck, Store},
 };
+
+pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
+
+pub(crate) mod builder;
 
 /// The default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
@@ -62,6 +72,38 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// assert!(!coupons.check_each(&["carol", "all"], 1).await?.is_allowed());
 /// # Ok(()) }
 /// ```
+///
+/// # The local deny cache
+///
+/// A key denied until a known time is denied in process, without a store
+/// call, until then: under an attack, most requests cost no Redis round trip.
+/// It is on by default, bounded ([`LimiterBuilder::deny_cache`] sets the
+/// number of keys; 0 turns it off) and shared by the limiter's clones.
+///
+/// **It never admits a request the store would deny**: it only ever denies,
+/// and everything it does not hold goes to the store. A cached denial for a
+/// cost `c` is used only for requests of cost `c` or more, for the same keys,
+/// and only until the denial's `Retry-After` has passed; in that time the
+/// store's own answer could only have become stricter (other requests spend;
+/// nothing refunds). **It can deny a request the store would have allowed**
+/// when the store's state changed behind its back: an operator deleted or
+/// lowered the counter (an admin reset), the quota was raised in another
+/// process, or Redis lost its data (restart, failover). Such a client waits at
+/// most the `Retry-After` it was already told.
+///
+/// A cached answer has the status and headers of the denial it repeats, with
+/// the waits shortened by the time since. With several limits, another limit
+/// may have run out since; the cached answer still denies (rightly), but its
+/// `Retry-After` can be shorter than the store would now say, and the
+/// request after that wait gets the store's own, longer answer.
+///
+/// # When the store fails
+///
+/// Every store call is bounded by the [timeout](LimiterBuilder::timeout).
+/// After repeated failures a [circuit breaker](crate::Breaker) stops calling
+/// the store for a cool-down and fails checks at once with
+/// [`Error::CircuitOpen`], so a dead or hung Redis costs no waiting; then it
+/// probes and closes by itself when Redis answers.
 #[derive(Clone)]
 pub struct Limiter {
     inner: Arc<Inner>,
@@ -75,6 +117,8 @@ struct Inner {
     shared_tag: Option<String>,
     store: Arc<dyn Store>,
     timeout: Duration,
+    breaker: breaker::State,
+    deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for Limiter {
@@ -84,6 +128,8 @@ impl fmt::Debug for Limiter {
             .field("limits", &limits)
             .field("store", &self.inner.store)
             .field("timeout", &self.inner.timeout)
+            .field("breaker", &self.inner.breaker)
+            .field("deny_cache", &self.inner.deny_cache)
             .finish()
     }
 }
@@ -99,12 +145,7 @@ impl Limiter {
     /// Starts a [`LimiterBuilder`] whose first limit, named `"default"`, has
     /// `quota`.
     pub fn builder(quota: Quota) -> LimiterBuilder {
-        LimiterBuilder {
-            limits: vec![("default".into(), quota)],
-            prefix: "rl".into(),
-            store: None,
-            timeout: DEFAULT_TIMEOUT,
-        }
+        LimiterBuilder::new(quota)
     }
 
     /// Checks `key` against every limit and, if `cost` fits in all of them,
@@ -138,39 +179,69 @@ impl Limiter {
     }
 
     /// Decides `cost` for `keys`: one key for every limit, or one per limit.
+    ///
+    /// In order: a cached denial answers at once; an open circuit breaker
+    /// fails at once; otherwise one store call, bounded by the timeout.
     pub(crate) fn decide(
         &self,
         keys: &[&[u8]],
         cost: u64,
     ) -> BoxFuture<'static, Result<Decision, Error>> {
         let inner = &self.inner;
-        let fail = |e| -> BoxFuture<'static, _> { Box::pin(std::future::ready(Err(e))) };
+        let done = |r| -> BoxFuture<'static, _> { Box::pin(std::future::ready(r)) };
         let limits = inner.limits.len();
         if keys.len() != 1 && keys.len() != limits {
             let got = keys.len();
-            return fail(Error::KeyCount { limits, got });
+            return done(Err(Error::KeyCount { limits, got }));
         }
         let mut checks = Vec::with_capacity(limits);
         for (i, (quota, _)) in inner.limits.iter().enumerate() {
             if cost > quota.capacity() {
                 let limit = quota.capacity();
-                return fail(Error::CostExceedsLimit { cost, limit });
+                return done(Err(Error::CostExceedsLimit { cost, limit }));
             }
             let key = self.key_of(i, keys[i.min(keys.len() - 1)]);
-            checks.push(LimitCheck { key, quota: *quota });
+            let shadow = inner.policies.is_shadow(i);
+            checks.push(LimitCheck {
+                key,
+                quota: *quota,
+                shadow,
+            });
         }
+        let cache_key = inner.deny_cache.as_ref().map(|cache| {
+            let key = match &checks[..] {
+                [one] => one.key.clone(),
+                many => many
+                    .iter()
+                    .map(|c| c.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            (cache, key)
+        });
+        if let Some((cache, key)) = &cache_key
+            && let Some(d) = cache.get(key, cost)
+        {
+            metrics::decision(&d, true);
+            tracing::trace!(
+                limit = d.policy(),
+                "rate limit: denied from the local deny cache"
+            );
+            return done(Ok(d));
+        }
+        let pass = inner.breaker.pass();
+        if pass == Pass::Open {
+            metrics::store_error(self.limits().map(|(name, _)| name));
+            return done(Err(Error::CircuitOpen));
+        }
+        let cache_key = cache_key.map(|(_, key)| key);
         let states = inner.store.decide(checks, cost);
-        let (timeout, policies) = (inner.timeout, inner.policies.clone());
-        Box::pin(async move {
-            let states = tokio::time::timeout(timeout, states)
-                .await
-                .map_err(|_| Error::Timeout(timeout))??;
-            if states.len() != limits {
-                let reply = format!("{} states for {limits} limits", states.len());
-                return Err(Error::UnexpectedReply(reply));
-            }
-            Ok(Decision::new(states, policies))
-        })
+        let probe = ProbeGuard {
+            inner: inner.clone(),
+            pass,
+            settled: false,
+        };
+        Box::pin(probe.settle(states, cost, cache_key))
     }
 
     /// The store key that holds `key`'s count for the first limit, e.g.
@@ -217,83 +288,80 @@ impl Limiter {
     }
 }
 
-/// Builds a [`Limiter`]; start with [`Limiter::builder`].
-#[must_use]
-#[derive(Debug)]
-pub struct LimiterBuilder {
-    limits: Vec<(String, Quota)>,
-    prefix: String,
-    store: Option<Arc<dyn Store>>,
-    timeout: Duration,
+/// One store call on its way: records its outcome with the breaker, and if
+/// it is dropped unfinished (the request went away), frees the breaker's
+/// probe slot so the next check can probe.
+struct ProbeGuard {
+    inner: Arc<Inner>,
+    pass: Pass,
+    settled: bool,
 }
 
-impl LimiterBuilder {
-    /// The store: a [`RedisStore`](crate::RedisStore), a
-    /// [`MemoryStore`] (the default), or your own.
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(Arc::new(store));
-        self
-    }
-
-    /// The first limit's name, used in `RateLimit` headers and in store keys
-    /// (default `"default"`). Limiters with the same prefix, limits and names
-    /// share counters.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.limits[0].0 = name.into();
-        self
-    }
-
-    /// Adds a limit: every check must fit in it too. Names must differ.
-    pub fn limit(mut self, name: impl Into<String>, quota: Quota) -> Self {
-        self.limits.push((name.into(), quota));
-        self
-    }
-
-    /// The store key prefix (default `"rl"`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The bound on every store call (default [`DEFAULT_TIMEOUT`], 200 ms).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Builds the limiter, checking the names, prefix and timeout.
-    pub fn build(self) -> Result<Limiter, ConfigError> {
-        keyspace::validate("prefix", &self.prefix)?;
-        for (i, (name, _)) in self.limits.iter().enumerate() {
-            keyspace::validate("name", name)?;
-            if self.limits[..i].iter().any(|(n, _)| n == name) {
-                return Err(ConfigError::DuplicateName(name.clone()));
+impl ProbeGuard {
+    async fn settle(
+        mut self,
+        states: BoxFuture<'static, Result<Vec<crate::LimitState>, Error>>,
+        cost: u64,
+        cache_key: Option<String>,
+    ) -> Result<Decision, Error> {
+        let inner = self.inner.clone();
+        let started = Instant::now();
+        let result = match tokio::time::timeout(inner.timeout, states).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout(inner.timeout)),
+        };
+        let first = inner.policies.name(0);
+        metrics::store_latency(first, started.elapsed());
+        self.settled = true;
+        let states = match result {
+            Ok(states) => {
+                inner.breaker.record(self.pass, true);
+                states
             }
+            Err(e) => {
+                if inner.breaker.record(self.pass, false) {
+                    tracing::warn!(error = %e, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
+                }
+                let names = (0..inner.limits.len()).map(|i| inner.policies.name(i));
+                metrics::store_error(names);
+                return Err(e);
+            }
+        };
+        let limits = inner.limits.len();
+        if states.len() != limits {
+            let reply = format!("{} states for {limits} limits", states.len());
+            return Err(Error::UnexpectedReply(reply));
         }
-        if self.timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout);
+        let decision = Decision::new(states, inner.policies.clone());
+        if let (Some(cache), Some(key)) = (&inner.deny_cache, cache_key)
+            && !decision.is_allowed()
+        {
+            cache.insert(key, cost, &decision);
         }
-        let limits = self.limits.iter().map(|(name, quota)| {
-            let algo = quota.algorithm().key_name();
-            (*quota, format!("{}:{algo}:{name}:", self.prefix))
-        });
-        let shared_tag =
-            (self.limits.len() > 1).then(|| format!("{{{}:{}}}:", self.prefix, self.limits[0].0));
-        Ok(Limiter {
-            inner: Arc::new(Inner {
-                limits: limits.collect(),
-                policies: Arc::new(Policies::new(&self.limits)),
-                shared_tag,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                timeout: self.timeout,
-            }),
-        })
+        metrics::decision(&decision, false);
+        tracing::debug!(
+            limit = decision.policy(),
+            allowed = decision.is_allowed(),
+            remaining = decision.remaining(),
+            shadow_denied = decision.is_shadow_denied(),
+            "rate limit decision"
+        );
+        Ok(decision)
+    }
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.inner.breaker.abandon(self.pass);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ConfigError;
 
     #[test]
     fn builder_rejects_bad_settings() {

@@ -1,0 +1,241 @@
+//! [`Breaker`]: a circuit breaker in front of the store.
+//!
+//! After [`failures`](Breaker::failures) store failures in a row, each within
+//! [`span`](Breaker::span) of the one before, the breaker **opens**: for the
+//! [`cooldown`](Breaker::cooldown) every check fails at once with
+//! [`Error::CircuitOpen`](crate::Error::CircuitOpen), which the layers answer
+//! by their store-error policy without waiting for a timeout, and the store
+//! gets no traffic. Then one check at a time is let through as a **probe**:
+//! if it succeeds the breaker closes, if it fails it opens for another
+//! cooldown. A success resets the count.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redis_ratelimit::{Breaker, Limiter, Quota};
+//!
+//! let limiter = Limiter::builder(Quota::per_second(10))
+//!     .breaker(Breaker::new().failures(3).cooldown(Duration::from_millis(500)))
+//!     .build()
+//!     .unwrap();
+//! # let _ = limiter;
+//! ```
+
+use std::{
+    sync::{
+        OnceLock,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// Circuit-breaker settings; see the [module docs](self).
+///
+/// The defaults open after 5 failures in a row (each within 1 s of the
+/// previous one) and probe again after 1 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breaker {
+    failures: u32,
+    span: Duration,
+    cooldown: Duration,
+    enabled: bool,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            span: Duration::from_secs(1),
+            cooldown: Duration::from_secs(1),
+            enabled: true,
+        }
+    }
+}
+
+impl Breaker {
+    /// The default settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A breaker that never opens: every check goes to the store.
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
+    /// Failures in a row that open the breaker (at least 1; default 5).
+    #[must_use]
+    pub fn failures(self, failures: u32) -> Self {
+        Self {
+            failures: failures.max(1),
+            ..self
+        }
+    }
+
+    /// The longest gap between failures that still counts them in a row
+    /// (default 1 s).
+    #[must_use]
+    pub fn span(self, span: Duration) -> Self {
+        Self { span, ..self }
+    }
+
+    /// How long the breaker stays open before it probes (default 1 s).
+    #[must_use]
+    pub fn cooldown(self, cooldown: Duration) -> Self {
+        Self { cooldown, ..self }
+    }
+}
+
+/// What the breaker lets a check do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Call the store.
+    Call,
+    /// Call the store as the one probe of a half-open breaker.
+    Probe,
+    /// Do not call the store: the breaker is open.
+    Open,
+}
+
+/// A breaker's live state, lock-free.
+#[derive(Debug)]
+pub(crate) struct State {
+    config: Breaker,
+    /// Consecutive failures, and when the last one happened (ms).
+    failures: AtomicU32,
+    last_failure_ms: AtomicU64,
+    /// 0 when closed; else when the cooldown ends (ms since start).
+    open_until_ms: AtomicU64,
+    probing: AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    // +1 so that 0 can mean "closed".
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+impl State {
+    pub(crate) fn new(config: Breaker) -> Self {
+        Self {
+            config,
+            failures: AtomicU32::new(0),
+            last_failure_ms: AtomicU64::new(0),
+            open_until_ms: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a check may call the store now.
+    pub(crate) fn pass(&self) -> Pass {
+        let until = self.open_until_ms.load(Ordering::Acquire);
+        if until == 0 {
+            return Pass::Call;
+        }
+        if now_ms() < until {
+            return Pass::Open;
+        }
+        match self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Pass::Probe,
+            Err(_) => Pass::Open,
+        }
+    }
+
+    /// A store call that ended without an outcome (its request went away):
+    /// a probe's slot is freed for the next check.
+    pub(crate) fn abandon(&self, pass: Pass) {
+        if pass == Pass::Probe {
+            self.probing.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether the breaker is open (for metrics and logs).
+    pub(crate) fn is_open(&self) -> bool {
+        self.open_until_ms.load(Ordering::Acquire) != 0
+    }
+
+    /// Records a store call's outcome. Returns true when this failure
+    /// opened the breaker.
+    pub(crate) fn record(&self, pass: Pass, ok: bool) -> bool {
+        if ok {
+            self.failures.store(0, Ordering::Release);
+            if pass == Pass::Probe || self.is_open() {
+                self.open_until_ms.store(0, Ordering::Release);
+                self.probing.store(false, Ordering::Release);
+            }
+            return false;
+        }
+        if !self.config.enabled {
+            return false;
+        }
+        let now = now_ms();
+        if pass == Pass::Probe {
+            self.open(now);
+            return true;
+        }
+        let last = self.last_failure_ms.swap(now, Ordering::AcqRel);
+        let in_a_row = now.saturating_sub(last) <= self.config.span.as_millis() as u64;
+        let count = if in_a_row {
+            self.failures.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            self.failures.store(1, Ordering::Release);
+            1
+        };
+        if count >= self.config.failures && !self.is_open() {
+            self.open(now);
+            return true;
+        }
+        false
+    }
+
+    fn open(&self, now: u64) {
+        let until = now + self.config.cooldown.as_millis() as u64;
+        self.open_until_ms.store(until.max(1), Ordering::Release);
+        self.probing.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_failures_in_a_row_then_probes_one_at_a_time() {
+        let s = State::new(
+            Breaker::new()
+                .failures(3)
+                .cooldown(Duration::from_millis(50)),
+        );
+        for _ in 0..2 {
+            assert_eq!(s.pass(), Pass::Call);
+            assert!(!s.record(Pass::Call, false));
+        }
+        assert!(s.record(Pass::Call, false), "the third failure opens");
+        assert_eq!(s.pass(), Pass::Open);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(s.pass(), Pass::Probe);
+        assert_eq!(s.pass(), Pass::Open, "one probe at a time");
+        assert!(s.record(Pass::Probe, false), "a failed probe opens again");
+        assert_eq!(s.pass(), Pass::Open);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(s.pass(), Pass::Probe);
+        s.record(Pass::Probe, true);
+        assert_eq!(s.pass(), Pass::Call, "a good probe closes");
+    }
+
+    #[test]
+    fn a_success_resets_the_count_and_disabled_never_opens() {
+        let s = State::new(Breaker::new().failures(2));
+        s.record(Pass::Call, false);
+        s.record(Pass::Call, true);
+        assert!(!s.record(Pass::Call, false));
+        let off = State::new(Breaker::disabled().failures(1));
+        assert!(!off.record(Pass::Call, false));
+        assert_eq!(off.pass(), Pass::Call);
+    }
+}

@@ -1,0 +1,70 @@
+//! The local deny cache; see [`Limiter`](crate::Limiter#the-local-deny-cache)
+//! for what it guarantees.
+
+use std::{
+    fmt,
+    time::{Duration, Instant},
+};
+
+use quick_cache::sync::Cache;
+
+use crate::Decision;
+
+/// Bounded in entries: the least recently useful are evicted first.
+pub(crate) struct DenyCache {
+    cache: Cache<String, Entry>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    decision: Decision,
+    at: Instant,
+    until: Instant,
+    cost: u64,
+}
+
+impl fmt::Debug for DenyCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenyCache")
+            .field("len", &self.cache.len())
+            .field("capacity", &self.cache.capacity())
+            .finish()
+    }
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            cache: Cache::new(capacity),
+        }
+    }
+
+    /// The cached denial for `key` at `cost`, aged to now, if there is one.
+    pub(crate) fn get(&self, key: &str, cost: u64) -> Option<Decision> {
+        let entry = self.cache.get(key)?;
+        let now = Instant::now();
+        if now >= entry.until {
+            self.cache.remove(key);
+            return None;
+        }
+        (cost >= entry.cost).then(|| entry.decision.aged(now - entry.at))
+    }
+
+    /// Remembers a denial of `key` at `cost`, until its retry time.
+    pub(crate) fn insert(&self, key: String, cost: u64, decision: &Decision) {
+        let Some(wait) = decision.retry_after() else {
+            return;
+        };
+        if wait < Duration::from_millis(1) {
+            return;
+        }
+        let at = Instant::now();
+        let entry = Entry {
+            decision: decision.clone(),
+            at,
+            until: at + wait,
+            cost,
+        };
+        self.cache.insert(key, entry);
+    }
+}

@@ -1,0 +1,148 @@
+//! Shadow (dry-run) mode and the `metrics` feature's counters, read back
+//! through a recorder installed for this test binary.
+
+mod support;
+
+use std::time::Duration;
+
+use metrics_util::{
+    CompositeKey, MetricKind,
+    debugging::{DebugValue, DebuggingRecorder, Snapshotter},
+};
+use redis_ratelimit::{Breaker, Limiter, Quota, RateLimitLayer, key::Header};
+use support::{
+    RedisServer,
+    http::Caller,
+    servers::{app, spawn_axum},
+};
+
+/// The value of counter `name` with `limit=<limit>`, 0 if never counted.
+fn counter(
+    snapshot: &[(
+        CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )],
+    name: &str,
+    limit: &str,
+) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == name)
+        .filter(|(k, ..)| {
+            k.key()
+                .labels()
+                .any(|l| l.key() == "limit" && l.value() == limit)
+        })
+        .map(|(.., v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn histogram_samples(
+    snapshot: &[(
+        CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )],
+    name: &str,
+) -> usize {
+    snapshot
+        .iter()
+        .filter(|(k, ..)| k.key().name() == name)
+        .map(|(.., v)| match v {
+            DebugValue::Histogram(samples) => samples.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// One test: the recorder is global to the process.
+#[tokio::test]
+async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter: Snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+    let server = RedisServer::start();
+
+    // Global shadow: "2/1m", five requests, all served.
+    let shadow = Limiter::builder("2/1m".parse().unwrap())
+        .name("dry")
+        .store(server.store().await)
+        .shadow(true)
+        .build()
+        .unwrap();
+    let url = spawn_axum(
+        app().layer(RateLimitLayer::new(shadow, Header::new("x-api-key"))),
+        true,
+    )
+    .await;
+    let caller = Caller::with_key(Some("k"));
+    assert_eq!(
+        caller.statuses(&url, 5).await,
+        [200; 5],
+        "shadow mode rejected"
+    );
+    let last = caller.get(&url).await;
+    assert!(last.header("retry-after").is_none(), "{last:?}");
+
+    // Shadow for one limit: "day" observes, "second" enforces.
+    let mixed = Limiter::builder("3/1m".parse().unwrap())
+        .name("second")
+        .limit("day", Quota::per_minute(1))
+        .shadow_limit("day")
+        .store(server.store().await)
+        .build()
+        .unwrap();
+    let url = spawn_axum(
+        app().layer(RateLimitLayer::new(mixed, Header::new("x-api-key"))),
+        true,
+    )
+    .await;
+    assert_eq!(caller.statuses(&url, 5).await, [200, 200, 200, 429, 429]);
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        counter(&snapshot, "ratelimit_shadow_denied_total", "dry"),
+        4
+    );
+    assert_eq!(counter(&snapshot, "ratelimit_allowed_total", "dry"), 2);
+    assert_eq!(counter(&snapshot, "ratelimit_denied_total", "dry"), 0);
+    assert_eq!(counter(&snapshot, "ratelimit_allowed_total", "second"), 3);
+    // The 4th request goes to Redis; the 5th is denied from the deny cache.
+    assert_eq!(counter(&snapshot, "ratelimit_denied_total", "second"), 1);
+    assert_eq!(
+        counter(&snapshot, "ratelimit_denied_locally_total", "second"),
+        1
+    );
+    assert_eq!(counter(&snapshot, "ratelimit_allowed_total", "day"), 1);
+    // "day" would have denied requests 2 to 5 (4 and 5 were denied anyway).
+    assert_eq!(
+        counter(&snapshot, "ratelimit_shadow_denied_total", "day"),
+        4
+    );
+    assert!(histogram_samples(&snapshot, "ratelimit_store_latency_seconds") >= 10);
+
+    // Store errors, by limit, including those the open breaker refused.
+    let mut server = server;
+    let broken = Limiter::builder("3/1m".parse().unwrap())
+        .name("broken")
+        .store(server.store().await)
+        .timeout(Duration::from_millis(200))
+        .breaker(Breaker::new().failures(2))
+        .build()
+        .unwrap();
+    server.kill();
+    for _ in 0..5 {
+        assert!(broken.check("k", 1).await.is_err());
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        counter(&snapshot, "ratelimit_store_errors_total", "broken"),
+        5
+    );
+}

@@ -1,0 +1,240 @@
+//! Resilience: the circuit breaker with Redis killed or frozen, and the local
+//! deny cache (no Redis command for a key known to be over its limit).
+
+mod support;
+
+use std::{
+    convert::Infallible,
+    time::{Duration, Instant},
+};
+
+use http::{Request, Response, StatusCode};
+use redis_ratelimit::{Breaker, Error, Limiter, OnStoreError, RateLimitLayer, key::Global};
+use support::{
+    RedisServer,
+    http::Caller,
+    scenarios::by_key,
+    servers::{app, spawn_axum},
+};
+use tower::{Service, ServiceExt, service_fn};
+
+type Svc = tower::util::BoxCloneService<Request<()>, Response<String>, Infallible>;
+
+/// The layer around a handler answering "ok", in process (no sockets), so
+/// that a thousand requests measure the limiter rather than the network.
+fn service(limiter: &Limiter, policy: OnStoreError) -> Svc {
+    let layer = RateLimitLayer::new(limiter.clone(), Global).on_store_error(policy);
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new("ok".to_owned()))
+        }));
+    tower::util::BoxCloneService::new(svc)
+}
+
+async fn call(svc: &mut Svc) -> Response<String> {
+    let req = Request::get("/").body(()).unwrap();
+    svc.ready().await.unwrap().call(req).await.unwrap()
+}
+
+fn breaker_limiter(store: redis_ratelimit::RedisStore) -> Limiter {
+    Limiter::builder("1000/1m".parse().unwrap())
+        .store(store)
+        .timeout(Duration::from_millis(200))
+        .breaker(
+            Breaker::new()
+                .failures(3)
+                .cooldown(Duration::from_millis(500)),
+        )
+        .build()
+        .unwrap()
+}
+
+/// With Redis down the breaker opens after 3 failures; then 1000 requests
+/// per policy are answered at once (allow: 200, deny: 503) without a store
+/// call; after Redis is back, limiting resumes within seconds.
+async fn breaker_scenario(frozen: bool) {
+    let mut server = RedisServer::start();
+    let limiter = breaker_limiter(server.store().await);
+    let (mut allow, mut deny) = (
+        service(&limiter, OnStoreError::Allow),
+        service(&limiter, OnStoreError::Deny),
+    );
+    let res = call(&mut allow).await;
+    assert!(res.headers().contains_key("ratelimit"), "{res:?}");
+
+    if frozen {
+        server.freeze(true);
+    } else {
+        server.kill();
+    }
+    for _ in 0..3 {
+        let res = call(&mut allow).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(!res.headers().contains_key("ratelimit"), "{res:?}");
+    }
+    let err = limiter.check("any", 1).await.unwrap_err();
+    assert!(matches!(err, Error::CircuitOpen), "breaker not open: {err}");
+
+    let started = Instant::now();
+    for (svc, status) in [(&mut allow, 200), (&mut deny, 503)] {
+        for _ in 0..1000 {
+            assert_eq!(call(svc).await.status().as_u16(), status);
+        }
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "2000 requests took {took:?}");
+
+    if frozen {
+        server.freeze(false);
+    } else {
+        server.restart();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let res = call(&mut allow).await;
+        if res.headers().contains_key("ratelimit") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not limiting 5 s after recovery\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(limiter.check("any", 1).await.is_ok());
+}
+
+#[tokio::test]
+async fn breaker_opens_when_redis_is_killed_and_closes_after_restart() {
+    breaker_scenario(false).await;
+}
+
+#[tokio::test]
+async fn breaker_opens_when_redis_hangs_so_nobody_waits_for_timeouts() {
+    breaker_scenario(true).await;
+}
+
+/// `cmdstat_evalsha` (and `eval`) calls since the last `CONFIG RESETSTAT`.
+async fn script_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn reset_stats(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_key_over_its_limit_is_denied_without_a_redis_command() {
+    let server = RedisServer::start();
+    let cached = server.limiter("3/1m").await;
+    let uncached = Limiter::builder("3/1m".parse().unwrap())
+        .store(server.store().await)
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        assert!(cached.check("k", 1).await.unwrap().is_allowed());
+    }
+    assert!(!cached.check("k", 1).await.unwrap().is_allowed());
+
+    reset_stats(&server).await;
+    for _ in 0..50 {
+        let local = cached.check("k", 1).await.unwrap();
+        assert!(!local.is_allowed());
+        assert!(!cached.check("k", 3).await.unwrap().is_allowed());
+    }
+    assert_eq!(script_calls(&server).await, 0, "denials went to Redis");
+
+    // The same answer Redis gives.
+    let local = cached.check("k", 1).await.unwrap();
+    let redis = uncached.check("k", 1).await.unwrap();
+    assert_eq!(
+        (
+            local.is_allowed(),
+            local.remaining(),
+            local.policy(),
+            local.limit()
+        ),
+        (
+            redis.is_allowed(),
+            redis.remaining(),
+            redis.policy(),
+            redis.limit()
+        )
+    );
+    let gap = local
+        .retry_after()
+        .unwrap()
+        .abs_diff(redis.retry_after().unwrap());
+    assert!(gap <= Duration::from_millis(50), "{local:?}\n{redis:?}");
+
+    // A peek (cost 0) and other keys still ask Redis.
+    reset_stats(&server).await;
+    assert!(cached.check("k", 0).await.unwrap().is_allowed());
+    assert!(cached.check("other", 1).await.unwrap().is_allowed());
+    assert_eq!(script_calls(&server).await, 2);
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn over_http_a_cached_denial_has_the_status_and_headers_redis_would_give() {
+    let server = RedisServer::start();
+    let layer = |cache| {
+        let store = server.store();
+        async move {
+            let builder = Limiter::builder("2/1m".parse().unwrap()).store(store.await);
+            by_key(builder.deny_cache(cache).build().unwrap())
+        }
+    };
+    let cached = spawn_axum(app().layer(layer(100).await), true).await;
+    let uncached = spawn_axum(app().layer(layer(0).await), true).await;
+    let caller = Caller::with_key(Some("k"));
+    assert_eq!(caller.statuses(&cached, 3).await, [200, 200, 429]);
+
+    reset_stats(&server).await;
+    let local = caller.get(&cached).await.expect(429, &server.log());
+    let redis = caller.get(&uncached).await.expect(429, &server.log());
+    assert_eq!(
+        script_calls(&server).await,
+        1,
+        "only the uncached server asked"
+    );
+    let context = format!("{local:?}\n{redis:?}");
+    assert_eq!(
+        local.header("ratelimit-policy"),
+        redis.header("ratelimit-policy"),
+        "{context}"
+    );
+    assert_eq!(local.ratelimit("r"), redis.ratelimit("r"), "{context}");
+    // Whole seconds, rounded up: equal unless a second boundary fell between.
+    assert!(
+        local.ratelimit("t").abs_diff(redis.ratelimit("t")) <= 1,
+        "{context}"
+    );
+    assert!(
+        local.int("retry-after").abs_diff(redis.int("retry-after")) <= 1,
+        "{context}"
+    );
+    assert_eq!(local.body, redis.body);
+}
