@@ -241,7 +241,11 @@ impl Limiter {
             pass,
             settled: false,
         };
-        Box::pin(probe.settle(states, cost, cache_key))
+        let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
+        Box::pin(tracing::Instrument::instrument(
+            probe.settle(states, cost, cache_key),
+            span,
+        ))
     }
 
     /// The store key that holds `key`'s count for the first limit, e.g.
