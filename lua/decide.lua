@@ -2,17 +2,25 @@
 -- It runs after lib.lua and the algorithm modules (fixed_window.lua,
 -- sliding_window.lua, gcra.lua), joined into one script by store/scripts.rs.
 --
--- KEYS[i]  the key of limit i. All keys of one decision share a hash tag, so
---          the script works on Redis Cluster.
--- ARGV[1]  cost: integer >= 0, the units this request spends (0 only looks)
--- ARGV[2 + 5(i-1) ..]  limit i, five integers:
---          algorithm  1 fixed window, 2 sliding window, 3 GCRA
---          limit      >= 1, units per window
---          window_ms  >= 1
---          burst      GCRA burst >= 1 (0 for the other algorithms)
---          shadow     1 if the limit only observes (dry run), else 0
+-- One call decides a batch of independent requests (often one); each
+-- request's limits are decided all or nothing. The Redis store batches
+-- concurrent requests into one call on a standalone server; on a cluster a
+-- call is one request, whose keys share a hash tag.
 --
--- Reply: { allowed, then for each limit i: allowed_i, remaining_i, reset_ms_i, retry_ms_i }
+-- KEYS     every limit's key: request 1's limits in order, then request 2's...
+-- ARGV[1]  the number of requests in the batch, >= 1
+-- then per request:
+--   cost     integer >= 0, the units it spends (0 only looks)
+--   limits   integer >= 1, how many limits (keys) it has
+--   then per limit, five integers:
+--     algorithm  1 fixed window, 2 sliding window, 3 GCRA
+--     limit      >= 1, units per window
+--     window_ms  >= 1
+--     burst      GCRA burst >= 1 (0 for the other algorithms)
+--     shadow     1 if the limit only observes (dry run), else 0
+--
+-- Reply, flat, per request: allowed, then per limit: allowed_i, remaining_i,
+-- reset_ms_i, retry_ms_i
 --   allowed      1 if every enforced (non-shadow) limit admitted the cost, and
 --                then every limit that admitted it spent it; 0 if any
 --                enforced limit denied, and then none spent anything. A
@@ -22,67 +30,93 @@
 --   reset_ms_i   ms until limit i is fully available again
 --   retry_ms_i   ms until limit i would admit the cost (when it denies)
 --
--- Time is Redis's own (TIME, PTTL), never the caller's. Every argument is
--- validated before the first write; every key written gets a TTL.
+-- Time is Redis's own (TIME, PTTL), never the caller's. Every argument of
+-- every request is validated before the first write; every key written gets
+-- a TTL.
 
-local n = #KEYS
-local cost = whole(ARGV[1], 0)
-if n < 1 or #ARGV ~= 1 + 5 * n or not cost then
-  return redis.error_reply('ERR decide: expected ARGV cost, then 5 integers per key')
+local function bad(what)
+  return redis.error_reply('ERR decide: ' .. what)
 end
-local limits = {}
-for i = 1, n do
-  local at = 2 + 5 * (i - 1)
-  local l = {
-    algorithm = whole(ARGV[at], 1),
-    limit = whole(ARGV[at + 1], 1),
-    window = whole(ARGV[at + 2], 1),
-    burst = whole(ARGV[at + 3], 0),
-    shadow = whole(ARGV[at + 4], 0),
-  }
-  if not l.algorithm or l.algorithm > 3 or not l.limit or not l.window or not l.burst
-    or (l.algorithm == 3 and l.burst < 1) or not l.shadow or l.shadow > 1 then
-    return redis.error_reply('ERR decide: bad algorithm, limit, window_ms or burst for key ' .. i)
+
+local requests = whole(ARGV[1], 1)
+if not requests then
+  return bad('ARGV[1] must be the number of requests (>= 1)')
+end
+local batch = {}
+local arg, key = 2, 1
+for r = 1, requests do
+  local cost, n = whole(ARGV[arg], 0), whole(ARGV[arg + 1], 1)
+  if not cost or not n then
+    return bad('request ' .. r .. ': cost (>= 0) and number of limits (>= 1) expected')
   end
-  limits[i] = l
+  arg = arg + 2
+  local limits = {}
+  for i = 1, n do
+    local l = {
+      key = KEYS[key],
+      algorithm = whole(ARGV[arg], 1),
+      limit = whole(ARGV[arg + 1], 1),
+      window = whole(ARGV[arg + 2], 1),
+      burst = whole(ARGV[arg + 3], 0),
+      shadow = whole(ARGV[arg + 4], 0),
+    }
+    if not l.key or not l.algorithm or l.algorithm > 3 or not l.limit or not l.window
+      or not l.burst or (l.algorithm == 3 and l.burst < 1) or not l.shadow or l.shadow > 1 then
+      return bad('request ' .. r .. ', limit ' .. i .. ': bad key, algorithm, limit, window_ms, burst or shadow')
+    end
+    limits[i] = l
+    arg, key = arg + 5, key + 1
+  end
+  batch[r] = { cost = cost, limits = limits }
+end
+if arg ~= #ARGV + 1 or key ~= #KEYS + 1 then
+  return bad('ARGV and KEYS do not match the requests they describe')
 end
 
 local time = redis.call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = math.floor(now_us / 1000)
-
 local modules = { fixed_window, sliding_window, gcra }
-local states = {}
-local all = true
-for i, l in ipairs(limits) do
-  local st
-  if l.algorithm == 1 then
-    st = fixed_window.check(KEYS[i], l.limit, l.window, cost)
-  elseif l.algorithm == 2 then
-    st = sliding_window.check(KEYS[i], l.limit, l.window, cost, now_ms)
-  else
-    st = gcra.check(KEYS[i], l.limit, l.window, l.burst, cost, now_us)
+
+-- Decides one request, appending its reply.
+local function decide(request, reply)
+  local cost = request.cost
+  local states = {}
+  local all = true
+  for i, l in ipairs(request.limits) do
+    local st
+    if l.algorithm == 1 then
+      st = fixed_window.check(l.key, l.limit, l.window, cost)
+    elseif l.algorithm == 2 then
+      st = sliding_window.check(l.key, l.limit, l.window, cost, now_ms)
+    else
+      st = gcra.check(l.key, l.limit, l.window, l.burst, cost, now_us)
+    end
+    states[i] = st
+    all = all and (st.allowed or l.shadow == 1)
   end
-  states[i] = st
-  all = all and (st.allowed or l.shadow == 1)
+  reply[#reply + 1] = all and 1 or 0
+  for i, st in ipairs(states) do
+    local spends = all and st.allowed
+    if spends then
+      modules[request.limits[i].algorithm].commit(st, cost)
+    end
+    local remaining, reset = st.remaining, st.reset
+    if spends then
+      remaining, reset = st.remaining_after, st.reset_after
+    end
+    local retry = 0
+    if not st.allowed then
+      retry = st.retry
+    end
+    local at = #reply
+    reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+      st.allowed and 1 or 0, remaining, reset, retry
+  end
 end
 
-local reply = { all and 1 or 0 }
-for i, st in ipairs(states) do
-  local spends = all and st.allowed
-  if spends then
-    modules[limits[i].algorithm].commit(st, cost)
-  end
-  local remaining, reset = st.remaining, st.reset
-  if spends then
-    remaining, reset = st.remaining_after, st.reset_after
-  end
-  local retry = 0
-  if not st.allowed then
-    retry = st.retry
-  end
-  local at = 2 + 4 * (i - 1)
-  reply[at], reply[at + 1], reply[at + 2], reply[at + 3] =
-    st.allowed and 1 or 0, remaining, reset, retry
+local reply = {}
+for _, request in ipairs(batch) do
+  decide(request, reply)
 end
 return reply

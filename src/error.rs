@@ -105,3 +105,16 @@ pub enum ConfigError {
         min: Duration,
     },
 }
+
+impl Error {
+    /// A copy of a batch's error for each request in it.
+    pub(crate) fn clone_for_batch(&self) -> Self {
+        match self {
+            Error::Redis(e) => Error::Redis(e.clone()),
+            Error::Pool(s) => Error::Pool(s.clone()),
+            Error::Timeout(d) => Error::Timeout(*d),
+            Error::UnexpectedReply(s) => Error::UnexpectedReply(s.clone()),
+            other => Error::UnexpectedReply(other.to_string()),
+        }
+    }
+}

@@ -163,22 +163,33 @@ async fn script_rejects_bad_arguments_without_writing() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let script = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
-    // ARGV: cost, then algorithm, limit, window_ms, burst, shadow per key.
-    let good = ["1", "1", "5", "1000", "0", "0"];
+    // ARGV: requests, then per request: cost, limits, then per limit:
+    // algorithm, limit, window_ms, burst, shadow.
+    let limit = ["1", "5", "1000", "0", "0"];
+    let one = |cost: &'static str, limits: &[&[&'static str]]| {
+        let mut argv = vec!["1", cost];
+        let n: &'static str = ["0", "1", "2"][limits.len()];
+        argv.push(n);
+        for l in limits {
+            argv.extend_from_slice(l);
+        }
+        argv
+    };
     let ok: Vec<i64> = script
         .key("k")
-        .arg(&good[..])
+        .arg(&one("1", &[&limit])[..])
         .invoke_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(ok[0], 1, "the well-formed call is admitted: {ok:?}");
+    assert_eq!(ok, [1, 1, 4, 1000, 0], "the well-formed call is admitted");
     let _: () = conn.del("k").await.unwrap();
     let mut bad_calls: Vec<(Vec<&str>, Vec<&str>)> = Vec::new();
     for cost in ["-1", "x", "1.5"] {
-        bad_calls.push((vec!["k"], vec![cost, "1", "5", "1000", "0", "0"]));
+        bad_calls.push((vec!["k"], one(cost, &[&limit])));
     }
-    // A bad limit, alone or after a good one: the good one must not write.
-    for limit in [
+    // A bad limit alone, after a good one in its request, or in a second
+    // request of a batch: nothing may be written.
+    for bad in [
         &["1", "0", "1000", "0", "0"][..],
         &["1", "5", "0", "0", "0"],
         &["1", "5", "x", "0", "0"],
@@ -188,9 +199,18 @@ async fn script_rejects_bad_arguments_without_writing() {
         &["1", "5", "1000", "0", "2"],
         &["1", "5", "1000", "0"],
     ] {
-        bad_calls.push((vec!["k"], [&["1"][..], limit].concat()));
-        bad_calls.push((vec!["k", "k2"], [&good[..], limit].concat()));
+        bad_calls.push((vec!["k"], one("1", &[bad])));
+        bad_calls.push((vec!["k", "k2"], one("1", &[&limit, bad])));
+        let mut batch = vec!["2", "1", "1"];
+        batch.extend_from_slice(&limit);
+        batch.extend_from_slice(&["1", "1"]);
+        batch.extend_from_slice(bad);
+        bad_calls.push((vec!["k", "k2"], batch));
     }
+    // Counts that do not match: two requests announced, one given; two
+    // limits announced, one key given.
+    bad_calls.push((vec!["k"], [&["2", "1", "1"][..], &limit].concat()));
+    bad_calls.push((vec!["k"], one("1", &[&limit, &limit])));
     for (keys, argv) in bad_calls {
         let mut call = script.prepare_invoke();
         for k in &keys {

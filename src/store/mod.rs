@@ -9,6 +9,7 @@ use std::{fmt, future::Future, pin::Pin};
 
 use crate::{Error, Quota};
 
+mod batch;
 mod lease;
 mod memory;
 mod redis;

@@ -8,7 +8,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
 };
 
-use super::{BoxFuture, LimitCheck, LimitState, Store, scripts};
+use super::{BoxFuture, LimitCheck, LimitState, Store, batch::Batcher, scripts};
 use crate::{Algorithm, Error};
 
 #[path = "redis_lease.rs"]
@@ -38,6 +38,7 @@ mod lease;
 #[derive(Clone)]
 pub struct RedisStore {
     backend: Backend,
+    batcher: Batcher,
 }
 
 #[derive(Clone)]
@@ -93,6 +94,7 @@ impl RedisStore {
     pub fn new(manager: ConnectionManager) -> Self {
         Self {
             backend: Backend::Manager(manager),
+            batcher: Batcher::default(),
         }
     }
 
@@ -106,6 +108,7 @@ impl RedisStore {
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
         Self {
             backend: Backend::Pool(pool),
+            batcher: Batcher::default(),
         }
     }
 }
@@ -122,29 +125,52 @@ impl From<Pool<RedisConnectionManager>> for RedisStore {
     }
 }
 
-async fn decide<C: ConnectionLike>(
+/// One request of a decide call: its limits and cost.
+pub(super) struct Request<'a> {
+    pub(super) checks: &'a [LimitCheck],
+    pub(super) cost: u64,
+}
+
+/// Runs the decide script for `requests` (one call, one round trip) and
+/// returns each request's states, in order.
+pub(super) async fn decide<C: ConnectionLike>(
     conn: &mut C,
-    checks: &[LimitCheck],
-    cost: u64,
-) -> Result<Vec<LimitState>, Error> {
+    requests: &[Request<'_>],
+) -> Result<Vec<Vec<LimitState>>, Error> {
     let mut invocation = scripts::DECIDE.prepare_invoke();
-    invocation.arg(cost);
-    for check in checks {
-        let quota = check.quota;
-        let burst = match quota.algorithm() {
-            Algorithm::Gcra { burst } => burst,
-            _ => 0,
-        };
-        invocation
-            .key(&check.key)
-            .arg(quota.algorithm().code())
-            .arg(quota.limit())
-            .arg(quota.window_ms())
-            .arg(burst)
-            .arg(u8::from(check.shadow));
+    invocation.arg(requests.len());
+    for request in requests {
+        invocation.arg(request.cost).arg(request.checks.len());
+        for check in request.checks {
+            let quota = check.quota;
+            let burst = match quota.algorithm() {
+                Algorithm::Gcra { burst } => burst,
+                _ => 0,
+            };
+            invocation
+                .key(&check.key)
+                .arg(quota.algorithm().code())
+                .arg(quota.limit())
+                .arg(quota.window_ms())
+                .arg(burst)
+                .arg(u8::from(check.shadow));
+        }
     }
     let reply: Vec<i64> = invocation.invoke_async(conn).await?;
-    parse_reply(&reply, checks.len())
+    let mut rest = &reply[..];
+    let mut out = Vec::with_capacity(requests.len());
+    for request in requests {
+        let len = 1 + 4 * request.checks.len();
+        if rest.len() < len {
+            break;
+        }
+        out.push(parse_reply(&rest[..len], request.checks.len())?);
+        rest = &rest[len..];
+    }
+    if out.len() != requests.len() || !rest.is_empty() {
+        return Err(Error::UnexpectedReply(format!("decide returned {reply:?}")));
+    }
+    Ok(out)
 }
 
 /// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
@@ -163,8 +189,19 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
         })
     });
     let states: Option<Vec<_>> = states.collect();
-    let states = states.ok_or_else(bad)?;
-    Ok(states)
+    states.ok_or_else(bad)
+}
+
+/// One request, unbatched.
+async fn decide_one<C: ConnectionLike>(
+    conn: &mut C,
+    checks: &[LimitCheck],
+    cost: u64,
+) -> Result<Vec<LimitState>, Error> {
+    let mut states = decide(conn, &[Request { checks, cost }]).await?;
+    states
+        .pop()
+        .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
 }
 
 impl Store for RedisStore {
@@ -174,15 +211,18 @@ impl Store for RedisStore {
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         match &self.backend {
-            Backend::Manager(manager) => {
-                let mut conn = manager.clone();
-                Box::pin(async move { decide(&mut conn, &checks, cost).await })
-            }
+            Backend::Manager(manager) => match self.batcher.submit(manager, checks, cost) {
+                Ok(reply) => reply,
+                Err((checks, cost)) => {
+                    let mut conn = manager.clone();
+                    Box::pin(async move { decide_one(&mut conn, &checks, cost).await })
+                }
+            },
             Backend::Pool(pool) => {
                 let pool = pool.clone();
                 Box::pin(async move {
                     let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    decide(&mut *conn, &checks, cost).await
+                    decide_one(&mut *conn, &checks, cost).await
                 })
             }
         }
