@@ -108,6 +108,11 @@ impl Decision {
         }
     }
 
+    /// The index of the binding limit.
+    pub(crate) fn binding(&self) -> usize {
+        self.binding
+    }
+
     fn state(&self) -> &LimitState {
         &self.states[self.binding]
     }

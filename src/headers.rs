@@ -124,6 +124,9 @@ pub(crate) struct Policies {
     shadow: Box<[bool]>,
     /// `"<name>";q=<limit>;w=<window secs>, ...`: every limit.
     header: HeaderValue,
+    /// Per limit: `"<name>";r=`, the start of its `RateLimit` value, as the
+    /// sf serialiser writes it (built once; numbers are appended per request).
+    ratelimit_prefix: Box<[Box<str>]>,
 }
 
 impl Policies {
@@ -132,8 +135,16 @@ impl Policies {
             let w = ceil_secs(q.window()).max(1);
             (name.as_str(), [("q", q.limit()), ("w", w)])
         });
+        let ratelimit_prefix = limits.iter().map(|(name, _)| {
+            let item = list([(name.as_str(), [("r", 0), ("t", 0)])]);
+            let text = item.to_str().unwrap_or("\"default\";r=0;t=0");
+            text.strip_suffix("0;t=0")
+                .unwrap_or("\"default\";r=")
+                .into()
+        });
         Self {
             header: list(items),
+            ratelimit_prefix: ratelimit_prefix.collect(),
             limits: limits
                 .iter()
                 .map(|(n, q)| (n.as_str().into(), *q))
@@ -148,6 +159,10 @@ impl Policies {
             shadow: shadow.into(),
             ..self
         }
+    }
+
+    pub(crate) fn ratelimit_prefix(&self, i: usize) -> &str {
+        &self.ratelimit_prefix[i]
     }
 
     pub(crate) fn is_shadow(&self, i: usize) -> bool {
@@ -172,7 +187,16 @@ fn t_secs(d: &Decision) -> u64 {
 /// `RateLimit` for a decision: the binding limit,
 /// `"<name>";r=<remaining>;t=<secs>`.
 pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
-    list([(d.policy(), [("r", d.remaining()), ("t", t_secs(d))])])
+    // The hot path: the prefix is built once by the sf serialiser; this only
+    // appends two integers (sf integers: at most 15 digits).
+    let prefix = d.policies().ratelimit_prefix(d.binding());
+    let mut value = String::with_capacity(prefix.len() + 40);
+    value.push_str(prefix);
+    let mut digits = itoa::Buffer::new();
+    value.push_str(digits.format(d.remaining().min(SF_INT_MAX)));
+    value.push_str(";t=");
+    value.push_str(digits.format(t_secs(d)));
+    HeaderValue::try_from(value).unwrap_or(HeaderValue::from_static(""))
 }
 
 /// Where [`write`] puts headers: an `http` 1 header map or response, or an
@@ -271,6 +295,25 @@ mod tests {
         assert_eq!(h["x-ratelimit-limit"], "100");
         assert_eq!(h["x-ratelimit-remaining"], "42");
         assert_eq!(h["x-ratelimit-reset"], "42");
+    }
+
+    #[test]
+    fn the_fast_ratelimit_value_is_what_the_serialiser_writes() {
+        for name in ["default", "10/1s", "per-key", "a:b@c+d=e~f.g_h"] {
+            let q: Quota = "5/1m".parse().unwrap();
+            let policies = Arc::new(Policies::new(&[(name.into(), q)]));
+            for (allowed, remaining, ms) in [(true, 4, 59_001), (false, 0, 300), (true, 0, 0)] {
+                let state = LimitState {
+                    allowed,
+                    remaining,
+                    reset_ms: ms,
+                    retry_ms: if allowed { 0 } else { ms },
+                };
+                let d = Decision::new(vec![state], policies.clone());
+                let slow = list([(name, [("r", remaining), ("t", t_secs(&d))])]);
+                assert_eq!(ratelimit_value(&d), slow);
+            }
+        }
     }
 
     #[test]
