@@ -4,13 +4,16 @@ use std::fmt;
 
 use bb8_redis::{RedisConnectionManager, bb8::Pool};
 use redis::{
-    Client, IntoConnectionInfo,
+    Client, FromRedisValue, IntoConnectionInfo, ScriptInvocation,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
 };
 
 use super::{BoxFuture, LimitCheck, LimitState, Store, scripts};
 use crate::{Algorithm, Error};
 
+#[cfg(feature = "cluster")]
+#[path = "cluster.rs"]
+mod cluster;
 #[path = "redis_lease.rs"]
 mod lease;
 
@@ -24,6 +27,10 @@ mod lease;
 ///
 /// Every call runs one Lua script with `EVALSHA` (reloaded on `NOSCRIPT`); time
 /// comes from Redis itself, never from this process's clock.
+///
+/// With the `cluster` feature, `RedisStore::cluster` runs the same scripts
+/// on a Redis Cluster: all keys of one call share a hash tag, so each call
+/// goes to the one master that owns their slot.
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -44,13 +51,17 @@ pub struct RedisStore {
 enum Backend {
     Manager(ConnectionManager),
     Pool(Pool<RedisConnectionManager>),
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::Cluster),
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let backend = match self.backend {
+        let backend = match &self.backend {
             Backend::Manager(_) => "ConnectionManager",
             Backend::Pool(_) => "bb8::Pool",
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.name(),
         };
         f.debug_struct("RedisStore")
             .field("backend", &backend)
@@ -122,11 +133,9 @@ impl From<Pool<RedisConnectionManager>> for RedisStore {
     }
 }
 
-async fn decide<C: ConnectionLike>(
-    conn: &mut C,
-    checks: &[LimitCheck],
-    cost: u64,
-) -> Result<Vec<LimitState>, Error> {
+/// The decide script's call: `KEYS` are the limits' keys, `ARGV` the cost,
+/// then four values per limit (see `lua/decide.lua`).
+fn decide_invocation(checks: &[LimitCheck], cost: u64) -> ScriptInvocation<'static> {
     let mut invocation = scripts::DECIDE.prepare_invoke();
     invocation.arg(cost);
     for check in checks {
@@ -142,8 +151,39 @@ async fn decide<C: ConnectionLike>(
             .arg(quota.window_ms())
             .arg(burst);
     }
-    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
-    parse_reply(&reply, checks.len())
+    invocation
+}
+
+async fn invoke<T: FromRedisValue>(
+    script: &ScriptInvocation<'static>,
+    conn: &mut impl ConnectionLike,
+) -> Result<T, Error> {
+    Ok(script.invoke_async(conn).await?)
+}
+
+impl RedisStore {
+    /// Runs a script invocation on a connection of this store: `EVALSHA`,
+    /// then `SCRIPT LOAD` and `EVALSHA` again on `NOSCRIPT`.
+    fn run<T>(&self, script: ScriptInvocation<'static>) -> BoxFuture<'static, Result<T, Error>>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        match &self.backend {
+            Backend::Manager(manager) => {
+                let mut conn = manager.clone();
+                Box::pin(async move { invoke(&script, &mut conn).await })
+            }
+            Backend::Pool(pool) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+                    invoke(&script, &mut *conn).await
+                })
+            }
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.run(script),
+        }
+    }
 }
 
 /// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
@@ -176,18 +216,7 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        match &self.backend {
-            Backend::Manager(manager) => {
-                let mut conn = manager.clone();
-                Box::pin(async move { decide(&mut conn, &checks, cost).await })
-            }
-            Backend::Pool(pool) => {
-                let pool = pool.clone();
-                Box::pin(async move {
-                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    decide(&mut *conn, &checks, cost).await
-                })
-            }
-        }
+        let reply = self.run::<Vec<i64>>(decide_invocation(&checks, cost));
+        Box::pin(async move { parse_reply(&reply.await?, checks.len()) })
     }
 }
