@@ -226,6 +226,17 @@ async fn concurrency_limiter_holds_its_limit_on_a_cluster() {
             "release freed nothing"
         );
     }
+    // A 1 s lease renews itself (every 333 ms) on the cluster too: held
+    // well past its first expiry.
+    let short = ConcurrencyLimiter::builder(1).store(cluster.store().await);
+    let short = short.lease(Duration::from_secs(1)).build().unwrap();
+    let held = short.acquire("long").await.unwrap().lease().unwrap();
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(
+        !short.acquire("long").await.unwrap().is_acquired(),
+        "the renewed lease was lost"
+    );
+    assert!(held.release().await.unwrap(), "the lease had expired");
     cluster.assert_every_key_has_ttl();
 }
 
