@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example axum                                   # in memory, 100/1s per IP
 //! REDIS_URL=redis://127.0.0.1:6379 RATE_LIMIT=5/10s cargo run --example axum
+//! REDIS_CLUSTER_URLS=redis://127.0.0.1:7000,redis://127.0.0.1:7001 cargo run --features cluster --example axum
 //! curl -i http://127.0.0.1:3000/
 //! ```
 

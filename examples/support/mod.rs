@@ -6,7 +6,8 @@
 //! |---|---|---|
 //! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one) |
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0` |
-//! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL`: a bb8 pool of this many connections |
+//! | `REDIS_CLUSTER_URLS` | unset | counters in a Redis Cluster instead: seed node URLs separated by commas, e.g. `redis://10.0.0.1:7000,redis://10.0.0.2:7000`; needs the `cluster` feature, and not with `REDIS_URL` |
+//! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL` or `REDIS_CLUSTER_URLS`: a bb8 pool of this many connections |
 //! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter |
 //! | `RATE_LIMIT_ALGORITHM` | `fixed-window` | `fixed-window`, `sliding-window` or `gcra`, for every quota |
 //! | `RATE_LIMIT_BURST` | the quota's count | with `gcra`: requests admitted at once |
@@ -181,7 +182,18 @@ enum Backend {
         addr: String,
         pool: Option<u32>,
     },
+    Cluster {
+        urls: Vec<String>,
+        /// `host:port, ...`, for the startup line.
+        addrs: String,
+        pool: Option<u32>,
+    },
 }
+
+/// `REDIS_CLUSTER_URLS` in an example built without the feature.
+const NO_CLUSTER_FEATURE: &str = "REDIS_CLUSTER_URLS is set, but this example was built without \
+     the `cluster` feature: run it with `--features cluster` (e.g. `cargo run --features cluster \
+     --example axum`), or use REDIS_URL for a single Redis";
 
 impl Config {
     /// Parses every variable, so a typo is reported even where it would not
@@ -195,19 +207,54 @@ impl Config {
                 "use host:port, such as 127.0.0.1:3000 or 0.0.0.0:8080",
             )
         })?;
-        let backend = match (var("REDIS_URL")?, var("REDIS_POOL")?) {
-            (None, None) => Backend::Memory,
-            (None, Some(_)) => {
+        let pool = var("REDIS_POOL")?;
+        let pool_size = pool.as_deref().map(parse_pool).transpose()?;
+        let backend = match (var("REDIS_URL")?, var("REDIS_CLUSTER_URLS")?, pool) {
+            (Some(_), Some(_), _) => {
                 return Err(Error::usage(
-                    "REDIS_POOL is set but REDIS_URL is not: set REDIS_URL too, or unset REDIS_POOL"
+                    "REDIS_URL and REDIS_CLUSTER_URLS are both set: set REDIS_URL for one Redis \
+                     or REDIS_CLUSTER_URLS for a Redis Cluster, not both"
                         .into(),
                 ));
             }
-            (Some(url), pool) => Backend::Redis {
-                addr: redis_addr(&url)?,
+            (None, None, None) => Backend::Memory,
+            (None, None, Some(_)) => {
+                return Err(Error::usage(
+                    "REDIS_POOL is set but neither REDIS_URL nor REDIS_CLUSTER_URLS is: set one \
+                     of them too, or unset REDIS_POOL"
+                        .into(),
+                ));
+            }
+            (Some(url), None, _) => Backend::Redis {
+                addr: redis_addr("REDIS_URL", &url)?,
                 url,
-                pool: pool.map(|p| parse_pool(&p)).transpose()?,
+                pool: pool_size,
             },
+            (None, Some(_), _) if !cfg!(feature = "cluster") => {
+                return Err(Error::usage(NO_CLUSTER_FEATURE.into()));
+            }
+            (None, Some(list), _) => {
+                let urls: Vec<String> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if urls.is_empty() {
+                    let fix = "list seed node URLs separated by commas, such as \
+                               redis://10.0.0.1:7000,redis://10.0.0.2:7000";
+                    return Err(Error::config("REDIS_CLUSTER_URLS", &list, fix));
+                }
+                let addrs = urls
+                    .iter()
+                    .map(|u| redis_addr("REDIS_CLUSTER_URLS", u))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Backend::Cluster {
+                    urls,
+                    addrs: addrs.join(", "),
+                    pool: pool_size,
+                }
+            }
         };
         let limits = Limits::from_env()?;
         let key = parse_key(var("RATE_LIMIT_KEY")?.as_deref().unwrap_or("ip"))?;
@@ -244,6 +291,13 @@ impl Limiting {
             Backend::Redis { url, addr, pool } => {
                 let (store, via) = connect(url, addr, *pool).await?;
                 (builder.store(store), format!("redis at {addr} via {via}"))
+            }
+            Backend::Cluster { urls, addrs, pool } => {
+                let (store, via) = connect_cluster(urls, addrs, *pool).await?;
+                (
+                    builder.store(store),
+                    format!("redis cluster at {addrs} via {via}"),
+                )
             }
         };
         let limiter = builder
@@ -286,13 +340,64 @@ async fn connect(url: &str, addr: &str, pool: Option<u32>) -> Result<(RedisStore
     }
 }
 
-/// Checks `REDIS_URL` and returns its `host:port`. The URL itself is never
-/// echoed: it may hold a password.
-fn redis_addr(url: &str) -> Result<String, Error> {
+/// Connects to a Redis Cluster through its seed nodes: one cluster
+/// connection, or a bb8 pool of `pool` of them.
+#[cfg(feature = "cluster")]
+async fn connect_cluster(
+    urls: &[String],
+    addrs: &str,
+    pool: Option<u32>,
+) -> Result<(RedisStore, String), Error> {
+    let unreachable = |e: &dyn fmt::Display| {
+        Error::runtime(format!(
+            "cannot connect to the Redis Cluster at {addrs} (REDIS_CLUSTER_URLS): {e}; \
+             is the cluster up, with cluster_state:ok?"
+        ))
+    };
+    match pool {
+        None => {
+            let store = RedisStore::cluster(urls.iter().map(String::as_str))
+                .await
+                .map_err(|e| unreachable(&e))?;
+            Ok((store, "one cluster connection".into()))
+        }
+        Some(size) => {
+            let client = RedisStore::cluster_client(urls.iter().map(String::as_str))
+                .build()
+                .map_err(|e| unreachable(&e))?;
+            let pool = bb8::Pool::builder()
+                .max_size(size)
+                .min_idle(size)
+                // The check-out PING would go to every master.
+                .test_on_check_out(false)
+                .connection_timeout(Duration::from_secs(2))
+                .build(client)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            let via = format!("a bb8 pool of {size} cluster connections");
+            Ok((RedisStore::from_cluster_pool(pool), via))
+        }
+    }
+}
+
+/// Without the `cluster` feature, `from_env` already refused
+/// `REDIS_CLUSTER_URLS`.
+#[cfg(not(feature = "cluster"))]
+async fn connect_cluster(
+    _: &[String],
+    _: &str,
+    _: Option<u32>,
+) -> Result<(RedisStore, String), Error> {
+    Err(Error::usage(NO_CLUSTER_FEATURE.into()))
+}
+
+/// Checks a Redis URL from `var` and returns its `host:port`. The URL itself
+/// is never echoed: it may hold a password.
+fn redis_addr(var: &str, url: &str) -> Result<String, Error> {
     match url.into_connection_info() {
         Ok(info) => Ok(info.addr().to_string()),
         Err(e) => Err(Error::usage(format!(
-            "REDIS_URL is invalid: {e}; use redis://[:password@]host:port[/db], such as redis://127.0.0.1:6379/0"
+            "{var} is invalid: {e}; use redis://[:password@]host:port[/db], such as redis://127.0.0.1:6379/0"
         ))),
     }
 }

@@ -4,13 +4,16 @@ use std::fmt;
 
 use bb8_redis::{RedisConnectionManager, bb8::Pool};
 use redis::{
-    Client, IntoConnectionInfo,
+    Client, FromRedisValue, IntoConnectionInfo, ScriptInvocation,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
 };
 
 use super::{BoxFuture, LimitCheck, LimitState, Store, batch::Batcher, scripts};
 use crate::{Algorithm, Error};
 
+#[cfg(feature = "cluster")]
+#[path = "cluster.rs"]
+mod cluster;
 #[path = "redis_lease.rs"]
 mod lease;
 
@@ -24,6 +27,10 @@ mod lease;
 ///
 /// Every call runs one Lua script with `EVALSHA` (reloaded on `NOSCRIPT`); time
 /// comes from Redis itself, never from this process's clock.
+///
+/// With the `cluster` feature, `RedisStore::cluster` runs the same scripts
+/// on a Redis Cluster: all keys of one call share a hash tag, so each call
+/// goes to the one master that owns their slot.
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -45,13 +52,17 @@ pub struct RedisStore {
 enum Backend {
     Manager(ConnectionManager),
     Pool(Pool<RedisConnectionManager>),
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::Cluster),
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let backend = match self.backend {
+        let backend = match &self.backend {
             Backend::Manager(_) => "ConnectionManager",
             Backend::Pool(_) => "bb8::Pool",
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.name(),
         };
         f.debug_struct("RedisStore")
             .field("backend", &backend)
@@ -131,12 +142,9 @@ pub(super) struct Request<'a> {
     pub(super) cost: u64,
 }
 
-/// Runs the decide script for `requests` (one call, one round trip) and
-/// returns each request's states, in order.
-pub(super) async fn decide<C: ConnectionLike>(
-    conn: &mut C,
-    requests: &[Request<'_>],
-) -> Result<Vec<Vec<LimitState>>, Error> {
+/// The decide script's call for a batch of requests (often one): `KEYS` are
+/// every limit's key, `ARGV` the batch (see `lua/decide.lua`).
+fn decide_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
     let mut invocation = scripts::DECIDE.prepare_invoke();
     invocation.arg(requests.len());
     for request in requests {
@@ -156,8 +164,12 @@ pub(super) async fn decide<C: ConnectionLike>(
                 .arg(u8::from(check.shadow));
         }
     }
-    let reply: Vec<i64> = invocation.invoke_async(conn).await?;
-    let mut rest = &reply[..];
+    invocation
+}
+
+/// Splits a batch's flat reply into each request's states, in order.
+fn parse_batch(reply: &[i64], requests: &[Request<'_>]) -> Result<Vec<Vec<LimitState>>, Error> {
+    let mut rest = reply;
     let mut out = Vec::with_capacity(requests.len());
     for request in requests {
         let len = 1 + 4 * request.checks.len();
@@ -171,6 +183,47 @@ pub(super) async fn decide<C: ConnectionLike>(
         return Err(Error::UnexpectedReply(format!("decide returned {reply:?}")));
     }
     Ok(out)
+}
+
+/// Runs a batch on one connection: one call, one round trip.
+pub(super) async fn decide<C: ConnectionLike>(
+    conn: &mut C,
+    requests: &[Request<'_>],
+) -> Result<Vec<Vec<LimitState>>, Error> {
+    let reply: Vec<i64> = invoke(&decide_invocation(requests), conn).await?;
+    parse_batch(&reply, requests)
+}
+
+async fn invoke<T: FromRedisValue>(
+    script: &ScriptInvocation<'static>,
+    conn: &mut impl ConnectionLike,
+) -> Result<T, Error> {
+    Ok(script.invoke_async(conn).await?)
+}
+
+impl RedisStore {
+    /// Runs a script invocation on a connection of this store: `EVALSHA`,
+    /// then `SCRIPT LOAD` and `EVALSHA` again on `NOSCRIPT`.
+    fn run<T>(&self, script: ScriptInvocation<'static>) -> BoxFuture<'static, Result<T, Error>>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        match &self.backend {
+            Backend::Manager(manager) => {
+                let mut conn = manager.clone();
+                Box::pin(async move { invoke(&script, &mut conn).await })
+            }
+            Backend::Pool(pool) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+                    invoke(&script, &mut *conn).await
+                })
+            }
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster) => cluster.run(script),
+        }
+    }
 }
 
 /// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
@@ -192,16 +245,30 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
     states.ok_or_else(bad)
 }
 
-/// One request, unbatched.
-async fn decide_one<C: ConnectionLike>(
-    conn: &mut C,
-    checks: &[LimitCheck],
-    cost: u64,
-) -> Result<Vec<LimitState>, Error> {
-    let mut states = decide(conn, &[Request { checks, cost }]).await?;
-    states
-        .pop()
-        .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
+impl RedisStore {
+    /// One request, unbatched: on the pool, the cluster, or when batching
+    /// is not possible.
+    fn decide_one(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        let request = [Request {
+            checks: &checks,
+            cost,
+        }];
+        let reply = self.run::<Vec<i64>>(decide_invocation(&request));
+        Box::pin(async move {
+            let request = [Request {
+                checks: &checks,
+                cost,
+            }];
+            let mut states = parse_batch(&reply.await?, &request)?;
+            states
+                .pop()
+                .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
+        })
+    }
 }
 
 impl Store for RedisStore {
@@ -210,21 +277,12 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        match &self.backend {
-            Backend::Manager(manager) => match self.batcher.submit(manager, checks, cost) {
-                Ok(reply) => reply,
-                Err((checks, cost)) => {
-                    let mut conn = manager.clone();
-                    Box::pin(async move { decide_one(&mut conn, &checks, cost).await })
-                }
-            },
-            Backend::Pool(pool) => {
-                let pool = pool.clone();
-                Box::pin(async move {
-                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    decide_one(&mut *conn, &checks, cost).await
-                })
+        if let Backend::Manager(manager) = &self.backend {
+            match self.batcher.submit(manager, checks, cost) {
+                Ok(reply) => return reply,
+                Err((checks, cost)) => return self.decide_one(checks, cost),
             }
         }
+        self.decide_one(checks, cost)
     }
 }

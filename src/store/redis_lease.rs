@@ -1,13 +1,13 @@
 //! [`LeaseStore`] for [`RedisStore`]: one Lua script call per acquire,
 //! renewal and release, all on Redis's clock.
 //!
-//! A child module of `redis.rs`, so that it reaches the store's connections.
+//! A child module of `redis.rs`, so that it reaches the store's `run`.
 
 use std::sync::LazyLock;
 
-use redis::{FromRedisValue, Script, ScriptInvocation, aio::ConnectionLike};
+use redis::Script;
 
-use super::{Backend, RedisStore};
+use super::RedisStore;
 use crate::{
     Error,
     store::{BoxFuture, LeaseState, LeaseStore},
@@ -22,35 +22,6 @@ static RENEW: LazyLock<Script> =
 /// `lua/concurrency_release.lua`.
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_release.lua")));
-
-async fn invoke<T: FromRedisValue>(
-    script: &ScriptInvocation<'static>,
-    conn: &mut impl ConnectionLike,
-) -> Result<T, Error> {
-    Ok(script.invoke_async(conn).await?)
-}
-
-impl RedisStore {
-    /// Runs a script invocation on a connection of this store.
-    fn run<T>(&self, script: ScriptInvocation<'static>) -> BoxFuture<'static, Result<T, Error>>
-    where
-        T: FromRedisValue + Send + 'static,
-    {
-        match &self.backend {
-            Backend::Manager(manager) => {
-                let mut conn = manager.clone();
-                Box::pin(async move { invoke(&script, &mut conn).await })
-            }
-            Backend::Pool(pool) => {
-                let pool = pool.clone();
-                Box::pin(async move {
-                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    invoke(&script, &mut *conn).await
-                })
-            }
-        }
-    }
-}
 
 /// A reply of 0 or 1 as a bool.
 fn flag(script: &str, n: i64) -> Result<bool, Error> {

@@ -8,6 +8,7 @@
 //! one `PING`, so nothing polls or sleeps while waiting for it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod cluster;
 pub mod http;
 pub mod lease;
 pub mod scenarios;

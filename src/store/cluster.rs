@@ -1,0 +1,184 @@
+//! Redis Cluster for [`RedisStore`] (feature `cluster`): redis-rs's async
+//! cluster connection, or a bb8 pool of them.
+//!
+//! Nothing else changes on a cluster: every script call carries all its keys
+//! in `KEYS`, and all keys of one call share a hash tag (see the crate's
+//! keyspace rules), so each call runs on the one master that owns their
+//! slot. redis-rs routes `EVALSHA` by its first key, follows `MOVED` and
+//! `ASK`, and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying
+//! again.
+//!
+//! A child module of `redis.rs`, so that it reaches the store's backends.
+
+use std::time::Duration;
+
+use bb8::Pool;
+use redis::{
+    FromRedisValue, IntoConnectionInfo, ScriptInvocation,
+    cluster::{ClusterClient, ClusterClientBuilder},
+    cluster_async::ClusterConnection,
+};
+
+use super::{Backend, Batcher, RedisStore, invoke};
+use crate::{Error, store::BoxFuture};
+
+/// A store's cluster backend.
+#[derive(Clone)]
+pub(super) enum Cluster {
+    /// One cluster connection (a multiplexed connection per node), shared.
+    Connection(ClusterConnection),
+    /// A bb8 pool of cluster connections.
+    Pool(Pool<ClusterClient>),
+}
+
+impl Cluster {
+    /// For `Debug`.
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Cluster::Connection(_) => "ClusterConnection",
+            Cluster::Pool(_) => "bb8::Pool<ClusterClient>",
+        }
+    }
+
+    /// Runs a script invocation on the master that owns its keys' slot.
+    pub(super) fn run<T>(
+        &self,
+        script: ScriptInvocation<'static>,
+    ) -> BoxFuture<'static, Result<T, Error>>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        match self {
+            Cluster::Connection(conn) => {
+                let mut conn = conn.clone();
+                Box::pin(async move { invoke(&script, &mut conn).await })
+            }
+            Cluster::Pool(pool) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
+                    invoke(&script, &mut *conn).await
+                })
+            }
+        }
+    }
+}
+
+impl RedisStore {
+    /// Connects to a Redis Cluster through any of the seed `nodes` (e.g.
+    /// `redis://10.0.0.1:7000`), with the settings of
+    /// [`cluster_client`](Self::cluster_client); fails now if no seed can be
+    /// reached or the cluster's slot map cannot be read.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_ratelimit::{Limiter, Quota, RedisStore};
+    ///
+    /// let store = RedisStore::cluster([
+    ///     "redis://127.0.0.1:7000",
+    ///     "redis://127.0.0.1:7001",
+    ///     "redis://127.0.0.1:7002",
+    /// ])
+    /// .await?;
+    /// let limiter = Limiter::builder(Quota::per_second(10)).store(store).build()?;
+    /// assert!(limiter.check("user:1", 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub async fn cluster<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<Self, Error> {
+        let client = Self::cluster_client(nodes).build()?;
+        Ok(Self::from_cluster(client.get_async_connection().await?))
+    }
+
+    /// redis-rs's cluster client builder with the settings
+    /// [`cluster`](Self::cluster) uses, for adding credentials or TLS:
+    ///
+    /// * a 1 s connection timeout, and a 1 s response timeout per attempt, so
+    ///   that a dead or frozen node cannot hold a request for ever;
+    /// * no overall timeout: the limiter's own timeout (200 ms by default)
+    ///   bounds every check, whatever it is;
+    /// * up to 5 retries, 10 to 500 ms apart, which follow `MOVED` and `ASK`
+    ///   redirections and, after a failover, reconnect and read the slot map
+    ///   again, so the same store serves the promoted replica.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_ratelimit::RedisStore;
+    ///
+    /// let client = RedisStore::cluster_client(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .password("secret")
+    ///     .build()?;
+    /// let store = RedisStore::from_cluster(client.get_async_connection().await?);
+    /// # Ok(()) }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_client<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> ClusterClientBuilder {
+        ClusterClientBuilder::new(nodes)
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
+            .overall_response_timeout(None)
+            .retries(5)
+            .min_retry_wait(10)
+            .max_retry_wait(500)
+    }
+
+    /// Uses an existing cluster connection; clones share it.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn from_cluster(conn: ClusterConnection) -> Self {
+        Self {
+            backend: Backend::Cluster(Cluster::Connection(conn)),
+            batcher: Batcher::default(),
+        }
+    }
+
+    /// Uses a bb8 pool of cluster connections, managed by redis-rs's own
+    /// `bb8::ManageConnection` for [`ClusterClient`].
+    ///
+    /// One cluster connection already multiplexes every request to each
+    /// node, so prefer [`cluster`](Self::cluster) unless you run a pool
+    /// anyway. As with [`from_pool`](Self::from_pool), build the pool with
+    /// `.test_on_check_out(false)`: the check-out `PING` goes to every
+    /// master.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_ratelimit::RedisStore;
+    ///
+    /// let client = RedisStore::cluster_client(["redis://127.0.0.1:7000"]).build()?;
+    /// let pool = bb8::Pool::builder()
+    ///     .max_size(4)
+    ///     .test_on_check_out(false)
+    ///     .build(client)
+    ///     .await?;
+    /// let store = RedisStore::from_cluster_pool(pool);
+    /// # Ok(()) }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn from_cluster_pool(pool: Pool<ClusterClient>) -> Self {
+        Self {
+            backend: Backend::Cluster(Cluster::Pool(pool)),
+            batcher: Batcher::default(),
+        }
+    }
+}
+
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+impl From<ClusterConnection> for RedisStore {
+    fn from(conn: ClusterConnection) -> Self {
+        Self::from_cluster(conn)
+    }
+}
+
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+impl From<Pool<ClusterClient>> for RedisStore {
+    fn from(pool: Pool<ClusterClient>) -> Self {
+        Self::from_cluster_pool(pool)
+    }
+}

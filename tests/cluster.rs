@@ -1,0 +1,398 @@
+//! The limiters on a real Redis Cluster (feature `cluster`), through a
+//! cluster connection and a bb8 pool of them: every algorithm and the
+//! multi-limit script count exactly, keys spread over every master, counts
+//! stay exact under concurrency, the concurrency limit holds, scripts come
+//! back after `SCRIPT FLUSH`, and a limiter finds a promoted replica after
+//! its master dies. Any error (`CROSSSLOT` included) fails a test.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis_ratelimit::{
+    Decision, Limiter, Quota, RedisStore,
+    concurrency::{Acquired, ConcurrencyLimiter},
+};
+use support::cluster::RedisCluster;
+
+/// The decisions of `n` checks of `key`, one after another.
+async fn decisions(limiter: &Limiter, key: &str, n: usize) -> Vec<Decision> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(limiter.check(key, 1).await.unwrap());
+    }
+    out
+}
+
+/// `(allowed, remaining)` of each decision.
+fn summary(ds: &[Decision]) -> Vec<(bool, u64)> {
+    ds.iter().map(|d| (d.is_allowed(), d.remaining())).collect()
+}
+
+/// Five admitted counting down, then denied.
+const FIVE_THEN_DENIED: [(bool, u64); 7] = [
+    (true, 4),
+    (true, 3),
+    (true, 2),
+    (true, 1),
+    (true, 0),
+    (false, 0),
+    (false, 0),
+];
+
+/// Fixed window, sliding window and GCRA, each for two clients, on `store`:
+/// exact counts, keys on the master that owns their slot, and TTLs.
+async fn every_algorithm_counts_exactly(cluster: &RedisCluster, store: RedisStore) {
+    let five = Quota::per_minute(5);
+    let quotas = [
+        ("fixed", five),
+        ("sliding", five.sliding_window()),
+        ("gcra", five.gcra(5).unwrap()),
+    ];
+    for (name, quota) in quotas {
+        let limiter = Limiter::builder(quota).name(name).store(store.clone());
+        let limiter = limiter.timeout(support::TEST_TIMEOUT).build().unwrap();
+        for client in ["alice", "bob"] {
+            let ds = decisions(&limiter, client, 7).await;
+            assert_eq!(summary(&ds), FIVE_THEN_DENIED, "{name} {client}: {ds:?}");
+            let key = limiter.store_key(client);
+            let owner = cluster.master_of(&key);
+            let keys = &cluster.keys_with_ttl()[&owner];
+            assert!(keys.iter().any(|(k, _)| *k == key), "{key} not on {owner}");
+        }
+    }
+    cluster.assert_every_key_has_ttl();
+}
+
+#[tokio::test]
+async fn every_algorithm_counts_exactly_through_a_cluster_connection() {
+    let cluster = RedisCluster::start();
+    every_algorithm_counts_exactly(&cluster, cluster.store().await).await;
+}
+
+#[tokio::test]
+async fn every_algorithm_counts_exactly_through_a_pool_of_cluster_connections() {
+    let cluster = RedisCluster::start();
+    every_algorithm_counts_exactly(&cluster, cluster.pool_store(4).await).await;
+}
+
+/// Three limits keyed by user, IP and `"global"`: one slot for all their
+/// keys, whatever the clients, and all or nothing.
+#[tokio::test]
+async fn multi_limit_keys_share_one_slot_and_decide_all_or_nothing() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster.builder("3/1m").await.name("user");
+    let limiter = limiter.limit("ip", Quota::per_minute(5).sliding_window());
+    let limiter = limiter.limit("global", Quota::per_minute(8).gcra(8).unwrap());
+    let limiter = limiter.build().unwrap();
+    let check = |user: &'static str, ip: &'static str| {
+        let limiter = limiter.clone();
+        async move { limiter.check_each(&[user, ip, "global"], 1).await.unwrap() }
+    };
+    let outcome = |d: Decision| (d.is_allowed(), d.policy().to_owned());
+    let deny = |policy: &str| (false, policy.to_owned());
+    // u1 spends its 3; the 4th is the user limit's, and spends nothing.
+    for _ in 0..3 {
+        assert!(check("u1", "ip1").await.is_allowed());
+    }
+    assert_eq!(outcome(check("u1", "ip1").await), deny("user"));
+    // u2 on the same IP: the IP limit has 2 left.
+    for _ in 0..2 {
+        assert!(check("u2", "ip1").await.is_allowed());
+    }
+    assert_eq!(outcome(check("u2", "ip1").await), deny("ip"));
+    // u3 on another IP takes the last 3 of the global 8.
+    for _ in 0..3 {
+        assert!(check("u3", "ip2").await.is_allowed());
+    }
+    assert_eq!(outcome(check("u4", "ip3").await), deny("global"));
+
+    let keys = [
+        &limiter.store_keys("u1")[0],
+        &limiter.store_keys("ip1")[1],
+        &limiter.store_keys("global")[2],
+    ];
+    let slots: Vec<u16> = keys.iter().map(|k| cluster.slot_of(k)).collect();
+    assert!(slots.iter().all(|s| *s == slots[0]), "{keys:?}: {slots:?}");
+    let holding: Vec<_> = cluster
+        .keys_per_master()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    // user: u1, u2, u3; ip: ip1, ip2; global: 1. u4 was denied: no key.
+    assert_eq!(holding.len(), 1, "{holding:?}");
+    assert_eq!(holding[0].1, 6, "{:?}", cluster.keys_with_ttl());
+    cluster.assert_every_key_has_ttl();
+}
+
+/// 200 clients, one check each: a key per client, on every master.
+#[tokio::test]
+async fn keys_of_many_clients_spread_over_every_master() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster.limiter("10/1m").await;
+    let clients: Vec<String> = (0..200).map(|i| format!("client-{i}")).collect();
+    let checks = clients.iter().map(|c| limiter.check(c, 1));
+    for d in join_all(checks).await {
+        assert_eq!(d.unwrap().remaining(), 9);
+    }
+    let per_master = cluster.keys_per_master();
+    assert_eq!(per_master.len(), 3, "{per_master:?}");
+    assert!(per_master.values().all(|n| *n > 20), "{per_master:?}");
+    assert_eq!(per_master.values().sum::<usize>(), 200, "{per_master:?}");
+    for client in clients.iter().step_by(20) {
+        let key = limiter.store_key(client);
+        let owner = cluster.master_of(&key);
+        let keys = &cluster.keys_with_ttl()[&owner];
+        assert!(keys.iter().any(|(k, _)| *k == key), "{key} not on {owner}");
+    }
+    cluster.assert_every_key_has_ttl();
+}
+
+/// 200 concurrent checks of one key against 50, spread over two cluster
+/// connections and a pool (three replicas of a service): exactly 50 pass,
+/// each seeing a different remaining count.
+#[tokio::test]
+async fn concurrent_checks_through_separate_connections_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start();
+    let quota = Quota::per_minute(50);
+    let mut limiters = Vec::new();
+    for store in [
+        cluster.store().await,
+        cluster.store().await,
+        cluster.pool_store(4).await,
+    ] {
+        let builder = Limiter::builder(quota).store(store);
+        limiters.push(builder.timeout(support::TEST_TIMEOUT).build().unwrap());
+    }
+    let checks = (0..200).map(|i| limiters[i % 3].check("hot", 1));
+    let ds: Vec<Decision> = join_all(checks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let mut remaining: Vec<u64> = ds
+        .iter()
+        .filter(|d| d.is_allowed())
+        .map(Decision::remaining)
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(
+        remaining,
+        (0..50).collect::<Vec<_>>(),
+        "{} admitted",
+        remaining.len()
+    );
+    cluster.assert_every_key_has_ttl();
+}
+
+/// Up to 3 leases per key, shared by two cluster connections; release frees
+/// a slot; the lease set expires with its leases.
+#[tokio::test]
+async fn concurrency_limiter_holds_its_limit_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let lease = Duration::from_secs(10);
+    let limiter = |store| {
+        let builder = ConcurrencyLimiter::builder(3).store(store).lease(lease);
+        builder.timeout(support::TEST_TIMEOUT).build().unwrap()
+    };
+    let (a, b) = (
+        limiter(cluster.store().await),
+        limiter(cluster.store().await),
+    );
+    for key in ["tenant-1", "tenant-2", "tenant-3"] {
+        let mut held = Vec::new();
+        for (i, limiter) in [&a, &b, &a].into_iter().enumerate() {
+            let lease = limiter.acquire(key).await.unwrap().lease();
+            let lease = lease.unwrap_or_else(|| panic!("slot {i} of {key} refused"));
+            assert_eq!(lease.in_flight(), i as u64 + 1);
+            held.push(lease);
+        }
+        let Acquired::Busy(busy) = b.acquire(key).await.unwrap() else {
+            panic!("a 4th lease on {key} was granted");
+        };
+        assert_eq!(busy.in_flight(), 3);
+        let store_key = a.store_key(key);
+        let owner = cluster.master_of(&store_key);
+        let ttl = cluster.keys_with_ttl()[&owner]
+            .iter()
+            .find(|(k, _)| *k == store_key)
+            .map(|(_, t)| *t);
+        let ttl = ttl.unwrap_or_else(|| panic!("{store_key} not on {owner}"));
+        assert!((1..=10_000).contains(&ttl), "{store_key}: PTTL {ttl}");
+        assert!(held.pop().unwrap().release().await.unwrap());
+        assert!(
+            b.acquire(key).await.unwrap().is_acquired(),
+            "release freed nothing"
+        );
+    }
+    // A 1 s lease renews itself (every 333 ms) on the cluster too: held
+    // well past its first expiry.
+    let short = ConcurrencyLimiter::builder(1).store(cluster.store().await);
+    let short = short.lease(Duration::from_secs(1)).build().unwrap();
+    let held = short.acquire("long").await.unwrap().lease().unwrap();
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(
+        !short.acquire("long").await.unwrap().is_acquired(),
+        "the renewed lease was lost"
+    );
+    assert!(held.release().await.unwrap(), "the lease had expired");
+    cluster.assert_every_key_has_ttl();
+}
+
+/// After `SCRIPT FLUSH` on every node, the decide and lease scripts are
+/// loaded again on first use (`NOSCRIPT`), and counting goes on.
+#[tokio::test]
+async fn scripts_come_back_after_script_flush_on_every_node() {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let limiter = Limiter::builder(Quota::per_minute(5))
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let leases = ConcurrencyLimiter::builder(1).store(store).build().unwrap();
+    let decide_sha = redis::Script::new(redis_ratelimit::store::DECIDE_LUA)
+        .get_hash()
+        .to_owned();
+    let acquire_sha = redis::Script::new(include_str!("../lua/concurrency_acquire.lua"));
+    let acquire_sha = acquire_sha.get_hash().to_owned();
+    let rate_owner = cluster.master_of(&limiter.store_key("k"));
+    let lease_owner = cluster.master_of(&leases.store_key("k"));
+
+    assert_eq!(
+        summary(&decisions(&limiter, "k", 2).await),
+        FIVE_THEN_DENIED[..2]
+    );
+    let lease = leases.acquire("k").await.unwrap().lease().unwrap();
+    assert!(lease.release().await.unwrap());
+    for _ in 0..2 {
+        cluster.flush_scripts();
+        assert!(!cluster.has_script(rate_owner, &decide_sha));
+        assert!(!cluster.has_script(lease_owner, &acquire_sha));
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(cluster.has_script(rate_owner, &decide_sha), "not reloaded");
+        let lease = leases.acquire("k").await.unwrap().lease().unwrap();
+        assert!(
+            cluster.has_script(lease_owner, &acquire_sha),
+            "not reloaded"
+        );
+        cluster.flush_scripts();
+        assert!(lease.release().await.unwrap(), "release after a flush");
+        assert!(d.is_allowed());
+    }
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 0);
+    cluster.assert_every_key_has_ttl();
+}
+
+/// The slot of a counted key moves to another master: while it migrates,
+/// the old master answers `ASK` and the store follows it to the new one;
+/// after, the old master answers `MOVED`. The count goes on exactly, even
+/// when the script must be loaded again on the way.
+#[tokio::test]
+async fn the_same_limiter_follows_a_slot_migration() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster.limiter("100/1m").await;
+    let remaining = |d: Decision| (d.is_allowed(), d.remaining());
+    for left in [99, 98, 97] {
+        assert_eq!(
+            remaining(limiter.check("k", 1).await.unwrap()),
+            (true, left)
+        );
+    }
+    let key = limiter.store_key("k");
+    let (slot, from) = (cluster.slot_of(&key), cluster.master_of(&key));
+    let to = cluster.masters().into_iter().find(|p| *p != from).unwrap();
+
+    cluster.migrate_slot(slot, from, to);
+    assert_eq!(cluster.keys_per_master()[&from], 0, "the key did not move");
+    // The new master must load the script on the way, too.
+    cluster.flush_scripts();
+    assert_eq!(
+        remaining(limiter.check("k", 1).await.unwrap()),
+        (true, 96),
+        "ASK"
+    );
+    cluster.finish_migration(slot, to);
+    assert_eq!(
+        remaining(limiter.check("k", 1).await.unwrap()),
+        (true, 95),
+        "MOVED"
+    );
+
+    assert_eq!(cluster.master_of(&key), to);
+    assert_eq!(cluster.keys_per_master()[&to], 1);
+    cluster.assert_every_key_has_ttl();
+}
+
+/// The master owning a key is killed. While no node serves its slot, checks
+/// fail within the limiter's timeout; once a replica is promoted, the same
+/// limiter decides again, with the count the replica kept.
+#[tokio::test]
+async fn the_same_limiter_recovers_after_its_master_fails_over() {
+    let mut cluster = RedisCluster::with_replicas();
+    let timeout = Duration::from_millis(500);
+    let store = cluster.store().await;
+    let limiter = Limiter::builder(Quota::per_minute(100)).store(store);
+    let limiter = limiter.timeout(timeout).build().unwrap();
+    for _ in 0..3 {
+        assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    }
+    let key = limiter.store_key("k");
+    let old = cluster.master_of(&key);
+    let replicas = cluster.replicas();
+    cluster.wait_replicated();
+
+    cluster.kill(old);
+    let killed = Instant::now();
+    let (mut errors, mut last_error, mut slowest) = (0, String::new(), Duration::ZERO);
+    let recovered = loop {
+        let started = Instant::now();
+        let result = limiter.check("k", 1).await;
+        let took = started.elapsed();
+        assert!(
+            took < timeout + Duration::from_millis(400),
+            "a check took {took:?}"
+        );
+        match result {
+            Ok(d) => break d,
+            Err(e) => (errors, last_error) = (errors + 1, e.to_string()),
+        }
+        slowest = slowest.max(took);
+        let waited = killed.elapsed();
+        assert!(
+            waited < Duration::from_secs(15),
+            "no recovery {waited:?} after the kill ({errors} errors, last: {last_error})\n{}",
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "recovered {:?} after the kill; {errors} checks failed before, the slowest in \
+         {slowest:?} (last: {last_error})",
+        killed.elapsed()
+    );
+    assert!(errors > 0, "no check failed while the slot had no master");
+    // The other nodes learn of the promotion from the gossip, soon after.
+    let promoted = |c: &RedisCluster| c.master_of(&key) != old;
+    cluster.wait_until(Duration::from_secs(5), "the promotion", promoted);
+    let new = cluster.master_of(&key);
+    assert!(
+        new != old && replicas.contains(&new),
+        "{old} -> {new}, replicas {replicas:?}"
+    );
+    // The 3 counted before the kill survived; checks that timed out during
+    // the outage may have been applied late (redis-rs retries them).
+    assert!(
+        recovered.is_allowed() && recovered.remaining() <= 96,
+        "{recovered:?}"
+    );
+    let mut last = recovered.remaining();
+    // The dead node must not stop the script from being loaded again.
+    cluster.flush_scripts();
+    for _ in 0..10 {
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(d.is_allowed() && d.remaining() < last, "{d:?} after {last}");
+        last = d.remaining();
+    }
+    cluster.assert_every_key_has_ttl();
+}
