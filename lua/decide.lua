@@ -73,9 +73,16 @@ if arg ~= #ARGV + 1 or key ~= #KEYS + 1 then
   return bad('ARGV and KEYS do not match the requests they describe')
 end
 
-local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local now_ms = math.floor(now_us / 1000)
+-- Redis time, read once and only if a sliding window or GCRA needs it (a
+-- fixed window runs on its key's PTTL).
+local now_us, now_ms
+local function clock()
+  if not now_us then
+    local time = redis.call('TIME')
+    now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    now_ms = math.floor(now_us / 1000)
+  end
+end
 local modules = { fixed_window, sliding_window, gcra }
 
 -- Decides one request, appending its reply.
@@ -88,8 +95,10 @@ local function decide(request, reply)
     if l.algorithm == 1 then
       st = fixed_window.check(l.key, l.limit, l.window, cost)
     elseif l.algorithm == 2 then
+      clock()
       st = sliding_window.check(l.key, l.limit, l.window, cost, now_ms)
     else
+      clock()
       st = gcra.check(l.key, l.limit, l.window, l.burst, cost, now_us)
     end
     states[i] = st
