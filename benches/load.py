@@ -1,149 +1,188 @@
 #!/usr/bin/env python3
-"""Load benchmark: the axum example server under wrk, with and without the limiter.
+"""Load benchmark: our limiter and its peers under wrk, side by side in one run.
 
-Starts its own redis-server on a free port, builds `examples/axum.rs` in
-release mode, and for each round runs every (server, workload) pair once, in
-an order shuffled per round, so that the machine's drift hits all alike. It
-reports requests/s, p50/p99 latency, and the median over rounds of each
-server's per-round ratio to the no-limiter baseline.
+    python3 benches/load.py                      # the full run: 5 rounds of 5 s
+    python3 benches/load.py --rounds 1 --seconds 2 --only redis --out /tmp/smoke
+    python3 benches/load.py --from-json benches/results.json   # redraw only
 
-    python3 benches/load.py [--rounds 5] [--seconds 5] [--connections 32]
+Starts its own redis-server on a free port, builds `examples/axum.rs` and the
+peer servers of `benches/peers/` in release mode, and for each round runs
+every (server, workload) cell once, in an order shuffled per round, so that
+the machine's drift hits all alike. A cell: FLUSHALL, start the server,
+spend the workload's keys and check it answers as designed, a wrk warm-up,
+CONFIG RESETSTAT, the measured wrk run (`GET /`), INFO commandstats and cpu,
+stop the server. The servers and workloads are in `loadbench/catalog.py`;
+BENCHMARKS.md explains them.
 
-Needs wrk (apt-get install -y wrk) and redis-server on PATH.
+Writes `<out>.md` (also printed), `<out>.json` (raw cells, from which
+`--from-json` redraws both) and the chart (`--chart`, with matplotlib).
+
+Needs wrk and redis-server on PATH (apt-get install -y wrk redis-server),
+cargo, and for the chart matplotlib (pip install matplotlib).
 """
 
 import argparse
+import datetime
 import os
+import platform
 import random
-import re
-import shutil
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
-SERVERS = {
-    # name: extra environment
-    "no limiter": {"RATE_LIMIT": "off"},
-    "memory store": {},
-    "redis (ConnectionManager)": {"REDIS": "1"},
-    "redis (bb8 pool of 32)": {"REDIS": "1", "REDIS_POOL": "32"},
-}
-WORKLOADS = {
-    # name: quota; every request comes from 127.0.0.1, so one key
-    "allowed, one hot key": "1000000000/1h",
-    "denied, one key": "1/1h",
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from loadbench import catalog, chart, procs, redisstats, report, wrk  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def arguments():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=int, default=5, help="measured seconds per cell")
+    ap.add_argument("--warmup", type=int, default=1, help="wrk warm-up seconds per cell")
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="wrk threads")
+    ap.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
+                    help="only servers whose name contains this (repeatable; the "
+                         "no-limiter baseline always runs)")
+    ap.add_argument("--workload", action="append", default=[], metavar="SUBSTRING",
+                    help="only workloads whose name contains this (repeatable)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results"),
+                    help="writes OUT.md and OUT.json (default: benches/results)")
+    ap.add_argument("--chart", default=None,
+                    help="chart image (default: docs/benchmarks.png, or OUT.png "
+                         "when --out is given)")
+    ap.add_argument("--from-json", metavar="PATH",
+                    help="redraw the report and chart from a JSON file; run nothing")
+    args = ap.parse_args()
+    if args.from_json:
+        args.out = os.path.splitext(args.from_json)[0]
+    if args.chart is None:
+        default_out = os.path.join(ROOT, "benches", "results")
+        args.chart = (os.path.join(ROOT, "docs", "benchmarks.png")
+                      if os.path.abspath(args.out) == default_out else args.out + ".png")
+    return args
 
 
-def wait_port(port, proc, what):
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"{what} did not listen on {port}")
+def pick(items, substrings, keep=lambda _: False):
+    subs = [s.lower() for s in substrings]
+    return [i for i in items
+            if keep(i) or not subs or any(s in i.name.lower() for s in subs)]
 
 
-def wrk(url, seconds, connections):
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+def output(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        return "?"
 
-    def pct(p):
-        m = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s)", out)
-        scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
-        return float(m.group(1)) * scale
 
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return rps, pct(50), pct(99), int(non2xx.group(1)) if non2xx else 0
+def machine():
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    return (f"{os.cpu_count()} cores ({model}), {mem_kib / 2**20:.0f} GiB, "
+            f"{platform.system()} {platform.release()}")
+
+
+def meta(args):
+    dirty = output(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "commit": output(["git", "rev-parse", "--short", "HEAD"]) + ("+dirty" if dirty else ""),
+        "machine": machine(),
+        "rustc": output(["rustc", "--version"]),
+        "redis": output(["redis-server", "--version"]),
+        "wrk": output(["wrk", "--version"]).splitlines()[0] if output(["wrk", "--version"]) else "?",
+        "rounds": args.rounds, "seconds": args.seconds, "warmup": args.warmup,
+        "connections": args.connections, "threads": args.threads,
+        "loadavg_start": os.getloadavg()[0],
+    }
+
+
+def cell(redis, binary, server, workload, args, logdir, rnd):
+    """Runs one (server, workload) cell; returns its raw record."""
+    redis.cli("FLUSHALL")
+    env = dict(server.env)
+    env.setdefault("RATE_LIMIT", workload.quota)
+    env["RATE_LIMIT_KEY"] = workload.key
+    if server.redis:
+        env["REDIS_URL"] = redis.url
+    log = os.path.join(logdir, f"r{rnd}-{server.name}-{workload.name}.log".replace(" ", "_"))
+    with procs.serving(binary, env, log) as (port, startup):
+        problem = procs.prepare(port, workload, server.limits)
+        if problem:
+            sys.exit(f"{server.name} / {workload.name}: {problem}; server log {log}:\n"
+                     f"{procs.read_tail(log)}")
+        url = f"http://127.0.0.1:{port}/"
+        if args.warmup:
+            wrk.run(url, args.warmup, args.connections, args.threads, workload.script)
+        cpu = redisstats.reset(redis)
+        result = wrk.run(url, args.seconds, args.connections, args.threads, workload.script)
+        result["redis"] = redisstats.collect(redis, cpu) if server.redis else None
+    return {"round": rnd, "server": server.name, "workload": workload.name,
+            "startup": startup, "env": {k: v for k, v in env.items() if k != "REDIS_URL"},
+            **result}
+
+
+def measure(args, servers, workloads):
+    procs.require("wrk", "redis-server", "redis-cli", "cargo")
+    binaries = procs.build(ROOT, {s.binary for s in servers})
+    info = meta(args)
+    if info["loadavg_start"] > 0.5:
+        print(f"warning: load average {info['loadavg_start']:.2f}: the machine is not idle, "
+              "so the figures will be noisy", file=sys.stderr)
+    redis = procs.Redis()
+    logdir = os.path.join(redis.dir, "servers")
+    os.makedirs(logdir)
+    cells = []
+    try:
+        for rnd in range(1, args.rounds + 1):
+            pairs = [(s, w) for s in servers for w in workloads]
+            random.shuffle(pairs)
+            for server, workload in pairs:
+                c = cell(redis, binaries[server.binary], server, workload, args, logdir, rnd)
+                cells.append(c)
+                print(f"round {rnd}: {server.name:38} {workload.name:20} {c['rps']:>9.0f} req/s "
+                      f"p50 {c['p50']:.2f} p99 {c['p99']:.2f} ms, "
+                      f"{c['non2xx'] / max(c['requests'], 1):.0%} not 2xx", file=sys.stderr)
+    finally:
+        redis.stop()
+    info["loadavg_end"] = os.getloadavg()[0]
+    info["server_logs"] = logdir
+    return info, cells
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=int, default=5)
-    ap.add_argument("--connections", type=int, default=32)
-    args = ap.parse_args()
-    for tool in ("wrk", "redis-server", "cargo"):
-        if not shutil.which(tool):
-            sys.exit(f"{tool} not found on PATH (apt-get install -y wrk redis-server)")
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run(["cargo", "build", "--release", "--example", "axum"], cwd=root, check=True)
-    binary = os.path.join(root, "target", "release", "examples", "axum")
-
-    tmp = tempfile.mkdtemp()
-    rport = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(rport), "--save", "", "--appendonly", "no",
-         "--dir", tmp, "--logfile", os.path.join(tmp, "redis.log")])
-    wait_port(rport, redis, "redis-server")
-    results = {}  # (server, workload) -> list of (rps, p50, p99, non2xx)
-    try:
-        for rnd in range(args.rounds):
-            pairs = [(s, w) for s in SERVERS for w in WORKLOADS]
-            random.shuffle(pairs)
-            for server, workload in pairs:
-                subprocess.run(["redis-cli", "-p", str(rport), "FLUSHALL"],
-                               check=True, capture_output=True)
-                port = free_port()
-                env = dict(os.environ, BIND=f"127.0.0.1:{port}", RUST_LOG="warn",
-                           RATE_LIMIT=WORKLOADS[workload])
-                extra = dict(SERVERS[server])
-                if extra.pop("REDIS", None):
-                    env["REDIS_URL"] = f"redis://127.0.0.1:{rport}"
-                env.update(extra)
-                proc = subprocess.Popen([binary], env=env)
-                try:
-                    wait_port(port, proc, server)
-                    r = wrk(f"http://127.0.0.1:{port}/", args.seconds, args.connections)
-                finally:
-                    proc.terminate()
-                    proc.wait()
-                results.setdefault((server, workload), []).append(r)
-                print(f"round {rnd + 1}: {server:28} {workload:22} {r[0]:>10.0f} req/s "
-                      f"p50 {r[1]:.2f} ms p99 {r[2]:.2f} ms non-2xx {r[3]}", file=sys.stderr)
-        stats = subprocess.run(["redis-cli", "-p", str(rport), "INFO", "commandstats"],
-                               check=True, capture_output=True, text=True).stdout
-    finally:
-        redis.terminate()
-        redis.wait()
-
-    print(f"\nwrk -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds; "
-          "medians; ratio = median of per-round req/s ratios to 'no limiter'\n")
-    print("| server | workload | req/s | p50 ms | p99 ms | ratio |")
-    print("|---|---|---|---|---|---|")
-    for workload in WORKLOADS:
-        base = results[("no limiter", workload)]
-        for server in SERVERS:
-            rs = results[(server, workload)]
-            ratio = statistics.median(r[0] / b[0] for r, b in zip(rs, base))
-            med = [statistics.median(r[i] for r in rs) for i in range(3)]
-            print(f"| {server} | {workload} | {med[0]:.0f} | {med[1]:.2f} | {med[2]:.2f} "
-                  f"| {ratio:.2f}x |")
-
-
-    print("\nRedis's own cost per command over the whole run (INFO commandstats):\n")
-    for line in stats.splitlines():
-        if line.startswith("cmdstat_"):
-            name, fields = line.split(":", 1)
-            f = dict(kv.split("=") for kv in fields.split(","))
-            print(f"- {name[8:]}: {f['calls']} calls, {f['usec_per_call']} usec per call")
+    args = arguments()
+    if args.from_json:
+        info, servers, workloads, cells = report.load(args.from_json)
+    else:
+        servers = pick(catalog.SERVERS, args.only, keep=lambda s: s.baseline)
+        workloads = pick(catalog.WORKLOADS, args.workload)
+        if not workloads:
+            sys.exit("--workload matched no workload: " +
+                     ", ".join(w.name for w in catalog.WORKLOADS))
+        info, cells = measure(args, servers, workloads)
+    rows = report.summarize(cells, servers, workloads)
+    text = report.markdown(rows, info, workloads)
+    print(text)
+    with open(args.out + ".md", "w") as f:
+        f.write(text)
+    if not args.from_json:
+        report.dump(args.out + ".json", info, servers, workloads, cells, rows)
+    title = (f"{info['date']}, {info['commit']}: wrk -c{info['connections']}, "
+             f"{info['rounds']} x {info['seconds']} s; {info['machine']}")
+    if chart.render(rows, args.chart, title):
+        print(f"chart: {args.chart}", file=sys.stderr)
+    print(f"report: {args.out}.md" + ("" if args.from_json else f", raw: {args.out}.json"),
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

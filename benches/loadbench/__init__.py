@@ -1,0 +1,9 @@
+"""The load benchmark's parts; `benches/load.py` is the command that runs them.
+
+* `catalog`: the servers and workloads measured;
+* `procs`: redis-server, building and starting the servers, warm-up requests;
+* `wrk`: running wrk and reading its report (with `keys.lua` for per-request keys);
+* `redisstats`: what Redis did per cell (`INFO commandstats`, `INFO cpu`);
+* `report`: medians of per-round ratios, the markdown table and the JSON file;
+* `chart`: the grouped bar chart (matplotlib).
+"""

@@ -1,0 +1,88 @@
+"""What the load benchmark measures: the servers and the workloads.
+
+Every server reads the example servers' environment (`examples/support/mod.rs`):
+`BIND`, `REDIS_URL`, `REDIS_POOL`, `RATE_LIMIT`, `RATE_LIMIT_KEY`, and our
+`RATE_LIMIT_DENY_CACHE=on|off`. The peers (`benches/peers/`) follow the same
+interface where they can.
+"""
+
+from dataclasses import dataclass, field
+
+# A quota no run can exhaust, that still fits governor's u32 burst.
+HUGE = "1000000000/1h"
+# The header the keyed workloads send, and the servers key by.
+API_KEY = "x-api-key"
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    # "axum" (examples/axum.rs), or a peer binary: "governor", "actix-erl".
+    binary: str
+    env: dict = field(default_factory=dict)
+    # Gets REDIS_URL pointing at the benchmark's redis-server.
+    redis: bool = False
+    # The no-limiter server every ratio is taken against.
+    baseline: bool = False
+    # Has a rate limiter (False: RATE_LIMIT=off, answers every request 200).
+    limits: bool = True
+
+
+SERVERS = [
+    Server("axum, no limiter", "axum", {"RATE_LIMIT": "off"}, baseline=True, limits=False),
+    Server("memory store", "axum"),
+    Server("redis manager, deny cache on", "axum",
+           {"RATE_LIMIT_DENY_CACHE": "on"}, redis=True),
+    Server("redis manager, deny cache off", "axum",
+           {"RATE_LIMIT_DENY_CACHE": "off"}, redis=True),
+    Server("redis bb8 pool 32, deny cache on", "axum",
+           {"REDIS_POOL": "32", "RATE_LIMIT_DENY_CACHE": "on"}, redis=True),
+    Server("redis bb8 pool 32, deny cache off", "axum",
+           {"REDIS_POOL": "32", "RATE_LIMIT_DENY_CACHE": "off"}, redis=True),
+    Server("tower_governor (memory)", "governor"),
+    Server("actix-extensible-rate-limit (redis)", "actix-erl", redis=True),
+    # Not a limiter: shows how much of actix-extensible-rate-limit's ratio is
+    # actix-web itself rather than its limiter.
+    Server("actix-web, no limiter", "actix-erl", {"RATE_LIMIT": "off"}, limits=False),
+]
+
+BASELINE = next(s for s in SERVERS if s.baseline)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    # RATE_LIMIT and RATE_LIMIT_KEY for the servers.
+    quota: str
+    key: str
+    # Arguments of keys.lua (mode, number of keys), or None: a plain GET.
+    script: tuple = None
+    # Before measuring, spend this many keys with one request each: the peer
+    # address (key "ip") or header keys k0, k1, ... (the ones keys.lua sends).
+    spend: int = 0
+    # The share of 429 answers a server with a limiter should give.
+    denied: float = 0.0
+    about: str = ""
+
+
+WORKLOADS = [
+    Workload(
+        "allowed, 1 key", HUGE, "ip",
+        about="every request from 127.0.0.1, one key, a quota no run can exhaust: "
+              "every decision allowed, all on one hot counter"),
+    Workload(
+        "allowed, 100k keys", HUGE, f"header:{API_KEY}", script=("cycle", 100_000),
+        about=f"`{API_KEY}` cycles through k0 .. k99999 (keys.lua): every decision "
+              "allowed, spread over 100,000 counters as real clients would be"),
+    Workload(
+        "denied, 1 key", "1/1h", "ip", spend=1, denied=1.0,
+        about="one key, quota 1/1h, spent by a warm-up request: every measured "
+              "request is denied (429)"),
+    Workload(
+        "mixed, 90% denied", "1/1h", f"header:{API_KEY}", script=("mixed", 1000),
+        spend=1000, denied=0.9,
+        about="quota 1/1h; the warm-up spends keys k0 .. k999; then 9 of every 10 "
+              "requests cycle through those 1000 spent keys (denied) and the 10th "
+              "sends a key never seen before (allowed): 90% denied, steadily, "
+              "however long the run"),
+]

@@ -1,0 +1,151 @@
+"""Processes: the benchmark's redis-server, building and starting the servers,
+and the warm-up requests that set a workload up."""
+
+import http.client
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+from .catalog import API_KEY
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def require(*tools):
+    for tool in tools:
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found on PATH: apt-get install -y wrk redis-server "
+                     "(and rustup for cargo)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, what, log=None):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            tail = f":\n{read_tail(log)}" if log else ""
+            sys.exit(f"{what} exited with status {proc.returncode}{tail}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} did not listen on port {port} within 30 s")
+
+
+def read_tail(path, lines=20):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Redis:
+    """A redis-server of the benchmark's own, on a free port, without
+    persistence; `cli` runs redis-cli against it."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="load-redis-")
+        self.log = os.path.join(self.dir, "redis.log")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log])
+        wait_port(self.port, self.proc, "redis-server", self.log)
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def cli(self, *args):
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args],
+                              check=True, capture_output=True, text=True).stdout
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def build(root, binaries):
+    """Builds what `binaries` needs, in release mode; returns binary -> path."""
+    paths = {}
+    if "axum" in binaries:
+        run(["cargo", "build", "--release", "--example", "axum"], cwd=root)
+        paths["axum"] = os.path.join(root, "target", "release", "examples", "axum")
+    peers = sorted(b for b in binaries if b != "axum")
+    if peers:
+        manifest = os.path.join(root, "benches", "peers", "Cargo.toml")
+        bins = [arg for b in peers for arg in ("--bin", b)]
+        run(["cargo", "build", "--release", "--manifest-path", manifest, *bins], cwd=root)
+        for b in peers:
+            paths[b] = os.path.join(root, "benches", "peers", "target", "release", b)
+    return paths
+
+
+def run(cmd, cwd):
+    print("$", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, cwd=cwd, check=True)
+
+
+@contextmanager
+def serving(binary, env, log):
+    """Starts a server on a free port; yields (port, startup line); stops it
+    (SIGTERM, then wait) on the way out."""
+    port = free_port()
+    env = dict(os.environ, **env, BIND=f"127.0.0.1:{port}", RUST_LOG="info", NO_COLOR="1")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([binary], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, proc, os.path.basename(binary), log)
+        startup = next((ANSI.sub("", line).strip() for line in read_tail(log).splitlines()
+                        if "listening on" in line), "")
+        yield port, startup
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def get(conn, key=None):
+    """`GET /` on a kept-alive connection, with `x-api-key: key` if given."""
+    conn.request("GET", "/", headers={API_KEY: key} if key else {})
+    res = conn.getresponse()
+    res.read()
+    return res.status
+
+
+def prepare(port, workload, limits):
+    """Spends the workload's keys, then sends one probe: a spent key must be
+    denied (429) when the server limits, a fresh key allowed. Returns what
+    went wrong, or None; a mismeasured cell is worse than none. The probe
+    also makes a Redis-backed server load its script before the counters
+    are reset."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        keyed = workload.key.startswith("header:")
+        for i in range(workload.spend):
+            key = f"k{i}" if keyed else None
+            status = get(conn, key)
+            if status != 200:
+                return f"warm-up request for key {key or 'ip'} answered {status}, not 200"
+        if workload.spend:
+            key, want, what = ("k0" if keyed else None), (429 if limits else 200), "spent"
+        else:
+            key, want, what = ("probe-fresh-key" if keyed else None), 200, "fresh"
+        status = get(conn, key)
+        if status != want:
+            return f"a {what} key answered {status}, not {want}"
+        return None
+    finally:
+        conn.close()

@@ -1,0 +1,156 @@
+"""From raw cells to results: medians of per-round ratios, the markdown
+report, and the JSON file of raw results (from which both can be redrawn)."""
+
+import json
+import statistics
+from dataclasses import asdict
+
+from . import redisstats
+from .catalog import Server, Workload
+
+
+def summarize(cells, servers, workloads):
+    """One row per (workload, server) that was measured."""
+    by = {}
+    for c in cells:
+        by.setdefault((c["server"], c["workload"]), {})[c["round"]] = c
+    base = next(s for s in servers if s.baseline)
+    rows = []
+    for w in workloads:
+        base_rounds = by.get((base.name, w.name), {})
+        for s in servers:
+            rounds = by.get((s.name, w.name))
+            if not rounds:
+                continue
+            paired = [(c, base_rounds[r]) for r, c in rounds.items() if r in base_rounds]
+            runs = list(rounds.values())
+            requests = sum(c["requests"] for c in runs)
+            rows.append({
+                "server": s.name,
+                "workload": w.name,
+                "rounds": len(runs),
+                "rps": statistics.median(c["rps"] for c in runs),
+                "ratio": statistics.median(c["rps"] / b["rps"] for c, b in paired),
+                "p50": statistics.median(c["p50"] for c in runs),
+                "p99": statistics.median(c["p99"] for c in runs),
+                "p99_minus_base": statistics.median(c["p99"] - b["p99"] for c, b in paired),
+                "denied": sum(c["non2xx"] for c in runs) / requests if requests else 0.0,
+                "expected_denied": w.denied if s.limits else 0.0,
+                "socket_errors": sum(c["socket_errors"] for c in runs),
+                "redis": redisstats.per_request(runs) if s.redis else None,
+            })
+    return rows
+
+
+def _ours(server_name):
+    return server_name == "memory store" or server_name.startswith("redis ")
+
+
+def targets(rows):
+    """Issue 8's targets, each checked on the rows it applies to:
+    (target, server, workload, measured text, met)."""
+    out = []
+    for r in rows:
+        s, w, red = r["server"], r["workload"], r["redis"]
+        if s.startswith("redis ") and w == "allowed, 100k keys":
+            out.append(("allowed path with Redis, 100k keys: >= 0.80x", s, w,
+                        f"{r['ratio']:.2f}x", r["ratio"] >= 0.8))
+        if s.startswith("redis ") and w == "denied, 1 key":
+            out.append(("denied path: >= 0.90x", s, w, f"{r['ratio']:.2f}x", r["ratio"] >= 0.9))
+        if _ours(s):
+            out.append(("p99 <= plain p99 + 1 ms", s, w,
+                        f"{r['p99_minus_base']:+.2f} ms", r["p99_minus_base"] <= 1.0))
+        if s == "memory store":
+            out.append(("memory store: >= 0.90x on every workload", s, w,
+                        f"{r['ratio']:.2f}x", r["ratio"] >= 0.9))
+        if s.startswith("redis ") and red is not None:
+            # One script per allowed decision; none for a cached denial.
+            allowed = 1.0 - r["denied"]
+            cached = "deny cache on" in s
+            limit = allowed if cached else 1.0
+            what = ("scripts/request <= allowed share (none per cached denial)" if cached
+                    else "scripts/request <= 1")
+            out.append((what, s, w, f"{red['scripts']:.3f} (allowed {allowed:.0%})",
+                        red["scripts"] <= limit + 0.01))
+    return out
+
+
+def _num(x, fmt):
+    return "–" if x is None else format(x, fmt)
+
+
+def markdown(rows, meta, workloads):
+    m = meta
+    lines = [
+        "# Load benchmark results",
+        "",
+        f"{m['date']}, commit `{m['commit']}`; {m['machine']}.",
+        f"`wrk -t{m['threads']} -c{m['connections']} -d{m['seconds']}s` (after a "
+        f"{m['warmup']} s warm-up), {m['rounds']} round(s), servers shuffled per round. "
+        "Medians over rounds; **ratio** is the median of per-round req/s ratios to "
+        "`axum, no limiter` in the same round and workload, and **Δp99** the median of "
+        "per-round p99 differences to it. **429s** is the share of answers that were "
+        "not 2xx (the workload's design in brackets). Redis columns are per request: "
+        "script calls, commands executed (including those inside scripts and "
+        "transactions), `INFO commandstats` µs of the entry commands, and Redis's "
+        "whole CPU time (`INFO cpu`).",
+        "",
+    ]
+    if m.get("loadavg_start", 0) > 0.5:
+        lines += [f"**The machine was not idle**: load average {m['loadavg_start']:.2f} "
+                  "at the start. Treat these figures as a smoke test.", ""]
+    about = {w.name: w.about for w in workloads}
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        lines += [f"## {w}", "", about.get(w, ""), "",
+                  "| server | req/s | ratio | p50 ms | p99 ms | Δp99 ms | 429s | "
+                  "scripts/req | Redis cmds/req | Redis µs/req | Redis CPU µs/req |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in rows if r["workload"] == w):
+            red = r["redis"] or {}
+            lines.append(
+                f"| {r['server']} | {r['rps']:.0f} | {r['ratio']:.2f}x | {r['p50']:.2f} "
+                f"| {r['p99']:.2f} | {r['p99_minus_base']:+.2f} "
+                f"| {r['denied']:.0%} ({r['expected_denied']:.0%}) "
+                f"| {_num(red.get('scripts'), '.3f')} | {_num(red.get('cmds'), '.2f')} "
+                f"| {_num(red.get('usec'), '.2f')} | {_num(red.get('cpu_us'), '.2f')} |")
+        lines.append("")
+    lines += ["## Redis commands per request", "",
+              "Calls per request × µs per call, from `INFO commandstats`.", "",
+              "| server | workload | commands |", "|---|---|---|"]
+    for r in rows:
+        if r["redis"]:
+            cmds = ", ".join(f"{n} {c['per_request']:.2f} × {c['usec_per_call']:.2f} µs"
+                             for n, c in r["redis"]["by_command"].items())
+            lines.append(f"| {r['server']} | {r['workload']} | {cmds} |")
+    lines += ["", "## Issue 8 targets", "",
+              "| target | server | workload | measured | met |", "|---|---|---|---|---|"]
+    for target, s, w, measured, met in targets(rows):
+        lines.append(f"| {target} | {s} | {w} | {measured} | {'yes' if met else '**no**'} |")
+    warnings = [r for r in rows if abs(r["denied"] - r["expected_denied"]) > 0.05
+                or r["socket_errors"]]
+    if warnings:
+        lines += ["", "## Cells that did not behave as designed", ""]
+        for r in warnings:
+            lines.append(f"- {r['server']} / {r['workload']}: {r['denied']:.1%} not 2xx "
+                         f"(designed {r['expected_denied']:.0%}), "
+                         f"{r['socket_errors']} socket errors")
+    return "\n".join(lines) + "\n"
+
+
+def dump(path, meta, servers, workloads, cells, rows):
+    with open(path, "w") as f:
+        json.dump({"meta": meta,
+                   "servers": [asdict(s) for s in servers],
+                   "workloads": [asdict(w) for w in workloads],
+                   "cells": cells,
+                   "summary": rows}, f, indent=1)
+
+
+def load(path):
+    """(meta, servers, workloads, cells) of a JSON file `dump` wrote."""
+    with open(path) as f:
+        data = json.load(f)
+    servers = [Server(**s) for s in data["servers"]]
+    workloads = [Workload(**{**w, "script": tuple(w["script"]) if w["script"] else None})
+                 for w in data["workloads"]]
+    return data["meta"], servers, workloads, data["cells"]
