@@ -26,17 +26,22 @@ function fixed_window.check(key, limit, window, cost)
     redis.call('PEXPIRE', key, int(window))
     ttl = window
   end
-  local st = { key = key, window = window, fresh = ttl < 0 }
-  if st.fresh then
+  local fresh = ttl < 0
+  if fresh then
     ttl = window
   end
-  st.allowed = count + cost <= limit
-  st.reset = ttl
-  st.retry = ttl
-  st.remaining = math.max(0, limit - count) -- a lowered limit can be passed
-  st.remaining_after = math.max(0, limit - count - cost)
-  st.reset_after = ttl
-  return st
+  -- One constructor: the table is allocated once, at its final size.
+  return {
+    key = key,
+    window = window,
+    fresh = fresh,
+    allowed = count + cost <= limit,
+    reset = ttl,
+    retry = ttl,
+    remaining = math.max(0, limit - count), -- a lowered limit can be passed
+    remaining_after = math.max(0, limit - count - cost),
+    reset_after = ttl,
+  }
 end
 
 function fixed_window.commit(st, cost)

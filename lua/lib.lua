@@ -32,8 +32,8 @@ local function read_number(key, integer)
   return n
 end
 
--- An integer argument for redis.call: Lua would format a number with %.14g,
--- which loses digits above 10^14.
+-- An integer argument for redis.call, as a string: how Redis formats a Lua
+-- number is version-dependent (%.14g loses digits above 10^14).
 local function int(n)
   return string.format('%d', n)
 end
