@@ -27,13 +27,7 @@
 --   * time is Redis's own (TIME), never the caller's clock;
 --   * arguments are validated before the first write.
 
-local function whole(v, min)
-  local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or n < min or n > 2^53 then
-    return nil
-  end
-  return n
-end
+-- `whole` comes from lib.lua, which store/redis_lease.rs puts before this.
 
 local limit = whole(ARGV[1], 1)
 local lease = whole(ARGV[2], 1)

@@ -18,9 +18,10 @@
 --   * time is Redis's own (TIME); arguments are validated before the first
 --     write.
 
-local lease = tonumber(ARGV[1])
+-- `whole` comes from lib.lua, which store/redis_lease.rs puts before this.
+local lease = whole(ARGV[1], 1)
 local token = ARGV[2]
-if lease == nil or lease ~= math.floor(lease) or lease < 1 or lease > 2^53 then
+if not lease then
   return redis.error_reply('ERR concurrency_renew: lease_ms must be an integer >= 1')
 end
 if not token or #token == 0 or #token > 128 then

@@ -1,7 +1,9 @@
--- lib.lua: helpers shared by the algorithm modules. Not a script by itself:
+-- lib.lua: helpers shared by the scripts. Not a script by itself:
 -- store/scripts.rs joins lib.lua, fixed_window.lua, sliding_window.lua,
 -- gcra.lua and decide.lua (in that order) into the one script that decides a
--- request. decide.lua documents its KEYS, ARGV and reply.
+-- request (decide.lua documents its KEYS, ARGV and reply), and
+-- store/redis_lease.rs puts it before concurrency_acquire.lua and
+-- concurrency_renew.lua.
 
 -- A whole number >= min (and exactly representable), or nil.
 local function whole(v, min)

@@ -131,16 +131,15 @@ impl Decision {
 
     /// The same decision, `elapsed` later: the waits are shorter (a wait
     /// never drops below 1 ms while denied). For the local deny cache.
-    pub(crate) fn aged(&self, elapsed: Duration) -> Self {
+    pub(crate) fn aged(mut self, elapsed: Duration) -> Self {
         let ms = elapsed.as_millis() as u64;
-        let mut aged = self.clone();
-        for s in aged.states.iter_mut() {
+        for s in self.states.iter_mut() {
             s.reset_ms = s.reset_ms.saturating_sub(ms);
             if !s.allowed {
                 s.retry_ms = s.retry_ms.saturating_sub(ms).max(1);
             }
         }
-        aged
+        self
     }
 
     /// The binding limit's units per window.

@@ -41,6 +41,7 @@ impl DenyCache {
 
     /// The cached denial for `key` at `cost`, aged to now, if there is one.
     pub(crate) fn get(&self, key: &str, cost: u64) -> Option<Decision> {
+        // `get` hands out a copy of the entry; it is aged in place.
         let entry = self.cache.get(key)?;
         let now = Instant::now();
         if now >= entry.until {

@@ -6,38 +6,18 @@ mod support;
 use futures_util::future::join_all;
 use support::RedisServer;
 
-/// `cmdstat_evalsha` plus `cmdstat_eval` calls since the server started.
-async fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut server.conn().await)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::test]
 async fn concurrent_decisions_share_script_calls_and_stay_exact() {
     let server = RedisServer::start();
     let limiter = server.limiter("30/1m").await;
     // Warm up: the script is loaded and the connection is up.
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    let before = script_calls(&server).await;
+    let before = server.script_calls().await;
 
     let keys = ["a", "b", "c", "d"];
     let checks = (0..400).map(|i| limiter.check(keys[i % 4], 1));
     let decisions = join_all(checks).await;
-    let calls = script_calls(&server).await - before;
+    let calls = server.script_calls().await - before;
 
     for (k, key) in keys.iter().enumerate() {
         let mine = decisions.iter().skip(k).step_by(4);

@@ -254,7 +254,7 @@ async fn scripts_come_back_after_script_flush_on_every_node() {
     let decide_sha = redis::Script::new(redis_ratelimit::store::DECIDE_LUA)
         .get_hash()
         .to_owned();
-    let acquire_sha = redis::Script::new(include_str!("../lua/concurrency_acquire.lua"));
+    let acquire_sha = redis::Script::new(redis_ratelimit::store::ACQUIRE_LUA);
     let acquire_sha = acquire_sha.get_hash().to_owned();
     let rate_owner = cluster.master_of(&limiter.store_key("k"));
     let lease_owner = cluster.master_of(&leases.store_key("k"));

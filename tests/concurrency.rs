@@ -204,9 +204,9 @@ async fn keys_always_carry_a_ttl_and_tampered_keys_are_healed() {
 async fn scripts_validate_their_arguments_before_writing() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let acquire = redis::Script::new(include_str!("../lua/concurrency_acquire.lua"));
-    let renew = redis::Script::new(include_str!("../lua/concurrency_renew.lua"));
-    let release = redis::Script::new(include_str!("../lua/concurrency_release.lua"));
+    let acquire = redis::Script::new(redis_ratelimit::store::ACQUIRE_LUA);
+    let renew = redis::Script::new(redis_ratelimit::store::RENEW_LUA);
+    let release = redis::Script::new(redis_ratelimit::store::RELEASE_LUA);
     redis::cmd("SET")
         .arg("other")
         .arg("x")

@@ -215,6 +215,7 @@ async fn http_gcra_retry_after_is_what_the_next_request_experiences() {
         (1, 1),
         "{res:?}"
     );
+    // Waiting exactly what the server advertised is the point of the test.
     tokio::time::sleep(Duration::from_secs(res.int("retry-after"))).await;
     let res = caller.get(&url).await.expect(200, &log(&b));
     assert_eq!(res.ratelimit("r"), 0, "{res:?}");

@@ -116,34 +116,6 @@ async fn breaker_opens_when_redis_hangs_so_nobody_waits_for_timeouts() {
     breaker_scenario(true).await;
 }
 
-/// `cmdstat_evalsha` (and `eval`) calls since the last `CONFIG RESETSTAT`.
-async fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut server.conn().await)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
-async fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut server.conn().await)
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn a_key_over_its_limit_is_denied_without_a_redis_command() {
     let server = RedisServer::start();
@@ -158,13 +130,13 @@ async fn a_key_over_its_limit_is_denied_without_a_redis_command() {
     }
     assert!(!cached.check("k", 1).await.unwrap().is_allowed());
 
-    reset_stats(&server).await;
+    server.reset_stats().await;
     for _ in 0..50 {
         let local = cached.check("k", 1).await.unwrap();
         assert!(!local.is_allowed());
         assert!(!cached.check("k", 3).await.unwrap().is_allowed());
     }
-    assert_eq!(script_calls(&server).await, 0, "denials went to Redis");
+    assert_eq!(server.script_calls().await, 0, "denials went to Redis");
 
     // The same answer Redis gives.
     let local = cached.check("k", 1).await.unwrap();
@@ -190,10 +162,10 @@ async fn a_key_over_its_limit_is_denied_without_a_redis_command() {
     assert!(gap <= Duration::from_millis(50), "{local:?}\n{redis:?}");
 
     // A peek (cost 0) and other keys still ask Redis.
-    reset_stats(&server).await;
+    server.reset_stats().await;
     assert!(cached.check("k", 0).await.unwrap().is_allowed());
     assert!(cached.check("other", 1).await.unwrap().is_allowed());
-    assert_eq!(script_calls(&server).await, 2);
+    assert_eq!(server.script_calls().await, 2);
     server.assert_every_key_has_ttl().await;
 }
 
@@ -212,11 +184,11 @@ async fn over_http_a_cached_denial_has_the_status_and_headers_redis_would_give()
     let caller = Caller::with_key(Some("k"));
     assert_eq!(caller.statuses(&cached, 3).await, [200, 200, 429]);
 
-    reset_stats(&server).await;
+    server.reset_stats().await;
     let local = caller.get(&cached).await.expect(429, &server.log());
     let redis = caller.get(&uncached).await.expect(429, &server.log());
     assert_eq!(
-        script_calls(&server).await,
+        server.script_calls().await,
         1,
         "only the uncached server asked"
     );

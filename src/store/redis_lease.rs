@@ -10,18 +10,12 @@ use redis::Script;
 use super::RedisStore;
 use crate::{
     Error,
-    store::{BoxFuture, LeaseState, LeaseStore},
+    store::{BoxFuture, LeaseState, LeaseStore, scripts},
 };
 
-/// `lua/concurrency_acquire.lua`: see its header for KEYS, ARGV and the reply.
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_acquire.lua")));
-/// `lua/concurrency_renew.lua`.
-static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_renew.lua")));
-/// `lua/concurrency_release.lua`.
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/concurrency_release.lua")));
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE_LUA));
 
 /// A reply of 0 or 1 as a bool.
 fn flag(script: &str, n: i64) -> Result<bool, Error> {

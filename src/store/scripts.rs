@@ -27,3 +27,21 @@ pub const DECIDE_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/decide.lua"),
 );
+
+/// `lua/concurrency_acquire.lua` after `lua/lib.lua`'s helpers: see its
+/// header for KEYS, ARGV and the reply.
+pub const ACQUIRE_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/concurrency_acquire.lua"),
+);
+
+/// `lua/concurrency_renew.lua` after `lua/lib.lua`'s helpers.
+pub const RENEW_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/concurrency_renew.lua"),
+);
+
+/// `lua/concurrency_release.lua`.
+pub const RELEASE_LUA: &str = include_str!("../../lua/concurrency_release.lua");

@@ -103,25 +103,7 @@ impl Caller {
     }
 
     pub async fn get(&self, url: &str) -> Reply {
-        let mut req = Request::get(url);
-        if let Some(key) = self.api_key {
-            req = req.header("x-api-key", key);
-        }
-        let req = req.body(Empty::new()).unwrap();
-        let exchange = async {
-            let res = self.client.request(req).await.expect("HTTP request");
-            let (parts, body) = res.into_parts();
-            let body = body.collect().await.expect("response body").to_bytes();
-            let body = String::from_utf8(body.to_vec()).unwrap();
-            Reply {
-                status: parts.status,
-                headers: parts.headers,
-                body,
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(30), exchange)
-            .await
-            .unwrap_or_else(|_| panic!("GET {url} hung for 30 s"))
+        get(&self.client, url, self.api_key).await
     }
 
     /// `n` requests, one after another.
@@ -137,4 +119,32 @@ impl Caller {
         let replies = self.get_n(url, n).await;
         replies.iter().map(|r| r.status.as_u16()).collect()
     }
+}
+
+/// `GET url` with `client`, and an `x-api-key` header if given; fails the
+/// test after 30 s.
+pub async fn get(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    url: &str,
+    api_key: Option<&str>,
+) -> Reply {
+    let mut req = Request::get(url);
+    if let Some(key) = api_key {
+        req = req.header("x-api-key", key);
+    }
+    let req = req.body(Empty::new()).unwrap();
+    let exchange = async {
+        let res = client.request(req).await.expect("HTTP request");
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.expect("response body").to_bytes();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {url} hung for 30 s"))
 }

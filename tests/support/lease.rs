@@ -12,8 +12,7 @@ use std::{
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
@@ -208,19 +207,7 @@ impl Drop for InFlight {
     }
 }
 
-/// A finished HTTP exchange.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
+pub use super::http::Reply;
 
 /// A client sending `GET`s with an `x-api-key`.
 pub fn client() -> Client<HttpConnector, Empty<Bytes>> {
@@ -228,27 +215,10 @@ pub fn client() -> Client<HttpConnector, Empty<Bytes>> {
 }
 
 pub async fn get(client: &Client<HttpConnector, Empty<Bytes>>, url: &str, key: &str) -> Reply {
-    let req = Request::get(url).header("x-api-key", key);
-    let req = req.body(Empty::new()).unwrap();
-    let exchange = async {
-        let res = client.request(req).await.expect("HTTP request");
-        let (parts, body) = res.into_parts();
-        let body = body.collect().await.expect("response body").to_bytes();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8(body.to_vec()).unwrap(),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("GET {url} hung for 30 s"))
+    super::http::get(client, url, Some(key)).await
 }
 
 /// Serves an axum app on an ephemeral port.
 pub async fn spawn_axum(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    super::servers::spawn_axum(app, true).await
 }

@@ -241,6 +241,36 @@ impl RedisServer {
         out
     }
 
+    /// `EVALSHA` plus `EVAL` calls since the server started or the last
+    /// [`reset_stats`](Self::reset_stats), from `INFO commandstats`.
+    pub async fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn().await)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
+    /// `CONFIG RESETSTAT`: command statistics start from zero.
+    pub async fn reset_stats(&self) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut self.conn().await)
+            .await
+            .unwrap();
+    }
+
     /// Panics, with the server log, if any key has no TTL.
     pub async fn assert_every_key_has_ttl(&self) {
         for (key, ttl) in self.keys_with_ttl().await {
