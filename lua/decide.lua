@@ -1,6 +1,9 @@
 -- decide.lua: one atomic, all-or-nothing decision over one or more limits.
 -- It runs after lib.lua and the algorithm modules (fixed_window.lua,
 -- sliding_window.lua, gcra.lua), joined into one script by store/scripts.rs.
+-- A module has check (a limit's state; it may spend already), then commit
+-- (spend, or keep the spend) or undo (take back what check spent). A call
+-- whose limits are all fixed windows runs decide_fixed.lua instead.
 --
 -- One call decides a batch of independent requests (often one); each
 -- request's limits are decided all or nothing. The Redis store batches
@@ -109,6 +112,8 @@ local function decide(request, reply)
     local spends = all and st.allowed
     if spends then
       modules[request.limits[i].algorithm].commit(st, cost)
+    else
+      modules[request.limits[i].algorithm].undo(st, cost)
     end
     local remaining, reset = st.remaining, st.reset
     if spends then

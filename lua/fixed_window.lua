@@ -1,5 +1,7 @@
--- fixed_window.lua: the fixed-window algorithm module (see lib.lua for how
--- modules become the decide script).
+-- fixed_window.lua: the fixed-window algorithm, the one implementation both
+-- decide scripts use: the general one and decide_fixed.lua, the fast path
+-- for calls whose every limit is a fixed window (see lib.lua for how the
+-- scripts are joined).
 --
 -- Key     a string counter "{prefix}:fw:{policy}:..." whose PTTL is the time
 --         left in the window; the window starts at the key's first admitted
@@ -8,47 +10,116 @@
 -- Result  allowed when count + cost <= limit; remaining = limit - count;
 --         reset = retry = the key's PTTL (a whole window for a new key).
 --
+-- Order of work: a spend is made first (INCRBY, then PTTL for an existing
+-- key) and settled once the request is decided: kept (a new counter gets its
+-- PEXPIRE) or taken back (DECRBY, or DEL for a counter the spend created).
+-- An allowed decision costs two Redis calls; checking first (GET, PTTL, then
+-- INCRBY) would cost three, or four for a new key. The script is atomic, so
+-- no other client ever sees a spend that was taken back. A cost of 0 only
+-- looks (GET, PTTL).
+--
 -- Guarantees:
---   * the counter only grows when count + cost <= limit, so it never passes
---     the limit and a denied request consumes nothing;
+--   * a denied request leaves the counter as it was, so the counter never
+--     passes the limit through this script and a denial consumes nothing;
 --   * every key left behind has a TTL of at most window_ms. A key found with
 --     no TTL (left by a non-atomic client: SET NX then DECR, or INCR then a
 --     lost EXPIRE) or with a TTL longer than the window is healed, not obeyed;
---   * a value that is not a non-negative integer is reset.
+--   * a value that is not an integer >= 0, or of the wrong type, is reset; a
+--     counter at 0 counts as absent, so its window starts afresh.
+--
+-- Numbers may be given to Redis as Lua numbers (Redis formats them with
+-- %.17g, exact for every integer up to 2^53) or as the caller's decimal
+-- strings, which spares that formatting: `window_arg` and `cost_arg` below.
 
 local fixed_window = {}
 
-function fixed_window.check(key, limit, window, cost)
-  local count = read_number(key, true) or 0
+-- The window left at key, healing a missing or over-long TTL.
+function fixed_window.left(key, window, window_arg)
   local ttl = redis.call('PTTL', key)
   if ttl == -1 or ttl > window then
-    -- Heal: a counter without a TTL (or an over-long one) would block forever.
-    redis.call('PEXPIRE', key, int(window))
-    ttl = window
+    redis.call('PEXPIRE', key, window_arg)
+    return window
   end
-  local fresh = ttl < 0
-  if fresh then
-    ttl = window
+  if ttl < 0 then
+    return window
+  end
+  return ttl
+end
+
+-- Looks without spending: the count and the window left.
+function fixed_window.look(key, window, window_arg)
+  local raw = redis.pcall('GET', key)
+  local count = 0
+  if raw then
+    count = type(raw) == 'string' and tonumber(raw)
+    if not count or count < 0 or count ~= math.floor(count) then
+      redis.call('DEL', key) -- corrupt: start afresh
+      count = 0
+    end
+  end
+  return count, fixed_window.left(key, window, window_arg)
+end
+
+-- Spends cost (> 0) at once: the count before it, the window left, and
+-- whether the spend created the counter (which then has no TTL yet).
+function fixed_window.spend(key, cost, cost_arg, window, window_arg)
+  local count = redis.pcall('INCRBY', key, cost_arg)
+  if type(count) ~= 'number' or count < cost then
+    -- Not an integer >= 0, or the wrong type: start afresh.
+    redis.call('DEL', key)
+    count = redis.call('INCRBY', key, cost_arg)
+  end
+  if count == cost then
+    return 0, window, true
+  end
+  return count - cost, fixed_window.left(key, window, window_arg), false
+end
+
+-- Keeps a spend (a new counter gets its TTL) or takes it back.
+function fixed_window.settle(key, keep, before, fresh, cost_arg, window_arg)
+  if keep then
+    if fresh then
+      redis.call('PEXPIRE', key, window_arg)
+    end
+  elseif before == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('DECRBY', key, cost_arg)
+  end
+end
+
+-- decide.lua's module interface: check (which spends already), then commit
+-- or undo.
+function fixed_window.check(key, limit, window, cost)
+  local before, ttl, fresh
+  if cost == 0 then
+    before, ttl = fixed_window.look(key, window, window)
+  else
+    before, ttl, fresh = fixed_window.spend(key, cost, cost, window, window)
   end
   -- One constructor: the table is allocated once, at its final size.
   return {
     key = key,
     window = window,
     fresh = fresh,
-    allowed = count + cost <= limit,
+    before = before,
+    allowed = before + cost <= limit,
     reset = ttl,
     retry = ttl,
-    remaining = math.max(0, limit - count), -- a lowered limit can be passed
-    remaining_after = math.max(0, limit - count - cost),
+    remaining = math.max(0, limit - before), -- a lowered limit can be passed
+    remaining_after = math.max(0, limit - before - cost),
     reset_after = ttl,
   }
 end
 
 function fixed_window.commit(st, cost)
   if cost > 0 then
-    redis.call('INCRBY', st.key, int(cost))
-    if st.fresh then
-      redis.call('PEXPIRE', st.key, int(st.window))
-    end
+    fixed_window.settle(st.key, true, st.before, st.fresh, cost, st.window)
+  end
+end
+
+function fixed_window.undo(st, cost)
+  if cost > 0 then
+    fixed_window.settle(st.key, false, st.before, st.fresh, cost, st.window)
   end
 end

@@ -58,3 +58,6 @@ function gcra.commit(st, cost)
     redis.call('SET', st.key, string.format('%.17g', st.at), 'PX', int(ttl))
   end
 end
+
+-- Nothing to take back: check never writes a spend.
+function gcra.undo() end

@@ -1,14 +1,26 @@
 -- lib.lua: helpers shared by the scripts. Not a script by itself:
 -- store/scripts.rs joins lib.lua, fixed_window.lua, sliding_window.lua,
--- gcra.lua and decide.lua (in that order) into the one script that decides a
--- request (decide.lua documents its KEYS, ARGV and reply), and
--- store/redis_lease.rs puts it before concurrency_acquire.lua and
--- concurrency_renew.lua.
+-- gcra.lua and decide.lua (in that order) into the general script that
+-- decides a request (decide.lua documents its KEYS, ARGV and reply); lib.lua,
+-- fixed_window.lua and decide_fixed.lua into its fast path for fixed windows;
+-- and lib.lua before concurrency_acquire.lua and concurrency_renew.lua.
 
--- A whole number >= min (and exactly representable), or nil.
+-- The whole number >= min in string v (an argument, or a stored field), or
+-- nil. Only plain decimals pass ("1000", not "1e3", "0x10" or " 7"), so a
+-- string that passes can go to a Redis command as it is. Calls repeat the
+-- same few strings ("1" above all) and tonumber parses each one twice with
+-- strtod, so results are remembered for the rest of the call.
+local parsed = {}
 local function whole(v, min)
-  local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or n < min or n > 2^53 then
+  local n = parsed[v]
+  if n == nil then
+    n = tonumber(v)
+    if n == nil or n ~= math.floor(n) or n < 0 or n > 2^53 or string.format('%d', n) ~= v then
+      n = false
+    end
+    parsed[v or ''] = n
+  end
+  if not n or n < min then
     return nil
   end
   return n

@@ -80,3 +80,6 @@ function sliding_window.commit(st, cost)
     redis.call('PEXPIRE', st.key, int(st.expiry))
   end
 end
+
+-- Nothing to take back: check never writes a spend.
+function sliding_window.undo() end

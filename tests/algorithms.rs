@@ -235,6 +235,18 @@ async fn memory_and_redis_agree_on_gcra() {
     parity(&[("gcra", quota)], &RedisServer::start()).await;
 }
 
+/// Fixed windows only, so Redis runs the fast-path script: a step that one
+/// limit denies must be
+/// taken back in the other, as the memory store never spends it.
+#[tokio::test]
+async fn memory_and_redis_agree_on_several_fixed_windows() {
+    let limits = [
+        ("fw", "6/1s".parse().unwrap()),
+        ("small", "4/2s".parse().unwrap()),
+    ];
+    parity(&limits, &RedisServer::start()).await;
+}
+
 #[tokio::test]
 async fn memory_and_redis_agree_on_several_limits_at_once() {
     let limits = [

@@ -251,7 +251,7 @@ async fn scripts_come_back_after_script_flush_on_every_node() {
         .build()
         .unwrap();
     let leases = ConcurrencyLimiter::builder(1).store(store).build().unwrap();
-    let decide_sha = redis::Script::new(redis_ratelimit::store::DECIDE_LUA)
+    let decide_sha = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA)
         .get_hash()
         .to_owned();
     let acquire_sha = redis::Script::new(redis_ratelimit::store::ACQUIRE_LUA);

@@ -157,6 +157,129 @@ async fn corrupt_keys_are_reset_not_obeyed() {
     server.assert_every_key_has_ttl().await;
 }
 
+/// The fixed-window script spends first and takes the spend back when a
+/// request is denied. A denial must leave every counter and TTL as it was,
+/// and create nothing: not for a cost beyond the limit, not for a fresh key
+/// of a limit that admitted while another denied, not for a peek.
+#[tokio::test]
+async fn denied_fixed_window_requests_leave_no_trace() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = server.limiter("3/10s").await;
+
+    // The limiter refuses such a cost itself; the script must cope too.
+    let huge: Vec<i64> = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA)
+        .key("huge")
+        .arg(&["1", "3", "10000", "0", "1", "5", "1", "1"][..])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(huge, [0, 0, 3, 10_000, 10_000]);
+    let exists: bool = conn.exists("huge").await.unwrap();
+    assert!(!exists, "a cost beyond the limit created its key");
+
+    let peek = limiter.check("peek", 0).await.unwrap();
+    assert!(peek.is_allowed());
+    let exists: bool = conn.exists(limiter.store_key("peek")).await.unwrap();
+    assert!(!exists, "a peek created its key");
+
+    assert!(limiter.check("k", 2).await.unwrap().is_allowed());
+    let key = limiter.store_key("k");
+    let ttl_before: i64 = conn.pttl(&key).await.unwrap();
+    let d = limiter.check("k", 2).await.unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(d.remaining(), 1);
+    let count: i64 = conn.get(&key).await.unwrap();
+    assert_eq!(count, 2, "the denied spend was not taken back");
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        0 < ttl && ttl <= ttl_before,
+        "TTL moved: {ttl_before} -> {ttl}"
+    );
+
+    // Two limits with a key each: the first is spent, the second is fresh.
+    let both = Limiter::builder("1/10s".parse().unwrap())
+        .name("spent")
+        .limit("fresh", "5/10s".parse().unwrap())
+        .store(server.store().await)
+        .build()
+        .unwrap();
+    assert!(both.check_each(&["a", "b"], 1).await.unwrap().is_allowed());
+    let d = both.check_each(&["a", "c"], 1).await.unwrap();
+    assert!(!d.is_allowed());
+    let fresh = both.store_keys("c").pop().unwrap();
+    let exists: bool = conn.exists(&fresh).await.unwrap();
+    assert!(!exists, "the admitting limit kept a spend: {fresh}");
+
+    server.assert_every_key_has_ttl().await;
+}
+
+/// The fast path validates its arguments before writing anything too.
+#[tokio::test]
+async fn fixed_window_script_rejects_bad_arguments_without_writing() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA);
+    // ARGV: policies, then per policy: limit, window_ms, shadow; then
+    // requests, then per request: cost, limits, then a policy per limit.
+    let call = |keys: &[&str], argv: &[&str]| {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
+        call.arg(argv);
+        call
+    };
+    let good = ["1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1"];
+    let ok: Vec<i64> = call(&["k", "k2"], &good)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ok, [1, 1, 4, 1000, 0, 1, 1, 4, 1000, 0]);
+    let _: () = conn.del(&["k", "k2"]).await.unwrap();
+    let mut bad: Vec<Vec<&str>> = Vec::new();
+    // Each position of the good call, spoiled in turn; every policy field is
+    // also tried out of range.
+    for (i, spoiled) in [
+        (0, "0"),
+        (0, "x"),
+        (1, "0"),
+        (1, "1.5"),
+        (2, "0"),
+        (2, "-1"),
+        (2, "1e3"),
+        (5, "0x1"),
+        (5, " 1"),
+        (3, "2"),
+        (3, "x"),
+        (4, "0"),
+        (5, "-1"),
+        (5, "1.5"),
+        (6, "0"),
+        (7, "0"),
+        (7, "2"),
+        (9, "0"),
+        (10, "2"),
+        (10, "x"),
+    ] {
+        let mut argv = good.to_vec();
+        argv[i] = spoiled;
+        bad.push(argv);
+    }
+    // Counts that do not match: a missing argument, an extra one.
+    bad.push(good[..good.len() - 1].to_vec());
+    bad.push([&good[..], &["1"]].concat());
+    for argv in bad {
+        let r: redis::RedisResult<Vec<i64>> =
+            call(&["k", "k2"], &argv).invoke_async(&mut conn).await;
+        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
+    }
+    let r: redis::RedisResult<Vec<i64>> = call(&["k"], &good).invoke_async(&mut conn).await;
+    assert!(r.is_err(), "a missing key accepted: {r:?}");
+    let exists: usize = conn.exists(&["k", "k2"]).await.unwrap();
+    assert_eq!(exists, 0, "a rejected call wrote a key");
+}
+
 /// The script validates its arguments before writing anything.
 #[tokio::test]
 async fn script_rejects_bad_arguments_without_writing() {

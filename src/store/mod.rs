@@ -18,7 +18,7 @@ pub(crate) mod scripts;
 pub use self::lease::{LeaseState, LeaseStore};
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
-pub use self::scripts::{ACQUIRE_LUA, DECIDE_LUA, RELEASE_LUA, RENEW_LUA};
+pub use self::scripts::{ACQUIRE_LUA, DECIDE_FIXED_LUA, DECIDE_LUA, RELEASE_LUA, RENEW_LUA};
 
 /// A boxed, `Send` future, as [`Store`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -143,8 +143,15 @@ pub(super) struct Request<'a> {
 }
 
 /// The decide script's call for a batch of requests (often one): `KEYS` are
-/// every limit's key, `ARGV` the batch (see `lua/decide.lua`).
+/// every limit's key, `ARGV` the batch (see `lua/decide.lua`). A call whose
+/// limits are all fixed windows goes to the fast path instead.
 fn decide_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
+    let fixed = requests.iter().all(|request| {
+        (request.checks.iter()).all(|check| check.quota.algorithm() == Algorithm::FixedWindow)
+    });
+    if fixed {
+        return fixed_invocation(requests);
+    }
     let mut invocation = scripts::DECIDE.prepare_invoke();
     invocation.arg(requests.len());
     for request in requests {
@@ -162,6 +169,39 @@ fn decide_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
                 .arg(quota.window_ms())
                 .arg(burst)
                 .arg(u8::from(check.shadow));
+        }
+    }
+    invocation
+}
+
+/// The fixed-window fast path's call (see `lua/decide_fixed.lua`): the
+/// batch's distinct policies once, then each request's cost and, per limit,
+/// its policy's number. Same reply as [`decide_invocation`]'s.
+fn fixed_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
+    let mut policies: Vec<(u64, u64, bool)> = Vec::new();
+    let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
+    for check in requests.iter().flat_map(|r| r.checks) {
+        let policy = (check.quota.limit(), check.quota.window_ms(), check.shadow);
+        let number = match policies.iter().position(|p| *p == policy) {
+            Some(i) => i + 1,
+            None => {
+                policies.push(policy);
+                policies.len()
+            }
+        };
+        numbers.push(number);
+    }
+    let mut invocation = scripts::DECIDE_FIXED.prepare_invoke();
+    invocation.arg(policies.len());
+    for (limit, window_ms, shadow) in policies {
+        invocation.arg(limit).arg(window_ms).arg(u8::from(shadow));
+    }
+    invocation.arg(requests.len());
+    let mut numbers = numbers.into_iter();
+    for request in requests {
+        invocation.arg(request.cost).arg(request.checks.len());
+        for (check, number) in request.checks.iter().zip(&mut numbers) {
+            invocation.key(&check.key).arg(number);
         }
     }
     invocation
