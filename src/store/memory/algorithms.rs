@@ -2,7 +2,7 @@
 //! `gcra.lua`, in Rust, with the same formulas in the same order (so the same
 //! floating-point results) for [`MemoryStore`](super::MemoryStore).
 
-use crate::{Algorithm, Quota};
+use crate::{Algorithm, Quota, store::LimitState};
 
 /// The store's clock: microseconds, and whole milliseconds of the same instant
 /// (as the scripts get from Redis `TIME`).
@@ -52,6 +52,27 @@ pub(super) struct Checked {
     pub(super) retry_ms: u64,
     /// The entry to store if the decision spends.
     pub(super) spent: Option<Entry>,
+}
+
+impl Checked {
+    /// What the caller learns: the state after the spend, or before it when
+    /// nothing was spent.
+    pub(super) fn state(&self, spends: bool) -> LimitState {
+        LimitState {
+            allowed: self.allowed,
+            remaining: if spends {
+                self.remaining_after
+            } else {
+                self.remaining
+            },
+            reset_ms: if spends {
+                self.reset_after_ms
+            } else {
+                self.reset_ms
+            },
+            retry_ms: if self.allowed { 0 } else { self.retry_ms },
+        }
+    }
 }
 
 /// Float rounding tolerance of GCRA, in microseconds (as in `gcra.lua`).

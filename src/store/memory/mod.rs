@@ -1,7 +1,7 @@
 //! [`MemoryStore`]: counters in this process, with the Redis store's semantics.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, hash_map::Entry as MapEntry},
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -90,9 +90,14 @@ impl MemoryStore {
         Now { us, ms: us / 1000 }
     }
 
-    fn decide_now(&self, checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
+    fn decide_now(&self, mut checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
         let now = self.now();
         let mut counters = self.lock();
+        if checks.len() == 1
+            && let Some(check) = checks.pop()
+        {
+            return vec![counters.decide_one(check, cost, now)];
+        }
         let checked: Vec<_> = checks
             .iter()
             .map(|c| {
@@ -106,29 +111,49 @@ impl MemoryStore {
             .zip(&checked)
             .all(|(l, c)| c.allowed || l.shadow);
         let mut states = Vec::with_capacity(checked.len());
-        for (check, c) in checks.into_iter().zip(&checked) {
+        for (check, c) in checks.into_iter().zip(checked) {
             let spends = all && c.allowed;
-            if let (true, Some(entry)) = (spends, c.spent) {
-                counters.insert(check.key, entry, now);
+            states.push(c.state(spends));
+            if let (true, Some(entry)) = (spends, c.spent)
+                && counters.map.insert(check.key, entry).is_none()
+            {
+                counters.inserted(now);
             }
-            states.push(LimitState {
-                allowed: c.allowed,
-                remaining: if spends {
-                    c.remaining_after
-                } else {
-                    c.remaining
-                },
-                reset_ms: if spends { c.reset_after_ms } else { c.reset_ms },
-                retry_ms: if c.allowed { 0 } else { c.retry_ms },
-            });
         }
         states
     }
 }
 
 impl Counters {
-    fn insert(&mut self, key: String, entry: Entry, now: Now) {
-        if self.map.insert(key, entry).is_none() && self.map.len() >= self.sweep_at {
+    /// One limit, the common case: one map lookup (the key's hash is taken
+    /// once) and no intermediate vector. A lone limit spends when it admits,
+    /// shadow or not.
+    fn decide_one(&mut self, check: LimitCheck, cost: u64, now: Now) -> LimitState {
+        match self.map.entry(check.key) {
+            MapEntry::Occupied(mut held) => {
+                let live = Some(held.get_mut()).filter(|e| e.expires_ms() > now.ms);
+                let c = algorithms::check(live, check.quota, cost, now);
+                let state = c.state(c.allowed);
+                if let (true, Some(entry)) = (c.allowed, c.spent) {
+                    *held.get_mut() = entry;
+                }
+                state
+            }
+            MapEntry::Vacant(free) => {
+                let c = algorithms::check(None, check.quota, cost, now);
+                let state = c.state(c.allowed);
+                if let (true, Some(entry)) = (c.allowed, c.spent) {
+                    free.insert(entry);
+                    self.inserted(now);
+                }
+                state
+            }
+        }
+    }
+
+    /// After a new key: sweeps expired windows once the map has doubled.
+    fn inserted(&mut self, now: Now) {
+        if self.map.len() >= self.sweep_at {
             self.map.retain(|_, e| e.expires_ms() > now.ms);
             self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
         }
