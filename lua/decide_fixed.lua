@@ -52,20 +52,17 @@ local requests = whole(ARGV[first], 1)
 if not requests then
   return bad('the number of requests (>= 1) expected after the policies')
 end
-local num = {} -- num[j]: ARGV[j] parsed, for every request argument
 local arg, keys = first + 1, 0
 for r = 1, requests do
   local cost, n = whole(ARGV[arg], 0), whole(ARGV[arg + 1], 1)
   if not cost or not n then
     return bad('request ' .. r .. ': cost (>= 0) and number of limits (>= 1) expected')
   end
-  num[arg], num[arg + 1] = cost, n
   for j = arg + 2, arg + 1 + n do
     local p = whole(ARGV[j], 1)
     if not p or p > policies then
       return bad('request ' .. r .. ': a policy number in 1..' .. policies .. ' expected')
     end
-    num[j] = p
   end
   arg, keys = arg + 2 + n, keys + n
 end
@@ -73,17 +70,20 @@ if arg ~= #ARGV + 1 or keys ~= #KEYS then
   return bad('ARGV and KEYS do not match the requests they describe')
 end
 
--- Scratch per limit of the request being decided, reused across the batch.
+-- Every argument is valid now, and `parsed` holds its number (a lookup,
+-- cheaper than a table of its own). Scratch per limit of the request being
+-- decided, reused across the batch.
 local before, ttls, fresh = {}, {}, {}
 local look, spend, settle = fixed_window.look, fixed_window.spend, fixed_window.settle
 local reply, at = {}, 0
 local key = 0
 arg = first + 1
 for _ = 1, requests do
-  local cost, cost_s, n = num[arg], ARGV[arg], num[arg + 1]
+  local cost_s = ARGV[arg]
+  local cost, n = parsed[cost_s], parsed[ARGV[arg + 1]]
   local all = true
   for i = 1, n do
-    local p, k = num[arg + 1 + i], KEYS[key + i]
+    local p, k = parsed[ARGV[arg + 1 + i]], KEYS[key + i]
     if cost == 0 then
       before[i], ttls[i] = look(k, window[p], window_s[p])
       fresh[i] = false
@@ -97,7 +97,7 @@ for _ = 1, requests do
   reply[at + 1] = all and 1 or 0
   at = at + 1
   for i = 1, n do
-    local p = num[arg + 1 + i]
+    local p = parsed[ARGV[arg + 1 + i]]
     local count, ttl = before[i], ttls[i]
     local allowed = count + cost <= limit[p]
     local left = limit[p] - count
