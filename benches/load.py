@@ -11,11 +11,14 @@ every (server, workload) cell once, in an order shuffled per round, so that
 the machine's drift hits all alike. A cell: FLUSHALL, start the server,
 spend the workload's keys and check it answers as designed, a wrk warm-up,
 CONFIG RESETSTAT, the measured wrk run (`GET /`), INFO commandstats and cpu,
-stop the server. The servers and workloads are in `loadbench/catalog.py`;
-BENCHMARKS.md explains them.
+stop the server, then the exactness checks (`loadbench/exactness.py`:
+admitted answers within the workload's bound, no Redis key without a TTL, no
+counter over the limit). The servers and workloads are in
+`loadbench/catalog.py`; BENCHMARKS.md explains them.
 
 Writes `<out>.md` (also printed), `<out>.json` (raw cells, from which
 `--from-json` redraws both) and the chart (`--chart`, with matplotlib).
+Exits with status 1, after writing them, when an exactness check failed.
 
 Needs wrk and redis-server on PATH (apt-get install -y wrk redis-server),
 cargo, and for the chart matplotlib (pip install matplotlib).
@@ -31,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from loadbench import catalog, chart, procs, redisstats, report, wrk  # noqa: E402
+from loadbench import catalog, chart, exactness, procs, redisstats, report, wrk  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -126,6 +129,8 @@ def cell(redis, binary, server, workload, args, logdir, rnd):
         cpu = redisstats.reset(redis)
         result = wrk.run(url, args.seconds, args.connections, args.threads, workload.script)
         result["redis"] = redisstats.collect(redis, cpu) if server.redis else None
+    # After the measured run, outside the timed part.
+    result["exactness"] = exactness.check(redis, server, workload, result, args.threads)
     return {"round": rnd, "server": server.name, "workload": workload.name,
             "startup": startup, "env": {k: v for k, v in env.items() if k != "REDIS_URL"},
             **result}
@@ -152,6 +157,9 @@ def measure(args, servers, workloads):
                 print(f"round {rnd}: {server.name:38} {workload.name:20} {c['rps']:>9.0f} req/s "
                       f"p50 {c['p50']:.2f} p99 {c['p99']:.2f} ms, "
                       f"{c['non2xx'] / max(c['requests'], 1):.0%} not 2xx", file=sys.stderr)
+                if c["exactness"] and not c["exactness"]["ok"]:
+                    print("  exactness: " + "; ".join(c["exactness"]["problems"]),
+                          file=sys.stderr)
     finally:
         redis.stop()
     info["loadavg_end"] = os.getloadavg()[0]
@@ -171,7 +179,7 @@ def main():
                      ", ".join(w.name for w in catalog.WORKLOADS))
         info, cells = measure(args, servers, workloads)
     rows = report.summarize(cells, servers, workloads)
-    text = report.markdown(rows, info, workloads)
+    text = report.markdown(rows, info, workloads, cells)
     print(text)
     with open(args.out + ".md", "w") as f:
         f.write(text)
@@ -183,6 +191,13 @@ def main():
         print(f"chart: {args.chart}", file=sys.stderr)
     print(f"report: {args.out}.md" + ("" if args.from_json else f", raw: {args.out}.json"),
           file=sys.stderr)
+    failed = exactness.failures(cells)
+    if failed:
+        print(f"exactness under load: {len(failed)} cell(s) failed:", file=sys.stderr)
+        for c in failed:
+            print(f"  round {c['round']}: {c['server']} / {c['workload']}: "
+                  + "; ".join(c["exactness"]["problems"]), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

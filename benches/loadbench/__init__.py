@@ -4,6 +4,8 @@
 * `procs`: redis-server, building and starting the servers, warm-up requests;
 * `wrk`: running wrk and reading its report (with `keys.lua` for per-request keys);
 * `redisstats`: what Redis did per cell (`INFO commandstats`, `INFO cpu`);
+* `exactness`: after each cell, admitted answers within the workload's bound and
+  no Redis key without a TTL;
 * `report`: medians of per-round ratios, the markdown table and the JSON file;
 * `chart`: the grouped bar chart (matplotlib).
 """

@@ -5,7 +5,7 @@ import json
 import statistics
 from dataclasses import asdict
 
-from . import redisstats
+from . import exactness, redisstats
 from .catalog import Server, Workload
 
 
@@ -79,7 +79,38 @@ def _num(x, fmt):
     return "–" if x is None else format(x, fmt)
 
 
-def markdown(rows, meta, workloads):
+def _exactness(cells):
+    """The "Exactness under load" section, from the cells' records."""
+    t = exactness.totals(cells)
+    lines = ["## Exactness under load", ""]
+    if t["unrecorded"] == t["cells"]:
+        return lines + ["Not checked: these results predate the exactness checks.", ""]
+    lines += [
+        f"After the measured run, {t['checked']} of {t['cells']} cells checked; the "
+        "others had nothing to check (no bound, no Redis):",
+        "",
+        f"- admitted answers (2xx) within the workload's bound: {t['bounded']} cells "
+        "(the workloads that deny);",
+        f"- Redis keyspaces scanned for keys without a TTL: {t['scanned']}, "
+        f"{t['keys']:,} keys in all;",
+        f"- our largest counter against the limit: {t['counters']} cells (our Redis "
+        "servers, on the workloads with a small limit).",
+    ]
+    if t["unrecorded"]:
+        lines += ["", f"{t['unrecorded']} cells predate the checks and were not checked."]
+    lines.append("")
+    failed = exactness.failures(cells)
+    if not failed:
+        return lines + ["Every check passed.", ""]
+    lines += ["**Cells that failed a check:**", "",
+              "| round | server | workload | problems |", "|---:|---|---|---|"]
+    for c in failed:
+        lines.append(f"| {c['round']} | {c['server']} | {c['workload']} | "
+                     + "; ".join(c["exactness"]["problems"]) + " |")
+    return lines + [""]
+
+
+def markdown(rows, meta, workloads, cells=()):
     m = meta
     lines = [
         "# Load benchmark results",
@@ -114,6 +145,7 @@ def markdown(rows, meta, workloads):
                 f"| {_num(red.get('scripts'), '.3f')} | {_num(red.get('cmds'), '.2f')} "
                 f"| {_num(red.get('usec'), '.2f')} | {_num(red.get('cpu_us'), '.2f')} |")
         lines.append("")
+    lines += _exactness(cells)
     lines += ["## Redis commands per request", "",
               "Calls per request × µs per call, from `INFO commandstats`.", "",
               "| server | workload | commands |", "|---|---|---|"]
