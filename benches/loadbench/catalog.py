@@ -17,7 +17,8 @@ API_KEY = "x-api-key"
 @dataclass(frozen=True)
 class Server:
     name: str
-    # "axum" (examples/axum.rs), or a peer binary: "governor", "actix-erl".
+    # "axum" (examples/axum.rs), or a binary of benches/peers: "governor",
+    # "actix-erl", "redis-floor".
     binary: str
     env: dict = field(default_factory=dict)
     # Gets REDIS_URL pointing at the benchmark's redis-server.
@@ -44,6 +45,11 @@ SERVERS = [
     # Not a limiter: shows how much of actix-extensible-rate-limit's ratio is
     # actix-web itself rather than its limiter.
     Server("actix-web, no limiter", "actix-erl", {"RATE_LIMIT": "off"}, limits=False),
+    # Not a limiter: one Redis PING per request through redis-rs 1's
+    # ConnectionManager, as ours uses. The ceiling of any limiter that asks
+    # Redis once per request, on this machine.
+    Server("axum + one Redis PING per request (floor)", "redis-floor",
+           {"RATE_LIMIT": "off"}, redis=True, limits=False),
 ]
 
 BASELINE = next(s for s in SERVERS if s.baseline)
