@@ -1,6 +1,7 @@
 //! [`Limiter`]: named limits plus a store; the framework-free entry point.
 
 use std::{
+    borrow::Cow,
     fmt,
     sync::Arc,
     task::{Context, Poll, Waker},
@@ -209,14 +210,17 @@ impl Limiter {
                 shadow,
             });
         }
+        // Borrowed for the lookup; owned (for an insert, should the store
+        // deny) only after a miss.
         let cache_key = inner.deny_cache.as_ref().map(|cache| {
             let key = match &checks[..] {
-                [one] => one.key.clone(),
-                many => many
-                    .iter()
-                    .map(|c| c.key.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" "),
+                [one] => Cow::Borrowed(one.key.as_str()),
+                many => Cow::Owned(
+                    many.iter()
+                        .map(|c| c.key.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
             };
             (cache, key)
         });
@@ -235,7 +239,7 @@ impl Limiter {
             metrics::store_error(self.limits().map(|(name, _)| name));
             return done(Err(Error::CircuitOpen));
         }
-        let cache_key = cache_key.map(|(_, key)| key);
+        let cache_key = cache_key.map(|(_, key)| key.into_owned());
         let states = inner.store.decide(checks, cost);
         let probe = ProbeGuard {
             inner: inner.clone(),
