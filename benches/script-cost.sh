@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Redis's own work per decision, in instructions (valgrind's callgrind), which
+# unlike seconds does not depend on what else the machine is doing.
+#
+#   bash benches/script-cost.sh [CALLS]      (default 2000 calls of 8 decisions)
+#
+# For each script below, a redis-server runs under callgrind on a free port;
+# 2000 calls (redis-benchmark, 4 connections) first create the counters
+# untimed, then instrumentation is switched on for CALLS more calls. Every
+# call decides 8 allowed requests on existing counters (keys k:0..k:99 with a
+# suffix per request, a quota of a billion an hour), as a batch from
+# RedisStore does. Printed: instructions per call and per decision.
+#
+#   general      lua/lib.lua + fixed_window.lua + sliding_window.lua +
+#                gcra.lua + decide.lua (DECIDE_LUA), fixed-window limits
+#   fast path    lua/lib.lua + fixed_window.lua + decide_fixed.lua
+#                (DECIDE_FIXED_LUA): what fixed-window limits run
+#   bare         INCRBY and PTTL per key and a reply of the same shape, with
+#                no validation, no healing, no settling: the cost of the Redis
+#                calls through Lua alone, a floor for any such script
+#   return 1     an EVALSHA that does nothing: the per-call cost
+#
+# Needs redis-server, redis-cli, redis-benchmark and valgrind
+# (apt-get install -y redis-server redis-tools valgrind).
+set -euo pipefail
+
+calls=${1:-2000}
+root=$(cd "$(dirname "$0")/.." && pwd)
+lua=$root/lua
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+for tool in redis-server redis-cli redis-benchmark valgrind callgrind_control callgrind_annotate; do
+  command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install -y redis-server redis-tools valgrind" >&2; exit 1; }
+done
+
+join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
+join lib.lua fixed_window.lua sliding_window.lua gcra.lua decide.lua >"$work/general.lua"
+join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
+cat >"$work/bare.lua" <<'EOF'
+local reply = {}
+for i = 1, #KEYS do
+  local count = redis.call('INCRBY', KEYS[i], ARGV[1])
+  local ttl = redis.call('PTTL', KEYS[i])
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, count, ttl, 0, 0
+end
+return reply
+EOF
+echo 'return 1' >"$work/return1.lua"
+
+keys=()
+for i in 1 2 3 4 5 6 7 8; do keys+=("k:__rand_int__:$i"); done
+# decide.lua: requests, then per request cost, limits, then per limit
+# algorithm, limit, window_ms, burst, shadow.
+general=(8)
+# decide_fixed.lua: policies, one policy (limit, window_ms, shadow), then
+# requests, then per request cost, limits, policy.
+fast=(1 1000000000 3600000 0 8)
+for _ in 1 2 3 4 5 6 7 8; do
+  general+=(1 1 1 1000000000 3600000 0 0)
+  fast+=(1 1 1)
+done
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# measure NAME FILE DECISIONS ARGS...: prints instructions per call and decision.
+measure() {
+  local name=$1 file=$2 decisions=$3
+  shift 3
+  local port out pid sha
+  port=$(free_port)
+  out=$work/$name.callgrind
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+    redis-server --port "$port" --save '' --appendonly no >"$work/$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
+  sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$file")")
+  redis-benchmark -p "$port" -n 2000 -c 4 -r 100 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
+  callgrind_control -i on "$pid" >/dev/null 2>&1
+  redis-benchmark -p "$port" -n "$calls" -c 4 -r 100 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
+  callgrind_control -i off "$pid" >/dev/null 2>&1
+  redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  wait "$pid" || true
+  local total
+  total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}')
+  printf '%-10s %9d instructions per call  %7d per decision\n' \
+    "$name" $((total / calls)) $((total / calls / decisions))
+}
+
+echo "redis-server instructions, $calls calls of 8 allowed decisions each ($(redis-server --version | awk '{print $3}'))"
+measure general "$work/general.lua" 8 8 "${keys[@]}" "${general[@]}"
+measure "fast path" "$work/fast.lua" 8 8 "${keys[@]}" "${fast[@]}"
+measure bare "$work/bare.lua" 8 8 "${keys[@]}" 1
+measure "return 1" "$work/return1.lua" 1 0
