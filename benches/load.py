@@ -118,7 +118,7 @@ def cell(redis, binary, server, workload, args, logdir, rnd):
     if server.redis:
         env["REDIS_URL"] = redis.url
     log = os.path.join(logdir, f"r{rnd}-{server.name}-{workload.name}.log".replace(" ", "_"))
-    with procs.serving(binary, env, log) as (port, startup):
+    with procs.serving(binary, env, log) as (port, startup, pid):
         problem = procs.prepare(port, workload, server.limits)
         if problem:
             sys.exit(f"{server.name} / {workload.name}: {problem}; server log {log}:\n"
@@ -127,7 +127,9 @@ def cell(redis, binary, server, workload, args, logdir, rnd):
         if args.warmup:
             wrk.run(url, args.warmup, args.connections, args.threads, workload.script)
         cpu = redisstats.reset(redis)
+        server_cpu = procs.cpu_seconds(pid)
         result = wrk.run(url, args.seconds, args.connections, args.threads, workload.script)
+        result["server_cpu_s"] = procs.cpu_seconds(pid) - server_cpu
         result["redis"] = redisstats.collect(redis, cpu) if server.redis else None
     # After the measured run, outside the timed part.
     result["exactness"] = exactness.check(redis, server, workload, result, args.threads)

@@ -101,8 +101,8 @@ def run(cmd, cwd):
 
 @contextmanager
 def serving(binary, env, log):
-    """Starts a server on a free port; yields (port, startup line); stops it
-    (SIGTERM, then wait) on the way out."""
+    """Starts a server on a free port; yields (port, startup line, pid);
+    stops it (SIGTERM, then wait) on the way out."""
     port = free_port()
     env = dict(os.environ, **env, BIND=f"127.0.0.1:{port}", RUST_LOG="info", NO_COLOR="1")
     with open(log, "w") as out:
@@ -111,10 +111,18 @@ def serving(binary, env, log):
         wait_port(port, proc, os.path.basename(binary), log)
         startup = next((ANSI.sub("", line).strip() for line in read_tail(log).splitlines()
                         if "listening on" in line), "")
-        yield port, startup
+        yield port, startup, proc.pid
     finally:
         proc.terminate()
         proc.wait()
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a running process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def get(conn, key=None):

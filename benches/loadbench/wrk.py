@@ -2,6 +2,7 @@
 
 import os
 import re
+import resource
 import subprocess
 import uuid
 
@@ -14,7 +15,7 @@ def run(url, seconds, connections, threads=1, script=None):
     """One wrk run: `GET url` for `seconds` over `connections` kept-alive
     connections. `script` is keys.lua's (mode, keys), or None for a plain GET.
     Returns req/s, the request count, p50/p75/p90/p99 in ms, non-2xx
-    answers and socket errors."""
+    answers, socket errors and wrk's own CPU seconds."""
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
     if script:
         mode, keys = script
@@ -22,8 +23,13 @@ def run(url, seconds, connections, threads=1, script=None):
         cmd += ["-s", SCRIPT, url, "--", mode, str(keys), uuid.uuid4().hex[:12]]
     else:
         cmd.append(url)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return parse(out)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = parse(out)
+    # wrk's own CPU time (it was the only child waited for meanwhile).
+    result["wrk_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result
 
 
 def parse(out):
