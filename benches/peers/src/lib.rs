@@ -175,6 +175,23 @@ fn var(name: &'static str) -> Result<Option<String>, Error> {
     }
 }
 
+/// Binds `bind`, prints `what` and the address (`"<what> listening on
+/// <addr>"`, the line `benches/load.py` waits for) and serves `app` with the
+/// peer address available, until Ctrl-C. Shared by the axum servers.
+pub async fn serve_axum(bind: SocketAddr, what: &str, app: axum::Router) -> Result<(), Error> {
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    eprintln!("{what} listening on {}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    Ok(())
+}
+
 /// Why a peer did not start or stopped: exit status 2 for configuration, 1
 /// otherwise, as with the examples.
 #[derive(Debug)]

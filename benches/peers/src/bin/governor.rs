@@ -13,15 +13,11 @@
 //! RATE_LIMIT=1000/1s RATE_LIMIT_KEY=header:x-api-key cargo run --release --bin governor
 //! ```
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    process::ExitCode,
-    time::Duration,
-};
+use std::{net::IpAddr, process::ExitCode, time::Duration};
 
 use axum::{Router, routing::get};
 use http::{HeaderValue, Request, StatusCode};
-use ratelimit_peers::{Config, Error, KeyBy, Limit, Store, report};
+use ratelimit_peers::{Config, Error, KeyBy, Limit, Store, report, serve_axum};
 use tower_governor::{
     GovernorError, GovernorLayer,
     governor::GovernorConfigBuilder,
@@ -47,21 +43,8 @@ async fn serve() -> Result<(), Error> {
             .ok_or_else(|| Error::runtime("governor refused the quota"))?;
         app = app.layer(GovernorLayer::new(governor));
     }
-    let listener = tokio::net::TcpListener::bind(config.bind).await?;
-    eprintln!(
-        "tower_governor peer listening on {} ({})",
-        listener.local_addr()?,
-        config.describe()
-    );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
-    Ok(())
+    let what = format!("tower_governor peer ({})", config.describe());
+    serve_axum(config.bind, &what, app).await
 }
 
 /// Governor's replenishment period and burst for a quota.

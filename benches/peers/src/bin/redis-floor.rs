@@ -16,10 +16,10 @@
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --bin redis-floor
 //! ```
 
-use std::{net::SocketAddr, process::ExitCode};
+use std::process::ExitCode;
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
-use ratelimit_peers::{Config, Error, Store, report};
+use ratelimit_peers::{Config, Error, Store, report, serve_axum};
 use redis1::aio::ConnectionManager;
 
 #[tokio::main]
@@ -39,20 +39,8 @@ async fn serve() -> Result<(), Error> {
         .await
         .map_err(|e| Error::runtime(format!("connecting to Redis: {e}")))?;
     let app = Router::new().route("/", get(ping)).with_state(conn);
-    let listener = tokio::net::TcpListener::bind(config.bind).await?;
-    eprintln!(
-        "redis floor (one PING per request, no limiter) listening on {}",
-        listener.local_addr()?
-    );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
-    Ok(())
+    let what = "redis floor (one PING per request, no limiter)";
+    serve_axum(config.bind, what, app).await
 }
 
 /// One `PING`; a Redis error answers 503, so a broken floor is seen.
