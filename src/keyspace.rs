@@ -21,8 +21,26 @@ use crate::error::ConfigError;
 /// The longest client key stored raw; longer keys are hashed.
 pub const RAW_KEY_MAX: usize = 128;
 
+/// The safe alphabet as a table: one load per byte on the hot path.
+const SAFE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~:@/+=";
+    let mut i = 0;
+    while i < extra.len() {
+        table[extra[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
+
 fn is_safe(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~:@/+=".contains(&b)
+    SAFE[usize::from(b)]
 }
 
 /// Checks a configured prefix or policy name: 1 to 64 safe characters.
@@ -45,17 +63,17 @@ pub(crate) fn push_client(out: &mut String, client: &[u8]) {
 
 /// Appends the client bytes raw if safe, else hashed; never a brace.
 pub(crate) fn push_escaped(out: &mut String, client: &[u8]) {
-    match std::str::from_utf8(client) {
-        Ok(s) if !s.is_empty() && s.len() <= RAW_KEY_MAX && s.bytes().all(is_safe) => {
-            out.push_str(s)
-        }
-        _ => {
-            out.push('#');
-            for b in Sha256::digest(client) {
-                out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
-                out.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
-            }
-        }
+    let raw =
+        !client.is_empty() && client.len() <= RAW_KEY_MAX && client.iter().all(|&b| is_safe(b));
+    // Safe bytes are ASCII, so a raw key is always UTF-8.
+    if raw && let Ok(s) = std::str::from_utf8(client) {
+        out.push_str(s);
+        return;
+    }
+    out.push('#');
+    for b in Sha256::digest(client) {
+        out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        out.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
     }
 }
 
