@@ -9,7 +9,7 @@ use crate::{
     Decision, Error, Limiter, OnStoreError, Rejection, Respond,
     headers::{self, HeaderSink},
     key::{Key, KeyError, KeyExtractor},
-    store::BoxFuture,
+    limiter::Deciding,
 };
 
 /// What the middleware does with a request once its check is done.
@@ -131,10 +131,7 @@ impl<K, R, L> Core<K, R, L> {
 impl<K, R> Core<K, R> {
     /// Derives the request's keys and cost and starts its check, or rejects
     /// the request at once when no key can be derived.
-    pub(crate) fn start<Req: ?Sized>(
-        &self,
-        req: &Req,
-    ) -> Result<BoxFuture<'static, Result<Decision, Error>>, Rejection>
+    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Deciding, Rejection>
     where
         K: KeyExtractor<Req>,
     {

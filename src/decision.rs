@@ -2,7 +2,12 @@
 
 use std::{sync::Arc, time::Duration};
 
+use smallvec::SmallVec;
+
 use crate::{Quota, headers::Policies, store::LimitState};
+
+/// One state per limit; a lone limit's is held inline, without allocating.
+pub(crate) type States = SmallVec<[LimitState; 1]>;
 
 /// The outcome of [`Limiter::check`](crate::Limiter::check).
 ///
@@ -34,7 +39,7 @@ use crate::{Quota, headers::Policies, store::LimitState};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     allowed: bool,
-    states: Box<[LimitState]>,
+    states: States,
     binding: usize,
     policies: Arc<Policies>,
 }
@@ -86,7 +91,8 @@ impl LimitDecision<'_> {
 }
 
 impl Decision {
-    pub(crate) fn new(states: Vec<LimitState>, policies: Arc<Policies>) -> Self {
+    pub(crate) fn new(states: impl Into<States>, policies: Arc<Policies>) -> Self {
+        let states = states.into();
         let enforced = |i: &usize| !policies.is_shadow(*i);
         let allowed = (0..states.len())
             .filter(enforced)
@@ -103,7 +109,7 @@ impl Decision {
         Self {
             allowed,
             binding: binding.unwrap_or(0),
-            states: states.into(),
+            states,
             policies,
         }
     }

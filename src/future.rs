@@ -15,7 +15,7 @@ use tower_service::Service;
 use crate::{
     Decision, Error, Rejection, Respond,
     core::{Core, Verdict},
-    store::BoxFuture,
+    limiter::Deciding,
 };
 
 pin_project! {
@@ -38,7 +38,7 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         Checking {
-            check: BoxFuture<'static, Result<Decision, Error>>,
+            check: Deciding,
             svc: Option<S>,
             req: Option<Request<ReqBody>>,
         },
@@ -67,7 +67,7 @@ where
     S: Service<Request<ReqBody>>,
 {
     pub(crate) fn checking(
-        check: BoxFuture<'static, Result<Decision, Error>>,
+        check: Deciding,
         svc: S,
         req: Request<ReqBody>,
         core: Arc<Core<K, R>>,
@@ -79,6 +79,26 @@ where
                 req: Some(req),
             },
             core,
+        }
+    }
+
+    /// The future of a request whose decision is known: the inner service
+    /// is called now if it passes.
+    pub(crate) fn decided(
+        result: Result<Decision, Error>,
+        mut svc: S,
+        req: Request<ReqBody>,
+        core: &Arc<Core<K, R>>,
+    ) -> Self {
+        match core.verdict(result) {
+            Verdict::Pass(decision) => Self {
+                state: State::Calling {
+                    fut: svc.call(req),
+                    decision,
+                },
+                core: core.clone(),
+            },
+            Verdict::Reject(rejection) => Self::rejected(core, rejection),
         }
     }
 
@@ -104,7 +124,7 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking { check, svc, req } => {
-                    let result = ready!(check.as_mut().poll(cx));
+                    let result = ready!(Pin::new(check).poll(cx));
                     match this.core.verdict(result) {
                         Verdict::Pass(decision) => {
                             let mut svc = svc.take().expect("polled after completion");

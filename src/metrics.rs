@@ -10,7 +10,7 @@
 //! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit) |
 
-use std::time::Duration;
+use std::time::Instant;
 
 use crate::Decision;
 
@@ -43,11 +43,19 @@ pub(crate) fn store_error<'a>(limits: impl Iterator<Item = &'a str>) {
     let _ = limits;
 }
 
-/// Records how long a store call took.
-pub(crate) fn store_latency(limit: &str, took: Duration) {
+/// Records how long a store call took, from its [`clock`].
+pub(crate) fn store_latency(limit: &str, started: Option<Instant>) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("ratelimit_store_latency_seconds", "limit" => limit.to_owned())
-        .record(took.as_secs_f64());
+    if let Some(started) = started {
+        metrics::histogram!("ratelimit_store_latency_seconds", "limit" => limit.to_owned())
+            .record(started.elapsed().as_secs_f64());
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (limit, took);
+    let _ = (limit, started);
+}
+
+/// The start of a store call, for [`store_latency`]; `None` (no clock read)
+/// when the `metrics` feature is off and nothing would record it.
+pub(crate) fn clock() -> Option<Instant> {
+    cfg!(feature = "metrics").then(Instant::now)
 }

@@ -56,9 +56,14 @@ where
         let inner = mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
         match self.core.start(&parts) {
-            Ok(check) => {
+            Ok(mut check) => {
                 let req = Request::from_parts(parts, body);
-                ResponseFuture::checking(check, inner, req, self.core.clone())
+                match check.now() {
+                    // Decided already (the memory store, a cached denial):
+                    // the inner service is called here, not on first poll.
+                    Some(result) => ResponseFuture::decided(result, inner, req, &self.core),
+                    None => ResponseFuture::checking(check, inner, req, self.core.clone()),
+                }
             }
             Err(rejection) => ResponseFuture::rejected(&self.core, rejection),
         }

@@ -287,7 +287,10 @@ impl Limiting {
     async fn layer(&self) -> Result<(RateLimitLayer<KeyBy>, String), Error> {
         let builder = self.limits.builder();
         let (builder, described) = match &self.backend {
-            Backend::Memory => (builder, "in-memory, REDIS_URL unset".to_owned()),
+            Backend::Memory => (
+                builder,
+                "in-memory, REDIS_URL unset; it needs no deny cache".to_owned(),
+            ),
             Backend::Redis { url, addr, pool } => {
                 let (store, via) = connect(url, addr, *pool).await?;
                 (builder.store(store), format!("redis at {addr} via {via}"))

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{DEFAULT_TIMEOUT, Inner, Limiter};
+use super::{Backend, DEFAULT_TIMEOUT, Inner, Limiter};
 use crate::{
     Breaker, ConfigError, MemoryStore, Quota, breaker, deny_cache::DenyCache, headers::Policies,
     keyspace, store::Store,
@@ -18,7 +18,7 @@ pub const DEFAULT_DENY_CACHE: usize = 10_000;
 pub struct LimiterBuilder {
     limits: Vec<(String, Quota)>,
     prefix: String,
-    store: Option<Arc<dyn Store>>,
+    store: Option<Backend>,
     timeout: Duration,
     breaker: Breaker,
     deny_cache: usize,
@@ -48,7 +48,8 @@ impl LimiterBuilder {
     }
 
     /// The local deny cache's capacity in denied keys (default
-    /// [`DEFAULT_DENY_CACHE`]); 0 turns it off. See
+    /// [`DEFAULT_DENY_CACHE`]); 0 turns it off. Only stores outside the
+    /// process use it, not the [`MemoryStore`]. See
     /// [`deny cache`](crate::Limiter#the-local-deny-cache).
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
@@ -73,7 +74,7 @@ impl LimiterBuilder {
     /// The store: a [`RedisStore`](crate::RedisStore), a
     /// [`MemoryStore`] (the default), or your own.
     pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(Arc::new(store));
+        self.store = Some(Backend::new(store));
         self
     }
 
@@ -132,15 +133,21 @@ impl LimiterBuilder {
         });
         let shared_tag =
             (self.limits.len() > 1).then(|| format!("{{{}:{}}}:", self.prefix, self.limits[0].0));
+        let store = self
+            .store
+            .unwrap_or_else(|| Backend::Memory(MemoryStore::new()));
+        // The in-memory store has no use for a deny cache.
+        let deny_cache = (self.deny_cache > 0 && !matches!(store, Backend::Memory(_)))
+            .then(|| DenyCache::new(self.deny_cache));
         Ok(Limiter {
             inner: Arc::new(Inner {
                 limits: limits.collect(),
                 policies: Arc::new(Policies::new(&self.limits).with_shadow(shadow.collect())),
                 shared_tag,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                store,
                 timeout: self.timeout,
                 breaker: breaker::State::new(self.breaker),
-                deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                deny_cache,
             }),
         })
     }

@@ -1,25 +1,23 @@
 //! [`Limiter`]: named limits plus a store; the framework-free entry point.
 
-use std::{
-    borrow::Cow,
-    fmt,
-    sync::Arc,
-    task::{Context, Poll, Waker},
-    time::{Duration, Instant},
-};
+use std::{borrow::Cow, fmt, sync::Arc, time::Duration};
 
+pub(crate) use self::deciding::Deciding;
+use self::deciding::ProbeGuard;
 use crate::{
-    Decision, Error, Quota,
+    Decision, Error, MemoryStore, Quota,
     breaker::{self, Pass},
+    decision::States,
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
-    store::{BoxFuture, LimitCheck, Store},
+    store::{LimitCheck, Store},
 };
 
 pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
 
 pub(crate) mod builder;
+mod deciding;
 
 /// The default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
@@ -80,7 +78,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// A key denied until a known time is denied in process, without a store
 /// call, until then: under an attack, most requests cost no Redis round trip.
 /// It is on by default, bounded ([`LimiterBuilder::deny_cache`] sets the
-/// number of keys; 0 turns it off) and shared by the limiter's clones.
+/// number of keys; 0 turns it off) and shared by the limiter's clones. The
+/// [`MemoryStore`] does not use it: that store decides in process, exactly
+/// and as quickly as the cache would answer.
 ///
 /// **It never admits a request the store would deny**: it only ever denies,
 /// and everything it does not hold goes to the store. A cached denial for a
@@ -117,10 +117,27 @@ struct Inner {
     policies: Arc<Policies>,
     /// With several limits: `{<prefix>:<first name>}:`, the shared hash tag.
     shared_tag: Option<String>,
-    store: Arc<dyn Store>,
+    store: Backend,
     timeout: Duration,
     breaker: breaker::State,
     deny_cache: Option<DenyCache>,
+}
+
+/// Where the counts live. The in-memory store is called directly: it decides
+/// synchronously, so its decisions need no boxed future.
+#[derive(Debug)]
+enum Backend {
+    Memory(MemoryStore),
+    Other(Arc<dyn Store>),
+}
+
+impl Backend {
+    fn new<S: Store>(store: S) -> Self {
+        match (&store as &dyn std::any::Any).downcast_ref::<MemoryStore>() {
+            Some(memory) => Backend::Memory(memory.clone()),
+            None => Backend::Other(Arc::new(store)),
+        }
+    }
 }
 
 impl fmt::Debug for Limiter {
@@ -182,34 +199,28 @@ impl Limiter {
 
     /// Decides `cost` for `keys`: one key for every limit, or one per limit.
     ///
-    /// In order: a cached denial answers at once; an open circuit breaker
-    /// fails at once; otherwise one store call, bounded by the timeout.
-    pub(crate) fn decide(
-        &self,
-        keys: &[&[u8]],
-        cost: u64,
-    ) -> BoxFuture<'static, Result<Decision, Error>> {
+    /// In order: the in-memory store decides at once; a cached denial answers
+    /// at once; an open circuit breaker fails at once; otherwise one store
+    /// call, bounded by the timeout.
+    pub(crate) fn decide(&self, keys: &[&[u8]], cost: u64) -> Deciding {
         let inner = &self.inner;
-        let done = |r| -> BoxFuture<'static, _> { Box::pin(std::future::ready(r)) };
+        let done = |r| Deciding::Ready(Some(r));
         let limits = inner.limits.len();
         if keys.len() != 1 && keys.len() != limits {
             let got = keys.len();
             return done(Err(Error::KeyCount { limits, got }));
         }
-        let mut checks = Vec::with_capacity(limits);
-        for (i, (quota, _)) in inner.limits.iter().enumerate() {
-            if cost > quota.capacity() {
-                let limit = quota.capacity();
-                return done(Err(Error::CostExceedsLimit { cost, limit }));
-            }
-            let key = self.key_of(i, keys[i.min(keys.len() - 1)]);
-            let shadow = inner.policies.is_shadow(i);
-            checks.push(LimitCheck {
-                key,
-                quota: *quota,
-                shadow,
-            });
-        }
+        let store = match &inner.store {
+            Backend::Memory(memory) => return done(self.decide_in_memory(memory, keys, cost)),
+            Backend::Other(store) => store,
+        };
+        let checks: Vec<_> = match (0..limits)
+            .map(|i| self.limit_check(i, keys, cost))
+            .collect()
+        {
+            Ok(checks) => checks,
+            Err(e) => return done(Err(e)),
+        };
         // Borrowed for the lookup; owned (for an insert, should the store
         // deny) only after a miss.
         let cache_key = inner.deny_cache.as_ref().map(|cache| {
@@ -240,17 +251,57 @@ impl Limiter {
             return done(Err(Error::CircuitOpen));
         }
         let cache_key = cache_key.map(|(_, key)| key.into_owned());
-        let states = inner.store.decide(checks, cost);
+        let states = store.decide(checks, cost);
         let probe = ProbeGuard {
             inner: inner.clone(),
             pass,
             settled: false,
         };
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
-        Box::pin(tracing::Instrument::instrument(
+        Deciding::Waiting(Box::pin(tracing::Instrument::instrument(
             probe.settle(states, cost, cache_key),
             span,
-        ))
+        )))
+    }
+
+    /// Limit `i`'s check of `cost` for `keys` (one key for every limit, or
+    /// one per limit).
+    fn limit_check(&self, i: usize, keys: &[&[u8]], cost: u64) -> Result<LimitCheck, Error> {
+        let quota = self.inner.limits[i].0;
+        if cost > quota.capacity() {
+            let limit = quota.capacity();
+            return Err(Error::CostExceedsLimit { cost, limit });
+        }
+        Ok(LimitCheck {
+            key: self.key_of(i, keys[i.min(keys.len() - 1)]),
+            quota,
+            shadow: self.inner.policies.is_shadow(i),
+        })
+    }
+
+    /// The in-memory store decides at once, and it cannot fail or hang: no
+    /// deny cache (it would be no faster), no timeout, no breaker, and for a
+    /// lone limit no allocation but the key.
+    fn decide_in_memory(
+        &self,
+        memory: &MemoryStore,
+        keys: &[&[u8]],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let inner = &self.inner;
+        let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
+        let _entered = span.enter();
+        let started = metrics::clock();
+        let states: States = if inner.limits.len() == 1 {
+            smallvec::smallvec![memory.decide_one(self.limit_check(0, keys, cost)?, cost)]
+        } else {
+            let checks = (0..inner.limits.len())
+                .map(|i| self.limit_check(i, keys, cost))
+                .collect::<Result<_, _>>()?;
+            memory.decide_now(checks, cost).into()
+        };
+        metrics::store_latency(inner.policies.name(0), started);
+        inner.conclude(states, cost, None)
     }
 
     /// The store key that holds `key`'s count for the first limit, e.g.
@@ -297,85 +348,6 @@ impl Limiter {
     }
 }
 
-/// One store call on its way: records its outcome with the breaker, and if
-/// it is dropped unfinished (the request went away), frees the breaker's
-/// probe slot so the next check can probe.
-struct ProbeGuard {
-    inner: Arc<Inner>,
-    pass: Pass,
-    settled: bool,
-}
-
-impl ProbeGuard {
-    async fn settle(
-        mut self,
-        states: BoxFuture<'static, Result<Vec<crate::LimitState>, Error>>,
-        cost: u64,
-        cache_key: Option<String>,
-    ) -> Result<Decision, Error> {
-        let inner = self.inner.clone();
-        let started = Instant::now();
-        let mut states = states;
-        // A store that answers at once (the memory store) needs no timer:
-        // registering one in Tokio's wheel cost more than its whole decision.
-        let now = states
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()));
-        let result = match now {
-            Poll::Ready(result) => result,
-            Poll::Pending => match tokio::time::timeout(inner.timeout, states).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::Timeout(inner.timeout)),
-            },
-        };
-        let first = inner.policies.name(0);
-        metrics::store_latency(first, started.elapsed());
-        self.settled = true;
-        let states = match result {
-            Ok(states) => {
-                inner.breaker.record(self.pass, true);
-                states
-            }
-            Err(e) => {
-                if inner.breaker.record(self.pass, false) {
-                    tracing::warn!(error = %e, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
-                }
-                let names = (0..inner.limits.len()).map(|i| inner.policies.name(i));
-                metrics::store_error(names);
-                return Err(e);
-            }
-        };
-        let limits = inner.limits.len();
-        if states.len() != limits {
-            let reply = format!("{} states for {limits} limits", states.len());
-            return Err(Error::UnexpectedReply(reply));
-        }
-        let decision = Decision::new(states, inner.policies.clone());
-        if let (Some(cache), Some(key)) = (&inner.deny_cache, cache_key)
-            && !decision.is_allowed()
-        {
-            cache.insert(key, cost, &decision);
-        }
-        metrics::decision(&decision, false);
-        tracing::debug!(
-            limit = decision.policy(),
-            allowed = decision.is_allowed(),
-            remaining = decision.remaining(),
-            shadow_denied = decision.is_shadow_denied(),
-            "rate limit decision"
-        );
-        Ok(decision)
-    }
-}
-
-impl Drop for ProbeGuard {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.inner.breaker.abandon(self.pass);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,6 +384,30 @@ mod tests {
                 "rl:fw:second:{rl:second}:#b8a4b706093b9c712e002b1b283c048684d27813032ba14c3a07f3508e3321d6",
                 "rl:sw:day:{rl:second}:#b8a4b706093b9c712e002b1b283c048684d27813032ba14c3a07f3508e3321d6",
             ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_memory_store_answers_every_check_itself() {
+        // A deny cache would repeat the first denial, "fw" state included,
+        // until the "small" window ends; the memory store answers afresh.
+        let limiter = Limiter::builder(Quota::per_second(6))
+            .name("fw")
+            .limit("small", "1/5s".parse().unwrap())
+            .build()
+            .unwrap();
+        assert!(limiter.inner.deny_cache.is_none());
+        let mut check = limiter.decide(&[b"k"], 1);
+        assert!(check.now().is_some_and(|d| d.unwrap().is_allowed()));
+        let denied = limiter.check("k", 1).await.unwrap();
+        assert_eq!(denied.limits().next().unwrap().remaining(), 5);
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let again = limiter.check("k", 1).await.unwrap();
+        assert!(!again.is_allowed());
+        let fw = again.limits().next().unwrap();
+        assert_eq!(
+            (fw.remaining(), fw.reset_after()),
+            (6, Duration::from_secs(1))
         );
     }
 

@@ -90,14 +90,21 @@ impl MemoryStore {
         Now { us, ms: us / 1000 }
     }
 
-    fn decide_now(&self, mut checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
+    /// One limit, the common case: see [`Counters::decide_one`].
+    pub(crate) fn decide_one(&self, check: LimitCheck, cost: u64) -> LimitState {
         let now = self.now();
-        let mut counters = self.lock();
+        self.lock().decide_one(check, cost, now)
+    }
+
+    /// Several limits, all or nothing.
+    pub(crate) fn decide_now(&self, mut checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
         if checks.len() == 1
             && let Some(check) = checks.pop()
         {
-            return vec![counters.decide_one(check, cost, now)];
+            return vec![self.decide_one(check, cost)];
         }
+        let now = self.now();
+        let mut counters = self.lock();
         let checked: Vec<_> = checks
             .iter()
             .map(|c| {

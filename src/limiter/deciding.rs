@@ -1,0 +1,135 @@
+//! [`Deciding`]: a decision on its way, and what follows the store's answer
+//! (the breaker's record, the decision, the deny cache, metrics and logs).
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, Waker},
+};
+
+use super::Inner;
+use crate::{
+    Decision, Error, LimitState, breaker::Pass, decision::States, metrics, store::BoxFuture,
+};
+
+/// The future of [`Limiter::decide`](super::Limiter::decide).
+///
+/// Most decisions are known before anything waits (bad input, a cached
+/// denial, an open breaker, the in-memory store): those are `Ready` and cost
+/// no allocation and no task switch. The HTTP adapters take them with
+/// [`now`](Self::now) and call the inner service at once.
+pub(crate) enum Deciding {
+    Ready(Option<Result<Decision, Error>>),
+    Waiting(BoxFuture<'static, Result<Decision, Error>>),
+}
+
+impl Deciding {
+    /// The result, if it is known without waiting.
+    pub(crate) fn now(&mut self) -> Option<Result<Decision, Error>> {
+        match self {
+            Deciding::Ready(result) => result.take(),
+            Deciding::Waiting(_) => None,
+        }
+    }
+}
+
+impl Future for Deciding {
+    type Output = Result<Decision, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Deciding::Ready(result) => Poll::Ready(result.take().expect("polled after completion")),
+            Deciding::Waiting(fut) => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+impl Inner {
+    /// The decision from the store's states: checks their number, picks the
+    /// binding limit, caches a denial under `cache_key`, counts and logs it.
+    pub(super) fn conclude(
+        &self,
+        states: States,
+        cost: u64,
+        cache_key: Option<String>,
+    ) -> Result<Decision, Error> {
+        let limits = self.limits.len();
+        if states.len() != limits {
+            let reply = format!("{} states for {limits} limits", states.len());
+            return Err(Error::UnexpectedReply(reply));
+        }
+        let decision = Decision::new(states, self.policies.clone());
+        if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key)
+            && !decision.is_allowed()
+        {
+            cache.insert(key, cost, &decision);
+        }
+        metrics::decision(&decision, false);
+        tracing::debug!(
+            limit = decision.policy(),
+            allowed = decision.is_allowed(),
+            remaining = decision.remaining(),
+            shadow_denied = decision.is_shadow_denied(),
+            "rate limit decision"
+        );
+        Ok(decision)
+    }
+}
+
+/// One store call on its way: records its outcome with the breaker, and if
+/// it is dropped unfinished (the request went away), frees the breaker's
+/// probe slot so the next check can probe.
+pub(super) struct ProbeGuard {
+    pub(super) inner: Arc<Inner>,
+    pub(super) pass: Pass,
+    pub(super) settled: bool,
+}
+
+impl ProbeGuard {
+    pub(super) async fn settle(
+        mut self,
+        mut states: BoxFuture<'static, Result<Vec<LimitState>, Error>>,
+        cost: u64,
+        cache_key: Option<String>,
+    ) -> Result<Decision, Error> {
+        let inner = self.inner.clone();
+        let started = metrics::clock();
+        // A store that answers at once needs no timer: registering one in
+        // Tokio's wheel costs more than such a store's whole decision.
+        let now = states
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()));
+        let result = match now {
+            Poll::Ready(result) => result,
+            Poll::Pending => match tokio::time::timeout(inner.timeout, states).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::Timeout(inner.timeout)),
+            },
+        };
+        metrics::store_latency(inner.policies.name(0), started);
+        self.settled = true;
+        match result {
+            Ok(states) => {
+                inner.breaker.record(self.pass, true);
+                inner.conclude(states.into(), cost, cache_key)
+            }
+            Err(e) => {
+                if inner.breaker.record(self.pass, false) {
+                    tracing::warn!(error = %e, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
+                }
+                let names = (0..inner.limits.len()).map(|i| inner.policies.name(i));
+                metrics::store_error(names);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.inner.breaker.abandon(self.pass);
+        }
+    }
+}
