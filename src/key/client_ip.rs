@@ -243,10 +243,10 @@ impl ClientIp {
     /// prefix.
     fn key_for(&self, ip: IpAddr) -> Key {
         let text = match ip {
-            IpAddr::V4(v4) if self.ipv4_prefix == 32 => v4.to_string(),
+            IpAddr::V4(_) if self.ipv4_prefix == 32 => return Key::from_ip(ip),
             IpAddr::V4(v4) => Ipv4Net::new(v4, self.ipv4_prefix)
                 .map_or_else(|_| v4.to_string(), |n| n.trunc().to_string()),
-            IpAddr::V6(v6) if self.ipv6_prefix == 128 => v6.to_string(),
+            IpAddr::V6(_) if self.ipv6_prefix == 128 => return Key::from_ip(ip),
             IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix)
                 .map_or_else(|_| v6.to_string(), |n| n.trunc().to_string()),
         };
