@@ -7,8 +7,10 @@
 
 Starts its own redis-server on a free port, builds `examples/axum.rs` and the
 peer servers of `benches/peers/` in release mode, and for each round runs
-every (server, workload) cell once, in an order shuffled per round, so that
-the machine's drift hits all alike. A cell: FLUSHALL, start the server,
+every (server, workload) cell once: the workloads in a shuffled order, and
+for each, every server back to back in a shuffled order, so that the
+machine's drift hits all alike and each ratio compares cells close in time.
+A cell: FLUSHALL, start the server,
 spend the workload's keys and check it answers as designed, a wrk warm-up,
 CONFIG RESETSTAT, the measured wrk run (`GET /`), INFO commandstats and cpu,
 stop the server, then the exactness checks (`loadbench/exactness.py`:
@@ -151,8 +153,12 @@ def measure(args, servers, workloads):
     cells = []
     try:
         for rnd in range(1, args.rounds + 1):
-            pairs = [(s, w) for s in servers for w in workloads]
-            random.shuffle(pairs)
+            # One workload at a time, its servers back to back in a fresh
+            # order: each ratio compares cells a minute or two apart, not a
+            # whole round apart, which the VM's drift made matter.
+            pairs = []
+            for w in random.sample(workloads, len(workloads)):
+                pairs += [(s, w) for s in random.sample(servers, len(servers))]
             for server, workload in pairs:
                 c = cell(redis, binaries[server.binary], server, workload, args, logdir, rnd)
                 cells.append(c)
