@@ -53,16 +53,22 @@ def arguments():
                          "no-limiter baseline always runs)")
     ap.add_argument("--workload", action="append", default=[], metavar="SUBSTRING",
                     help="only workloads whose name contains this (repeatable)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results"),
-                    help="writes OUT.md and OUT.json (default: benches/results)")
+    ap.add_argument("--paired", action="store_true",
+                    help="run the baseline again right before every server's cell and "
+                         "take each ratio against that cell (twice the cells, for a VM "
+                         "whose speed drifts within minutes)")
+    ap.add_argument("--out", default=None,
+                    help="writes OUT.md and OUT.json (default: benches/results, or with "
+                         "--from-json the JSON's path without .json)")
     ap.add_argument("--chart", default=None,
                     help="chart image (default: docs/benchmarks.png, or OUT.png "
                          "when --out is given)")
     ap.add_argument("--from-json", metavar="PATH",
                     help="redraw the report and chart from a JSON file; run nothing")
     args = ap.parse_args()
-    if args.from_json:
-        args.out = os.path.splitext(args.from_json)[0]
+    if args.out is None:
+        args.out = (os.path.splitext(args.from_json)[0] if args.from_json
+                    else os.path.join(ROOT, "benches", "results"))
     if args.chart is None:
         default_out = os.path.join(ROOT, "benches", "results")
         args.chart = (os.path.join(ROOT, "docs", "benchmarks.png")
@@ -106,6 +112,7 @@ def meta(args):
         "redis": output(["redis-server", "--version"]),
         "wrk": output(["wrk", "--version"]).splitlines()[0] if output(["wrk", "--version"]) else "?",
         "rounds": args.rounds, "seconds": args.seconds, "warmup": args.warmup,
+        "paired": args.paired,
         "connections": args.connections, "threads": args.threads,
         "loadavg_start": os.getloadavg()[0],
     }
@@ -140,6 +147,25 @@ def cell(redis, binary, server, workload, args, logdir, rnd):
             **result}
 
 
+def order(servers, workloads, paired, rnd):
+    """One round's cells, as (server, workload, pair): the workloads in a
+    shuffled order and, within each, every server back to back in a shuffled
+    order, so each ratio compares cells a minute or two apart rather than a
+    whole round apart. With `paired`, each server's cell directly follows a
+    baseline cell of its own, seconds apart; `pair` names the baseline cell a
+    ratio is taken against (report.summarize)."""
+    base = next(s for s in servers if s.baseline)
+    for w in random.sample(workloads, len(workloads)):
+        shuffled = random.sample(servers, len(servers))
+        if not paired:
+            for s in shuffled:
+                yield s, w, f"{rnd}"
+            continue
+        for k, s in enumerate(x for x in shuffled if not x.baseline):
+            yield base, w, f"{rnd}.{k}"
+            yield s, w, f"{rnd}.{k}"
+
+
 def measure(args, servers, workloads):
     procs.require("wrk", "redis-server", "redis-cli", "cargo")
     binaries = procs.build(ROOT, {s.binary for s in servers})
@@ -153,14 +179,9 @@ def measure(args, servers, workloads):
     cells = []
     try:
         for rnd in range(1, args.rounds + 1):
-            # One workload at a time, its servers back to back in a fresh
-            # order: each ratio compares cells a minute or two apart, not a
-            # whole round apart, which the VM's drift made matter.
-            pairs = []
-            for w in random.sample(workloads, len(workloads)):
-                pairs += [(s, w) for s in random.sample(servers, len(servers))]
-            for server, workload in pairs:
+            for server, workload, pair in order(servers, workloads, args.paired, rnd):
                 c = cell(redis, binaries[server.binary], server, workload, args, logdir, rnd)
+                c["pair"] = pair
                 cells.append(c)
                 print(f"round {rnd}: {server.name:38} {workload.name:20} {c['rps']:>9.0f} req/s "
                       f"p50 {c['p50']:.2f} p99 {c['p99']:.2f} ms, "

@@ -13,17 +13,18 @@ def summarize(cells, servers, workloads):
     """One row per (workload, server) that was measured."""
     by = {}
     for c in cells:
-        by.setdefault((c["server"], c["workload"]), {})[c["round"]] = c
+        by.setdefault((c["server"], c["workload"]), []).append(c)
     base = next(s for s in servers if s.baseline)
     rows = []
     for w in workloads:
-        base_rounds = by.get((base.name, w.name), {})
+        base_of = {_pair(c): c for c in by.get((base.name, w.name), [])}
         for s in servers:
-            rounds = by.get((s.name, w.name))
-            if not rounds:
+            runs = by.get((s.name, w.name))
+            if not runs:
                 continue
-            paired = [(c, base_rounds[r]) for r, c in rounds.items() if r in base_rounds]
-            runs = list(rounds.values())
+            paired = [(c, base_of[_pair(c)]) for c in runs if _pair(c) in base_of]
+            if s.baseline:
+                paired = [(c, c) for c in runs]
             requests = sum(c["requests"] for c in runs)
             rows.append({
                 "server": s.name,
@@ -44,6 +45,13 @@ def summarize(cells, servers, workloads):
                     if _cpu_per_request(c) and _cpu_per_request(b)),
             })
     return rows
+
+
+def _pair(cell):
+    """The baseline cell a cell's ratio is taken against: the round's (one per
+    round and workload), or with `load.py --paired` the one run just before
+    it. Cells recorded before pairs existed have only a round."""
+    return str(cell.get("pair", cell["round"]))
 
 
 def _cpu_per_request(cell):
@@ -141,9 +149,14 @@ def markdown(rows, meta, workloads, cells=()):
         "",
         f"{m['date']}, commit `{m['commit']}`; {m['machine']}.",
         f"`wrk -t{m['threads']} -c{m['connections']} -d{m['seconds']}s` (after a "
-        f"{m['warmup']} s warm-up), {m['rounds']} round(s), servers shuffled per round. "
+        f"{m['warmup']} s warm-up), {m['rounds']} round(s): in each, the workloads in a "
+        "shuffled order, and a workload's servers back to back in a shuffled order"
+        + (", each right after a baseline cell of its own (`--paired`). "
+           if m.get("paired") else ". ") +
         "Medians over rounds; **ratio** is the median of per-round req/s ratios to "
-        "`axum, no limiter` in the same round and workload. **CPU µs/req** is the CPU "
+        "`axum, no limiter` in the same round and workload"
+        + (" (the cell just before, with `--paired`)" if m.get("paired") else "") +
+        ". **CPU µs/req** is the CPU "
         "time the server, Redis and wrk spent per request; **CPU ratio** the median of "
         "per-round ratios of the baseline's CPU µs/req to it: the throughput ratio the "
         "same CPU would give on a saturated machine, and much steadier than req/s when "
