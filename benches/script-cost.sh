@@ -45,7 +45,7 @@ for i = 1, #KEYS do
   local at = #reply
   reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, count, ttl, 0, 0
 end
-return reply
+return cmsgpack.pack(reply)
 EOF
 echo 'return 1' >"$work/return1.lua"
 

@@ -22,8 +22,11 @@
 --     burst      GCRA burst >= 1 (0 for the other algorithms)
 --     shadow     1 if the limit only observes (dry run), else 0
 --
--- Reply, flat, per request: allowed, then per limit: allowed_i, remaining_i,
--- reset_ms_i, retry_ms_i
+-- Reply: one MessagePack array (cmsgpack.pack) of integers, flat, per
+-- request: allowed, then per limit: allowed_i, remaining_i, reset_ms_i,
+-- retry_ms_i. Packed, it is one bulk string: redis-rs parses an array reply
+-- element by element through its combinator parser, which cost the server
+-- more per request than the rest of the decision.
 --   allowed      1 if every enforced (non-shadow) limit admitted the cost, and
 --                then every limit that admitted it spent it; 0 if any
 --                enforced limit denied, and then none spent anything. A
@@ -133,4 +136,4 @@ local reply = {}
 for _, request in ipairs(batch) do
   decide(request, reply)
 end
-return reply
+return cmsgpack.pack(reply)

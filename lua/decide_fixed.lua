@@ -23,8 +23,9 @@
 -- Every integer is plain decimal ("1000", not "1e3"): some go to Redis as
 -- they are.
 --
--- Reply, flat, per request: allowed, then per limit: allowed_i, remaining_i,
--- reset_ms_i, retry_ms_i, as decide.lua documents.
+-- Reply: as decide.lua's, one MessagePack array (cmsgpack.pack), flat, per
+-- request: allowed, then per limit: allowed_i, remaining_i, reset_ms_i,
+-- retry_ms_i.
 --
 -- Every argument is validated before the first write; every key written gets
 -- a TTL.
@@ -120,4 +121,4 @@ for _ = 1, requests do
   end
   arg, key = arg + 2 + n, key + n
 end
-return reply
+return cmsgpack.pack(reply)

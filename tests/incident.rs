@@ -168,13 +168,13 @@ async fn denied_fixed_window_requests_leave_no_trace() {
     let limiter = server.limiter("3/10s").await;
 
     // The limiter refuses such a cost itself; the script must cope too.
-    let huge: Vec<i64> = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA)
+    let huge: support::Reply = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA)
         .key("huge")
         .arg(&["1", "3", "10000", "0", "1", "5", "1", "1"][..])
         .invoke_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(huge, [0, 0, 3, 10_000, 10_000]);
+    assert_eq!(huge.0, [0, 0, 3, 10_000, 10_000]);
     let exists: bool = conn.exists("huge").await.unwrap();
     assert!(!exists, "a cost beyond the limit created its key");
 
@@ -231,11 +231,11 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
         call
     };
     let good = ["1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1"];
-    let ok: Vec<i64> = call(&["k", "k2"], &good)
+    let ok: support::Reply = call(&["k", "k2"], &good)
         .invoke_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(ok, [1, 1, 4, 1000, 0, 1, 1, 4, 1000, 0]);
+    assert_eq!(ok.0, [1, 1, 4, 1000, 0, 1, 1, 4, 1000, 0]);
     let _: () = conn.del(&["k", "k2"]).await.unwrap();
     let mut bad: Vec<Vec<&str>> = Vec::new();
     // Each position of the good call, spoiled in turn; every policy field is
@@ -270,11 +270,11 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
     bad.push(good[..good.len() - 1].to_vec());
     bad.push([&good[..], &["1"]].concat());
     for argv in bad {
-        let r: redis::RedisResult<Vec<i64>> =
+        let r: redis::RedisResult<support::Reply> =
             call(&["k", "k2"], &argv).invoke_async(&mut conn).await;
         assert!(r.is_err(), "{argv:?} accepted: {r:?}");
     }
-    let r: redis::RedisResult<Vec<i64>> = call(&["k"], &good).invoke_async(&mut conn).await;
+    let r: redis::RedisResult<support::Reply> = call(&["k"], &good).invoke_async(&mut conn).await;
     assert!(r.is_err(), "a missing key accepted: {r:?}");
     let exists: usize = conn.exists(&["k", "k2"]).await.unwrap();
     assert_eq!(exists, 0, "a rejected call wrote a key");
@@ -298,13 +298,13 @@ async fn script_rejects_bad_arguments_without_writing() {
         }
         argv
     };
-    let ok: Vec<i64> = script
+    let ok: support::Reply = script
         .key("k")
         .arg(&one("1", &[&limit])[..])
         .invoke_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(ok, [1, 1, 4, 1000, 0], "the well-formed call is admitted");
+    assert_eq!(ok.0, [1, 1, 4, 1000, 0], "the well-formed call is admitted");
     let _: () = conn.del("k").await.unwrap();
     let mut bad_calls: Vec<(Vec<&str>, Vec<&str>)> = Vec::new();
     for cost in ["-1", "x", "1.5"] {
@@ -339,7 +339,8 @@ async fn script_rejects_bad_arguments_without_writing() {
         for k in &keys {
             call.key(*k);
         }
-        let r: redis::RedisResult<Vec<i64>> = call.arg(&argv[..]).invoke_async(&mut conn).await;
+        let r: redis::RedisResult<support::Reply> =
+            call.arg(&argv[..]).invoke_async(&mut conn).await;
         assert!(r.is_err(), "{keys:?} {argv:?} accepted: {r:?}");
     }
     let exists: usize = conn.exists(&["k", "k2"]).await.unwrap();

@@ -24,6 +24,29 @@ use std::{
 
 use redis_ratelimit::{Limiter, LimiterBuilder, MemoryStore, Quota, RedisStore};
 
+/// A decide script's reply as the tests read it: the scripts return their
+/// flat array of integers packed with `cmsgpack.pack` (one bulk string).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply(pub Vec<i64>);
+
+impl redis::FromRedisValue for Reply {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let redis::Value::BulkString(bytes) = v else {
+            return Err(format!("not a packed reply: {v:?}").into());
+        };
+        let mut rd = bytes.as_slice();
+        let bad = |e: String| redis::ParsingError::from(format!("bad MessagePack: {e}"));
+        let len = rmp::decode::read_array_len(&mut rd).map_err(|e| bad(e.to_string()))?;
+        let values = (0..len)
+            .map(|_| rmp::decode::read_int(&mut rd).map_err(|e| bad(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        match rd.is_empty() {
+            true => Ok(Reply(values)),
+            false => Err(bad("trailing bytes".into())),
+        }
+    }
+}
+
 /// The store timeout of the harness's limiters. Tests run in parallel on a
 /// loaded machine (2 cores in CI), where the 200 ms default would test the
 /// machine rather than the code; tests about timeouts set their own.
