@@ -19,8 +19,14 @@
 #   plain, 1 key        RATE_LIMIT=off, plain GET /
 #   memory, denied      the memory store keyed by peer IP, quota 1/1h, spent
 #                       by the warm-up: every measured request is a 429
+#   redis, 100k keys    as "memory, 100k keys", on a redis-server of its own
+#                       through the ConnectionManager (Redis's own work is
+#                       not counted: see script-cost.sh)
+#   floor, 100k keys    benches/peers' redis-floor (one PING per request,
+#                       no limiter), when it has been built
 #
-# Needs valgrind, wrk, curl and cargo (apt-get install -y valgrind wrk curl).
+# Needs valgrind, wrk, curl and cargo (apt-get install -y valgrind wrk curl),
+# and redis-server for the Redis cases.
 set -euo pipefail
 
 seconds=${1:-10}
@@ -50,16 +56,17 @@ load() {
   fi
 }
 
-# case_cost NAME RATE_LIMIT RATE_LIMIT_KEY [KEYS_LUA_ARGS...]
+# case_cost NAME BINARY REDIS_URL RATE_LIMIT RATE_LIMIT_KEY [KEYS_LUA_ARGS...]
+# (REDIS_URL "" for the memory store)
 case_cost() {
-  local name=$1 limit=$2 key=$3
-  shift 3
+  local name=$1 binary=$2 redis=$3 limit=$4 key=$5
+  shift 5
   local port out
   port=$(free_port)
   out=$work/callgrind.out
-  BIND=127.0.0.1:$port RATE_LIMIT=$limit RATE_LIMIT_KEY=$key \
+  env ${redis:+REDIS_URL=$redis} BIND=127.0.0.1:$port RATE_LIMIT=$limit RATE_LIMIT_KEY=$key \
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
-    "$server" >"$work/server.log" 2>&1 &
+    "$binary" >"$work/server.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/" && break
@@ -81,7 +88,24 @@ case_cost() {
     "$name" "$requests" $((instructions / requests))
 }
 
-case_cost "plain, 100k keys" off "header:x-api-key" cycle 100000
-case_cost "memory, 100k keys" 1000000000/1h "header:x-api-key" cycle 100000
-case_cost "plain, 1 key" off ip
-case_cost "memory, denied" 1/1h ip
+huge=1000000000/1h
+case_cost "plain, 100k keys" "$server" "" off "header:x-api-key" cycle 100000
+case_cost "memory, 100k keys" "$server" "" $huge "header:x-api-key" cycle 100000
+case_cost "plain, 1 key" "$server" "" off ip
+case_cost "memory, denied" "$server" "" 1/1h ip
+
+# With Redis: a redis-server of our own on a free port.
+if ! command -v redis-server >/dev/null; then
+  echo "redis-server not found (apt-get install -y redis-server): Redis cases skipped" >&2
+  exit 0
+fi
+redis_port=$(free_port)
+redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+redis=redis://127.0.0.1:$redis_port/
+case_cost "redis, 100k keys" "$server" "$redis" $huge "header:x-api-key" cycle 100000
+floor=$root/benches/peers/target/release/redis-floor
+if [ -x "$floor" ]; then
+  case_cost "floor, 100k keys" "$floor" "$redis" off "header:x-api-key" cycle 100000
+else
+  echo "no $floor (cargo build --release in benches/peers): floor skipped" >&2
+fi
