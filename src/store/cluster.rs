@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use bb8::Pool;
 use redis::{
-    FromRedisValue, IntoConnectionInfo, ScriptInvocation,
+    FromRedisValue, IntoConnectionInfo,
     cluster::{ClusterClient, ClusterClientBuilder},
     cluster_async::ClusterConnection,
 };
 
-use super::{Backend, Batcher, RedisStore, invoke};
+use super::{Backend, Batcher, Call, RedisStore};
 use crate::{Error, store::BoxFuture};
 
 /// A store's cluster backend.
@@ -40,24 +40,21 @@ impl Cluster {
         }
     }
 
-    /// Runs a script invocation on the master that owns its keys' slot.
-    pub(super) fn run<T>(
-        &self,
-        script: ScriptInvocation<'static>,
-    ) -> BoxFuture<'static, Result<T, Error>>
+    /// Runs a script call on the master that owns its keys' slot.
+    pub(super) fn run<T>(&self, call: Call) -> BoxFuture<'static, Result<T, Error>>
     where
         T: FromRedisValue + Send + 'static,
     {
         match self {
             Cluster::Connection(conn) => {
                 let mut conn = conn.clone();
-                Box::pin(async move { invoke(&script, &mut conn).await })
+                Box::pin(async move { call.invoke(&mut conn).await })
             }
             Cluster::Pool(pool) => {
                 let pool = pool.clone();
                 Box::pin(async move {
                     let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    invoke(&script, &mut *conn).await
+                    call.invoke(&mut *conn).await
                 })
             }
         }

@@ -10,6 +10,7 @@ use std::{fmt, future::Future, pin::Pin};
 use crate::{Error, Quota};
 
 mod batch;
+mod call;
 mod lease;
 mod memory;
 mod redis;

@@ -4,11 +4,11 @@ use std::fmt;
 
 use bb8_redis::{RedisConnectionManager, bb8::Pool};
 use redis::{
-    Client, FromRedisValue, IntoConnectionInfo, ParsingError, ScriptInvocation, Value,
+    Client, FromRedisValue, IntoConnectionInfo, ParsingError, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
 };
 
-use super::{BoxFuture, LimitCheck, LimitState, Store, batch::Batcher, scripts};
+use super::{BoxFuture, LimitCheck, LimitState, Store, batch::Batcher, call::Call, scripts};
 use crate::{Algorithm, Error};
 
 #[cfg(feature = "cluster")]
@@ -142,42 +142,46 @@ pub(super) struct Request<'a> {
     pub(super) cost: u64,
 }
 
+/// Every limit's key of a batch, request by request: the call's `KEYS`.
+fn batch_keys<'a>(requests: &'a [Request<'_>]) -> Vec<&'a str> {
+    let checks = requests.iter().flat_map(|r| r.checks);
+    checks.map(|check| check.key.as_str()).collect()
+}
+
 /// The decide script's call for a batch of requests (often one): `KEYS` are
 /// every limit's key, `ARGV` the batch (see `lua/decide.lua`). A call whose
 /// limits are all fixed windows goes to the fast path instead.
-fn decide_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
+fn decide_invocation(requests: &[Request<'_>]) -> Call {
     let fixed = requests.iter().all(|request| {
         (request.checks.iter()).all(|check| check.quota.algorithm() == Algorithm::FixedWindow)
     });
     if fixed {
         return fixed_invocation(requests);
     }
-    let mut invocation = scripts::DECIDE.prepare_invoke();
-    invocation.arg(requests.len());
+    let mut call = Call::new(&scripts::DECIDE, &batch_keys(requests));
+    call.arg(requests.len());
     for request in requests {
-        invocation.arg(request.cost).arg(request.checks.len());
+        call.arg(request.cost).arg(request.checks.len());
         for check in request.checks {
             let quota = check.quota;
             let burst = match quota.algorithm() {
                 Algorithm::Gcra { burst } => burst,
                 _ => 0,
             };
-            invocation
-                .key(&check.key)
-                .arg(quota.algorithm().code())
+            call.arg(quota.algorithm().code())
                 .arg(quota.limit())
                 .arg(quota.window_ms())
                 .arg(burst)
                 .arg(u8::from(check.shadow));
         }
     }
-    invocation
+    call
 }
 
 /// The fixed-window fast path's call (see `lua/decide_fixed.lua`): the
 /// batch's distinct policies once, then each request's cost and, per limit,
 /// its policy's number. Same reply as [`decide_invocation`]'s.
-fn fixed_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
+fn fixed_invocation(requests: &[Request<'_>]) -> Call {
     let mut policies: Vec<(u64, u64, bool)> = Vec::new();
     let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
     for check in requests.iter().flat_map(|r| r.checks) {
@@ -191,20 +195,20 @@ fn fixed_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
         };
         numbers.push(number);
     }
-    let mut invocation = scripts::DECIDE_FIXED.prepare_invoke();
-    invocation.arg(policies.len());
+    let mut call = Call::new(&scripts::DECIDE_FIXED, &batch_keys(requests));
+    call.arg(policies.len());
     for (limit, window_ms, shadow) in policies {
-        invocation.arg(limit).arg(window_ms).arg(u8::from(shadow));
+        call.arg(limit).arg(window_ms).arg(u8::from(shadow));
     }
-    invocation.arg(requests.len());
+    call.arg(requests.len());
     let mut numbers = numbers.into_iter();
     for request in requests {
-        invocation.arg(request.cost).arg(request.checks.len());
-        for (check, number) in request.checks.iter().zip(&mut numbers) {
-            invocation.key(&check.key).arg(number);
+        call.arg(request.cost).arg(request.checks.len());
+        for number in (&mut numbers).take(request.checks.len()) {
+            call.arg(number);
         }
     }
-    invocation
+    call
 }
 
 /// The decide scripts' reply: a flat array of integers that the script packs
@@ -254,38 +258,31 @@ pub(super) async fn decide<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
 ) -> Result<Vec<Vec<LimitState>>, Error> {
-    let Packed(reply) = invoke(&decide_invocation(requests), conn).await?;
+    let Packed(reply) = decide_invocation(requests).invoke(conn).await?;
     parse_batch(&reply, requests)
 }
 
-async fn invoke<T: FromRedisValue>(
-    script: &ScriptInvocation<'static>,
-    conn: &mut impl ConnectionLike,
-) -> Result<T, Error> {
-    Ok(script.invoke_async(conn).await?)
-}
-
 impl RedisStore {
-    /// Runs a script invocation on a connection of this store: `EVALSHA`,
-    /// then `SCRIPT LOAD` and `EVALSHA` again on `NOSCRIPT`.
-    fn run<T>(&self, script: ScriptInvocation<'static>) -> BoxFuture<'static, Result<T, Error>>
+    /// Runs a script call on a connection of this store: `EVALSHA`, then
+    /// `SCRIPT LOAD` and `EVALSHA` again on `NOSCRIPT`.
+    fn run<T>(&self, call: Call) -> BoxFuture<'static, Result<T, Error>>
     where
         T: FromRedisValue + Send + 'static,
     {
         match &self.backend {
             Backend::Manager(manager) => {
                 let mut conn = manager.clone();
-                Box::pin(async move { invoke(&script, &mut conn).await })
+                Box::pin(async move { call.invoke(&mut conn).await })
             }
             Backend::Pool(pool) => {
                 let pool = pool.clone();
                 Box::pin(async move {
                     let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    invoke(&script, &mut *conn).await
+                    call.invoke(&mut *conn).await
                 })
             }
             #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster) => cluster.run(script),
+            Backend::Cluster(cluster) => cluster.run(call),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::RedisStore;
+use super::{Call, RedisStore};
 use crate::{
     Error,
     store::{BoxFuture, LeaseState, LeaseStore, scripts},
@@ -33,9 +33,9 @@ impl LeaseStore for RedisStore {
         limit: u64,
         lease_ms: u64,
     ) -> BoxFuture<'static, Result<LeaseState, Error>> {
-        let mut script = ACQUIRE.key(key);
-        script.arg(limit).arg(lease_ms).arg(token);
-        let reply = self.run::<(i64, i64)>(script);
+        let mut call = Call::new(&ACQUIRE, &[key]);
+        call.arg(limit).arg(lease_ms).arg(token);
+        let reply = self.run::<(i64, i64)>(call);
         Box::pin(async move {
             let (acquired, held) = reply.await?;
             match (flag("concurrency_acquire", acquired), u64::try_from(held)) {
@@ -53,16 +53,16 @@ impl LeaseStore for RedisStore {
         token: &str,
         lease_ms: u64,
     ) -> BoxFuture<'static, Result<bool, Error>> {
-        let mut script = RENEW.key(key);
-        script.arg(lease_ms).arg(token);
-        let reply = self.run::<i64>(script);
+        let mut call = Call::new(&RENEW, &[key]);
+        call.arg(lease_ms).arg(token);
+        let reply = self.run::<i64>(call);
         Box::pin(async move { flag("concurrency_renew", reply.await?) })
     }
 
     fn release(&self, key: &str, token: &str) -> BoxFuture<'static, Result<bool, Error>> {
-        let mut script = RELEASE.key(key);
-        script.arg(token);
-        let reply = self.run::<i64>(script);
+        let mut call = Call::new(&RELEASE, &[key]);
+        call.arg(token);
+        let reply = self.run::<i64>(call);
         Box::pin(async move { flag("concurrency_release", reply.await?) })
     }
 }

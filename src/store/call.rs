@@ -1,0 +1,74 @@
+//! [`Call`]: one Lua script call, built straight into a `redis::Cmd`.
+//!
+//! redis-rs's `ScriptInvocation` keeps every key and argument in a `Vec` of
+//! its own and copies them into a fresh command at each call; for a batch of
+//! decisions that was about 3,000 instructions per decision on our server.
+//! A `Call` writes `EVALSHA <sha> <numkeys> <keys...> <args...>` once, into
+//! the command's single buffer.
+
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, ToRedisArgs, aio::ConnectionLike,
+};
+
+use crate::Error;
+
+/// A script call: its keys first (they fix the Redis Cluster slot), then
+/// its arguments.
+pub(super) struct Call {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl Call {
+    /// A call of `script` on `keys`; arguments follow with [`arg`](Self::arg).
+    pub(super) fn new(script: &'static Script, keys: &[&str]) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Self { script, cmd }
+    }
+
+    /// Appends an argument (`ARGV[n]`).
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// `EVALSHA`; on `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`),
+    /// `SCRIPT LOAD` and `EVALSHA` again, as redis-rs's own invocation does.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> Result<T, Error> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.prepare_invoke().load_async(conn).await?;
+                Ok(self.cmd.query_async(conn).await?)
+            }
+            result => Ok(result?),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::LazyLock;
+
+    use super::*;
+
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+
+    #[test]
+    fn a_call_is_the_evalsha_redis_rs_would_send() {
+        let mut call = Call::new(&SCRIPT, &["a", "b"]);
+        call.arg(7u64).arg("x");
+        let mut expected = redis::cmd("EVALSHA");
+        expected
+            .arg(SCRIPT.get_hash())
+            .arg(2)
+            .arg("a")
+            .arg("b")
+            .arg(7u64)
+            .arg("x");
+        assert_eq!(call.cmd.get_packed_command(), expected.get_packed_command());
+    }
+}
