@@ -491,6 +491,9 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use http::Request;
+
     #[test]
     fn ip_keys_read_as_std_writes_them() {
         let ips = [
@@ -513,9 +516,6 @@ mod tests {
             );
         }
     }
-
-    use super::*;
-    use http::Request;
 
     fn parts(req: http::request::Builder) -> Parts {
         req.body(()).unwrap().into_parts().0

@@ -17,8 +17,8 @@ use crate::{
 ///
 /// Most decisions are known before anything waits (bad input, a cached
 /// denial, an open breaker, the in-memory store): those are `Ready` and cost
-/// no allocation and no task switch. The HTTP adapters take them with
-/// [`now`](Self::now) and call the inner service at once.
+/// no allocation and no task switch. The tower service takes them with
+/// [`now`](Self::now) and calls the inner service at once.
 pub(crate) enum Deciding {
     Ready(Option<Result<Decision, Error>>),
     Waiting(BoxFuture<'static, Result<Decision, Error>>),

@@ -214,10 +214,7 @@ impl Limiter {
             Backend::Memory(memory) => return done(self.decide_in_memory(memory, keys, cost)),
             Backend::Other(store) => store,
         };
-        let checks: Vec<_> = match (0..limits)
-            .map(|i| self.limit_check(i, keys, cost))
-            .collect()
-        {
+        let checks = match self.checks(keys, cost) {
             Ok(checks) => checks,
             Err(e) => return done(Err(e)),
         };
@@ -279,6 +276,13 @@ impl Limiter {
         })
     }
 
+    /// Every limit's check of `cost` for `keys`.
+    fn checks(&self, keys: &[&[u8]], cost: u64) -> Result<Vec<LimitCheck>, Error> {
+        (0..self.inner.limits.len())
+            .map(|i| self.limit_check(i, keys, cost))
+            .collect()
+    }
+
     /// The in-memory store decides at once, and it cannot fail or hang: no
     /// deny cache (it would be no faster), no timeout, no breaker, and for a
     /// lone limit no allocation but the key.
@@ -295,10 +299,7 @@ impl Limiter {
         let states: States = if inner.limits.len() == 1 {
             smallvec::smallvec![memory.decide_one(self.limit_check(0, keys, cost)?, cost)]
         } else {
-            let checks = (0..inner.limits.len())
-                .map(|i| self.limit_check(i, keys, cost))
-                .collect::<Result<_, _>>()?;
-            memory.decide_now(checks, cost).into()
+            memory.decide_now(self.checks(keys, cost)?, cost).into()
         };
         metrics::store_latency(inner.policies.name(0), started);
         inner.conclude(states, cost, None)
