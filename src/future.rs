@@ -82,11 +82,12 @@ where
         }
     }
 
-    /// The future of a request whose decision is known: the inner service
-    /// is called now if it passes.
+    /// The future of a request whose decision is known: the inner service,
+    /// which the caller has polled ready, is called now if it passes. A
+    /// rejected request leaves it ready (tower allows that) for the next.
     pub(crate) fn decided(
         result: Result<Decision, Error>,
-        mut svc: S,
+        svc: &mut S,
         req: Request<ReqBody>,
         core: &Arc<Core<K, R>>,
     ) -> Self {

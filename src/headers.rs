@@ -188,16 +188,34 @@ fn t_secs(d: &Decision) -> u64 {
 /// `"<name>";r=<remaining>;t=<secs>`.
 pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
     // The hot path: the prefix is built once by the sf serialiser; this only
-    // appends two integers (sf integers: at most 15 digits).
-    let prefix = d.policies().ratelimit_prefix(d.binding());
-    let mut value = String::with_capacity(prefix.len() + 40);
-    value.push_str(prefix);
-    let mut digits = itoa::Buffer::new();
-    value.push_str(digits.format(d.remaining().min(SF_INT_MAX)));
-    value.push_str(";t=");
-    value.push_str(digits.format(t_secs(d)));
-    HeaderValue::try_from(value).unwrap_or(HeaderValue::from_static(""))
+    // appends two integers (sf integers: at most 15 digits), on the stack,
+    // and copies the result once into the value.
+    let prefix = d.policies().ratelimit_prefix(d.binding()).as_bytes();
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let parts = [
+        prefix,
+        r.format(d.remaining().min(SF_INT_MAX)).as_bytes(),
+        b";t=",
+        t.format(t_secs(d)).as_bytes(),
+    ];
+    let mut value = [0u8; RATELIMIT_VALUE_MAX];
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len > value.len() {
+        // Only a policy name longer than `keyspace::validate` allows.
+        return HeaderValue::from_bytes(&parts.concat()).unwrap_or(HeaderValue::from_static(""));
+    }
+    let mut at = 0;
+    for part in parts {
+        value[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    HeaderValue::from_bytes(&value[..len]).unwrap_or(HeaderValue::from_static(""))
 }
+
+/// The longest `RateLimit` value of a validated policy name: the name (at
+/// most 64 characters, `keyspace::validate`) quoted, `;r=`, `;t=` and two
+/// 15-digit integers.
+const RATELIMIT_VALUE_MAX: usize = 64 + 2 + 3 + 15 + 3 + 15;
 
 /// Where [`write`] puts headers: an `http` 1 header map or response, or an
 /// actix-web response (which uses `http` 0.2 types, converted through bytes).

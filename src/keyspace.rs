@@ -54,15 +54,72 @@ pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), ConfigErro
     Ok(())
 }
 
+/// Where a store key is written: a `String`, or a [`StackKey`] on the hot
+/// path of the in-memory store. Every piece written is ASCII.
+pub(crate) trait KeyBuf {
+    fn push_str(&mut self, s: &str);
+}
+
+impl KeyBuf for String {
+    fn push_str(&mut self, s: &str) {
+        String::push_str(self, s);
+    }
+}
+
+/// How the in-memory store keeps a key: up to 48 bytes (a prefix, a name
+/// and an IP or a short API key) inline in its map, one cache line fewer
+/// per lookup than a `String`.
+pub(crate) type StoredKey = smallvec::SmallVec<[u8; 48]>;
+
+/// A store key built on the stack, for the in-memory store's hot path: a
+/// decision on a key it already holds allocates nothing.
+#[derive(Debug)]
+pub(crate) struct StackKey {
+    buf: [u8; STACK_KEY_MAX],
+    len: usize,
+    overflowed: bool,
+}
+
+/// Room for any key of a lone limit: prefix and name (64 bytes each), the
+/// algorithm, three colons and the client part (`RAW_KEY_MAX + 2`).
+const STACK_KEY_MAX: usize = 64 + 64 + 2 + 3 + RAW_KEY_MAX + 2;
+
+impl StackKey {
+    pub(crate) fn new() -> Self {
+        Self {
+            buf: [0; STACK_KEY_MAX],
+            len: 0,
+            overflowed: false,
+        }
+    }
+
+    /// The key, or `None` if it did not fit (never, for validated names).
+    pub(crate) fn get(&self) -> Option<&[u8]> {
+        (!self.overflowed).then(|| &self.buf[..self.len])
+    }
+}
+
+impl KeyBuf for StackKey {
+    fn push_str(&mut self, s: &str) {
+        match self.buf.get_mut(self.len..self.len + s.len()) {
+            Some(to) => {
+                to.copy_from_slice(s.as_bytes());
+                self.len += s.len();
+            }
+            None => self.overflowed = true,
+        }
+    }
+}
+
 /// Appends the client part, with its hash tag braces, to `out`.
-pub(crate) fn push_client(out: &mut String, client: &[u8]) {
-    out.push('{');
+pub(crate) fn push_client(out: &mut impl KeyBuf, client: &[u8]) {
+    out.push_str("{");
     push_escaped(out, client);
-    out.push('}');
+    out.push_str("}");
 }
 
 /// Appends the client bytes raw if safe, else hashed; never a brace.
-pub(crate) fn push_escaped(out: &mut String, client: &[u8]) {
+pub(crate) fn push_escaped(out: &mut impl KeyBuf, client: &[u8]) {
     let raw =
         !client.is_empty() && client.len() <= RAW_KEY_MAX && client.iter().all(|&b| is_safe(b));
     // Safe bytes are ASCII, so a raw key is always UTF-8.
@@ -70,11 +127,14 @@ pub(crate) fn push_escaped(out: &mut String, client: &[u8]) {
         out.push_str(s);
         return;
     }
-    out.push('#');
-    for b in Sha256::digest(client) {
-        out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
-        out.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 65];
+    hex[0] = b'#';
+    for (i, b) in Sha256::digest(client).into_iter().enumerate() {
+        hex[1 + 2 * i] = HEX[usize::from(b >> 4)];
+        hex[2 + 2 * i] = HEX[usize::from(b & 15)];
     }
+    out.push_str(std::str::from_utf8(&hex).unwrap_or("#"));
 }
 
 #[cfg(test)]
@@ -127,6 +187,20 @@ mod tests {
             assert_ne!(k.as_bytes()[1..k.len() - 1], *raw);
             assert_eq!(k.len(), 2 + 1 + 64, "{k}");
         }
+    }
+
+    #[test]
+    fn a_stack_key_holds_the_longest_key_and_says_when_one_overflows() {
+        let name = "n".repeat(64);
+        let prefix = format!("{name}:fw:{name}:");
+        let mut key = StackKey::new();
+        key.push_str(&prefix);
+        push_client(&mut key, &[b'a'; RAW_KEY_MAX]);
+        let mut text = prefix.clone();
+        push_client(&mut text, &[b'a'; RAW_KEY_MAX]);
+        assert_eq!(key.get(), Some(text.as_bytes()));
+        key.push_str("x");
+        assert_eq!(key.get(), None);
     }
 
     #[test]

@@ -51,21 +51,22 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The ready service goes to the future; a fresh clone stays here.
-        let clone = self.inner.clone();
-        let inner = mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
-        match self.core.start(&parts) {
-            Ok(mut check) => {
-                let req = Request::from_parts(parts, body);
-                match check.now() {
-                    // Decided already (the memory store, a cached denial):
-                    // the inner service is called here, not on first poll.
-                    Some(result) => ResponseFuture::decided(result, inner, req, &self.core),
-                    None => ResponseFuture::checking(check, inner, req, self.core.clone()),
-                }
+        let mut check = match self.core.start(&parts) {
+            Ok(check) => check,
+            Err(rejection) => return ResponseFuture::rejected(&self.core, rejection),
+        };
+        let req = Request::from_parts(parts, body);
+        match check.now() {
+            // Decided already (the memory store, a cached denial): the ready
+            // inner service is called here, in place, so nothing is cloned.
+            Some(result) => ResponseFuture::decided(result, &mut self.inner, req, &self.core),
+            None => {
+                // The ready service goes to the future; a fresh clone stays.
+                let clone = self.inner.clone();
+                let inner = mem::replace(&mut self.inner, clone);
+                ResponseFuture::checking(check, inner, req, self.core.clone())
             }
-            Err(rejection) => ResponseFuture::rejected(&self.core, rejection),
         }
     }
 }

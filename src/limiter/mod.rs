@@ -264,16 +264,22 @@ impl Limiter {
     /// Limit `i`'s check of `cost` for `keys` (one key for every limit, or
     /// one per limit).
     fn limit_check(&self, i: usize, keys: &[&[u8]], cost: u64) -> Result<LimitCheck, Error> {
-        let quota = self.inner.limits[i].0;
-        if cost > quota.capacity() {
-            let limit = quota.capacity();
-            return Err(Error::CostExceedsLimit { cost, limit });
-        }
+        let quota = self.limit_check_quota(i, cost)?;
         Ok(LimitCheck {
             key: self.key_of(i, keys[i.min(keys.len() - 1)]),
             quota,
             shadow: self.inner.policies.is_shadow(i),
         })
+    }
+
+    /// Limit `i`'s quota, if `cost` can ever fit in it.
+    fn limit_check_quota(&self, i: usize, cost: u64) -> Result<Quota, Error> {
+        let quota = self.inner.limits[i].0;
+        if cost > quota.capacity() {
+            let limit = quota.capacity();
+            return Err(Error::CostExceedsLimit { cost, limit });
+        }
+        Ok(quota)
     }
 
     /// Every limit's check of `cost` for `keys`.
@@ -297,7 +303,15 @@ impl Limiter {
         let _entered = span.enter();
         let started = metrics::clock();
         let states: States = if inner.limits.len() == 1 {
-            smallvec::smallvec![memory.decide_one(self.limit_check(0, keys, cost)?, cost)]
+            // The key on the stack: a decision on a known key allocates nothing.
+            let quota = self.limit_check_quota(0, cost)?;
+            let mut key = keyspace::StackKey::new();
+            self.write_key(0, keys[0], &mut key);
+            let state = match key.get() {
+                Some(key) => memory.decide_one(key, quota, cost),
+                None => memory.decide_one(self.key_of(0, keys[0]).as_bytes(), quota, cost),
+            };
+            smallvec::smallvec![state]
         } else {
             memory.decide_now(self.checks(keys, cost)?, cost).into()
         };
@@ -320,16 +334,21 @@ impl Limiter {
 
     fn key_of(&self, limit: usize, client: &[u8]) -> String {
         let prefix = &self.inner.limits[limit].1;
-        let tag = self.inner.shared_tag.as_deref().unwrap_or("");
-        let mut out = String::with_capacity(prefix.len() + tag.len() + client.len().min(68) + 2);
-        out.push_str(prefix);
-        if tag.is_empty() {
-            keyspace::push_client(&mut out, client);
-        } else {
-            out.push_str(tag);
-            keyspace::push_escaped(&mut out, client);
-        }
+        let mut out = String::with_capacity(prefix.len() + client.len().min(68) + 2);
+        self.write_key(limit, client, &mut out);
         out
+    }
+
+    /// Writes limit `limit`'s store key for `client` to `out`.
+    fn write_key(&self, limit: usize, client: &[u8], out: &mut impl keyspace::KeyBuf) {
+        out.push_str(&self.inner.limits[limit].1);
+        match self.inner.shared_tag.as_deref() {
+            None => keyspace::push_client(out, client),
+            Some(tag) => {
+                out.push_str(tag);
+                keyspace::push_escaped(out, client);
+            }
+        }
     }
 
     /// The first limit's quota.
@@ -352,7 +371,7 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ConfigError;
+    use crate::{ConfigError, RAW_KEY_MAX};
 
     #[test]
     fn builder_rejects_bad_settings() {
@@ -386,6 +405,22 @@ mod tests {
                 "rl:sw:day:{rl:second}:#b8a4b706093b9c712e002b1b283c048684d27813032ba14c3a07f3508e3321d6",
             ]
         );
+    }
+
+    #[test]
+    fn stack_keys_are_the_store_keys() {
+        let long = "x".repeat(64);
+        let l = Limiter::builder(Quota::per_second(1))
+            .prefix(&long)
+            .name(&long)
+            .build()
+            .unwrap();
+        let huge = vec![b'y'; 1 << 16];
+        for client in [&b"1.2.3.4"[..], b"a}b", &[b'k'; RAW_KEY_MAX], &huge] {
+            let mut key = keyspace::StackKey::new();
+            l.write_key(0, client, &mut key);
+            assert_eq!(key.get(), Some(l.store_key(client).as_bytes()));
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,7 +1,7 @@
 //! [`MemoryStore`]: counters in this process, with the Redis store's semantics.
 
 use std::{
-    collections::{HashMap, hash_map::Entry as MapEntry},
+    collections::HashMap,
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use self::algorithms::{Entry, Now};
 use super::{BoxFuture, LimitCheck, LimitState, Store};
-use crate::Error;
+use crate::{Error, Quota, keyspace::StoredKey};
 
 mod algorithms;
 mod lease;
@@ -57,7 +57,8 @@ impl Default for MemoryStore {
 
 #[derive(Debug, Default)]
 struct Counters {
-    map: HashMap<String, Entry>,
+    /// Short keys inline: one cache line fewer per lookup than a `String`.
+    map: HashMap<StoredKey, Entry>,
     sweep_at: usize,
 }
 
@@ -91,9 +92,9 @@ impl MemoryStore {
     }
 
     /// One limit, the common case: see [`Counters::decide_one`].
-    pub(crate) fn decide_one(&self, check: LimitCheck, cost: u64) -> LimitState {
+    pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> LimitState {
         let now = self.now();
-        self.lock().decide_one(check, cost, now)
+        self.lock().decide_one(key, quota, cost, now)
     }
 
     /// Several limits, all or nothing.
@@ -101,14 +102,14 @@ impl MemoryStore {
         if checks.len() == 1
             && let Some(check) = checks.pop()
         {
-            return vec![self.decide_one(check, cost)];
+            return vec![self.decide_one(check.key.as_bytes(), check.quota, cost)];
         }
         let now = self.now();
         let mut counters = self.lock();
         let checked: Vec<_> = checks
             .iter()
             .map(|c| {
-                let live = counters.map.get_mut(&c.key);
+                let live = counters.map.get_mut(c.key.as_bytes());
                 let live = live.filter(|e| e.expires_ms() > now.ms);
                 algorithms::check(live, c.quota, cost, now)
             })
@@ -122,7 +123,10 @@ impl MemoryStore {
             let spends = all && c.allowed;
             states.push(c.state(spends));
             if let (true, Some(entry)) = (spends, c.spent)
-                && counters.map.insert(check.key, entry).is_none()
+                && counters
+                    .map
+                    .insert(StoredKey::from_slice(check.key.as_bytes()), entry)
+                    .is_none()
             {
                 counters.inserted(now);
             }
@@ -132,30 +136,25 @@ impl MemoryStore {
 }
 
 impl Counters {
-    /// One limit, the common case: one map lookup (the key's hash is taken
-    /// once) and no intermediate vector. A lone limit spends when it admits,
-    /// shadow or not.
-    fn decide_one(&mut self, check: LimitCheck, cost: u64, now: Now) -> LimitState {
-        match self.map.entry(check.key) {
-            MapEntry::Occupied(mut held) => {
-                let live = Some(held.get_mut()).filter(|e| e.expires_ms() > now.ms);
-                let c = algorithms::check(live, check.quota, cost, now);
-                let state = c.state(c.allowed);
-                if let (true, Some(entry)) = (c.allowed, c.spent) {
-                    *held.get_mut() = entry;
-                }
-                state
+    /// One limit, the common case: one map lookup for a key already held,
+    /// with the key borrowed (it is copied only when inserted), and no
+    /// intermediate vector. A lone limit spends when it admits, shadow or
+    /// not.
+    fn decide_one(&mut self, key: &[u8], quota: Quota, cost: u64, now: Now) -> LimitState {
+        if let Some(held) = self.map.get_mut(key) {
+            let live = Some(&mut *held).filter(|e| e.expires_ms() > now.ms);
+            let c = algorithms::check(live, quota, cost, now);
+            if let (true, Some(entry)) = (c.allowed, c.spent) {
+                *held = entry;
             }
-            MapEntry::Vacant(free) => {
-                let c = algorithms::check(None, check.quota, cost, now);
-                let state = c.state(c.allowed);
-                if let (true, Some(entry)) = (c.allowed, c.spent) {
-                    free.insert(entry);
-                    self.inserted(now);
-                }
-                state
-            }
+            return c.state(c.allowed);
         }
+        let c = algorithms::check(None, quota, cost, now);
+        if let (true, Some(entry)) = (c.allowed, c.spent) {
+            self.map.insert(StoredKey::from_slice(key), entry);
+            self.inserted(now);
+        }
+        c.state(c.allowed)
     }
 
     /// After a new key: sweeps expired windows once the map has doubled.
