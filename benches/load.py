@@ -13,10 +13,20 @@ machine's drift hits all alike and each ratio compares cells close in time.
 A cell: FLUSHALL, start the server,
 spend the workload's keys and check it answers as designed, a wrk warm-up,
 CONFIG RESETSTAT, the measured wrk run (`GET /`), INFO commandstats and cpu,
-stop the server, then the exactness checks (`loadbench/exactness.py`:
-admitted answers within the workload's bound, no Redis key without a TTL, no
-counter over the limit). The servers and workloads are in
-`loadbench/catalog.py`; BENCHMARKS.md explains them.
+the paced run, stop the server, then the exactness checks
+(`loadbench/exactness.py`: admitted answers within the workload's bound, no
+Redis key without a TTL, no counter over the limit). The servers and
+workloads are in `loadbench/catalog.py`; BENCHMARKS.md explains them.
+
+The measured run is closed-loop at saturation: every connection sends its
+next request as soon as it has the answer, so a slower server is measured
+at a lower req/s (the same concurrency, not the same load). The paced run,
+for `--paced-seconds`, sends the same requests but offers every server the
+same rate, well below saturation: `--paced-rate`, 2000 req/s in all by
+default, which with 32 connections means each waits 16 ms after each answer
+(keys.lua's DELAY). The p99 target is judged on its latency, at the same
+load. It records the rate offered and achieved, and marks a run whose
+achieved req/s is more than 10% off the offered (`wrk.TOLERANCE`).
 
 Writes `<out>.md` (also printed), `<out>.json` (raw cells, from which
 `--from-json` redraws both) and the chart (`--chart`, with matplotlib).
@@ -36,7 +46,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from loadbench import catalog, chart, exactness, procs, redisstats, report, wrk  # noqa: E402
+from loadbench import (catalog, chart, exactness, markdown, procs, redisstats,  # noqa: E402
+                       report, wrk)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,6 +64,13 @@ def arguments():
                          "no-limiter baseline always runs)")
     ap.add_argument("--workload", action="append", default=[], metavar="SUBSTRING",
                     help="only workloads whose name contains this (repeatable)")
+    ap.add_argument("--paced-rate", type=float, default=2000, metavar="R",
+                    help="req/s offered in all by each cell's paced run, the same for "
+                         "every server: each connection waits round(connections * 1000 "
+                         "/ R) ms between answer and next request (default 2000; 0: no "
+                         "paced run)")
+    ap.add_argument("--paced-seconds", type=int, default=None,
+                    help="seconds of each paced run (default: --seconds)")
     ap.add_argument("--paired", action="store_true",
                     help="run the baseline again right before every server's cell and "
                          "take each ratio against that cell (twice the cells, for a VM "
@@ -66,6 +84,14 @@ def arguments():
     ap.add_argument("--from-json", metavar="PATH",
                     help="redraw the report and chart from a JSON file; run nothing")
     args = ap.parse_args()
+    if args.paced_seconds is None:
+        args.paced_seconds = args.seconds
+    # wrk's delay() is in whole ms, per connection.
+    args.paced_delay = (round(args.connections * 1000 / args.paced_rate)
+                        if args.paced_rate > 0 else 0)
+    if args.paced_rate > 0 and args.paced_delay < 1:
+        ap.error(f"--paced-rate {args.paced_rate:g} is more than {args.connections} "
+                 "connections can offer with a 1 ms delay")
     if args.out is None:
         args.out = (os.path.splitext(args.from_json)[0] if args.from_json
                     else os.path.join(ROOT, "benches", "results"))
@@ -113,6 +139,12 @@ def meta(args):
         "wrk": output(["wrk", "--version"]).splitlines()[0] if output(["wrk", "--version"]) else "?",
         "rounds": args.rounds, "seconds": args.seconds, "warmup": args.warmup,
         "paired": args.paired,
+        # The paced runs: the rate asked for, the delay configured.
+        "paced_rate": args.paced_rate, "paced_seconds": args.paced_seconds,
+        "paced_delay_ms": args.paced_delay,
+        # What the whole-ms delay offers: may differ a little from paced_rate.
+        "paced_offered_rps": (wrk.offered(args.connections, args.paced_delay)
+                              if args.paced_delay else None),
         "connections": args.connections, "threads": args.threads,
         "loadavg_start": os.getloadavg()[0],
     }
@@ -140,7 +172,18 @@ def cell(redis, binary, server, workload, args, logdir, rnd):
         result = wrk.run(url, args.seconds, args.connections, args.threads, workload.script)
         result["server_cpu_s"] = procs.cpu_seconds(pid) - server_cpu
         result["redis"] = redisstats.collect(redis, cpu) if server.redis else None
-    # After the measured run, outside the timed part.
+        if args.paced_delay:
+            result["paced"] = wrk.paced(url, args.paced_seconds, args.connections,
+                                        args.threads, workload.script, args.paced_delay)
+    # After the measured and paced runs, outside the timed part. The paced
+    # run breaks none of the checks, so they follow it and cover what it did
+    # in Redis too: the measured run's admitted bound is computed from that
+    # run's own counts, which the paced run does not touch (its admitted
+    # answers are held to a bound of their own, from its own counts); every
+    # key it writes gets a TTL like any other; and no counter passes the
+    # limit, since `denied`'s key and `mixed`'s k0..k999 stay spent (denied)
+    # and `mixed`'s fresh keys carry the paced run's own nonce (each admitted
+    # once).
     result["exactness"] = exactness.check(redis, server, workload, result, args.threads)
     return {"round": rnd, "server": server.name, "workload": workload.name,
             "startup": startup, "env": {k: v for k, v in env.items() if k != "REDIS_URL"},
@@ -186,6 +229,13 @@ def measure(args, servers, workloads):
                 print(f"round {rnd}: {server.name:38} {workload.name:20} {c['rps']:>9.0f} req/s "
                       f"p50 {c['p50']:.2f} p99 {c['p99']:.2f} ms, "
                       f"{c['non2xx'] / max(c['requests'], 1):.0%} not 2xx", file=sys.stderr)
+                if "paced" in c:
+                    p = c["paced"]
+                    print(f"  paced: {p['rps']:.0f} of {p['offered_rps']:.0f} req/s offered, "
+                          f"p50 {p['p50']:.2f} p99 {p['p99']:.2f} ms"
+                          + ("" if p["rate_ok"] else
+                             f": more than {wrk.TOLERANCE:.0%} off the offered rate"),
+                          file=sys.stderr)
                 if c["exactness"] and not c["exactness"]["ok"]:
                     print("  exactness: " + "; ".join(c["exactness"]["problems"]),
                           file=sys.stderr)
@@ -208,14 +258,16 @@ def main():
                      ", ".join(w.name for w in catalog.WORKLOADS))
         info, cells = measure(args, servers, workloads)
     rows = report.summarize(cells, servers, workloads)
-    text = report.markdown(rows, info, workloads, cells)
+    text = markdown.render(rows, info, workloads, cells)
     print(text)
     with open(args.out + ".md", "w") as f:
         f.write(text)
     if not args.from_json:
         report.dump(args.out + ".json", info, servers, workloads, cells, rows)
     title = (f"{info['date']}, {info['commit']}: wrk -c{info['connections']}, "
-             f"{info['rounds']} x {info['seconds']} s; {info['machine']}")
+             f"{info['rounds']} x {info['seconds']} s"
+             + (f", paced at {info['paced_offered_rps']:.0f} req/s"
+                if info.get("paced_offered_rps") else "") + f"; {info['machine']}")
     if chart.render(rows, args.chart, title):
         print(f"chart: {args.chart}", file=sys.stderr)
     print(f"report: {args.out}.md" + ("" if args.from_json else f", raw: {args.out}.json"),

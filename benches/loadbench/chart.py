@@ -1,5 +1,6 @@
 """The chart: grouped bars per workload, one bar per server. Top: req/s
-ratio to axum without a limiter; bottom: p99 minus its p99. Needs
+ratio to axum without a limiter; bottom: p99 minus its p99, at the same load
+(the paced runs) when the results have them, else at saturation. Needs
 matplotlib (`pip install matplotlib`); without it the chart is skipped."""
 
 import sys
@@ -20,6 +21,8 @@ def render(rows, path, title):
     servers = [s for s in dict.fromkeys(r["server"] for r in rows) if s != "axum, no limiter"]
     cell = {(r["server"], r["workload"]): r for r in rows}
     width = 0.8 / max(len(servers), 1)
+    paced = any(r.get("paced_p99_minus_base") is not None for r in rows)
+    dp99_key = "paced_p99_minus_base" if paced else "p99_minus_base"
     colors = plt.get_cmap("tab10").colors
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 8.5), sharex=True,
@@ -31,7 +34,8 @@ def render(rows, path, title):
             if r:
                 xs.append(x - 0.4 + width * (i + 0.5))
                 ratios.append(r["ratio"])
-                dp99.append(r["p99_minus_base"])
+                # 0: no bar for a row without paced runs among rows with.
+                dp99.append(r.get(dp99_key) or 0.0)
         color = colors[i % len(colors)]
         hatch = "//" if "no limiter" in server else None
         top.bar(xs, ratios, width, label=server, color=color, hatch=hatch, edgecolor="white")
@@ -48,7 +52,8 @@ def render(rows, path, title):
     bottom.axhline(0.0, color="black", linewidth=0.8)
     bottom.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
     bottom.text(-0.45, 1.0, "+1 ms", va="bottom", fontsize=8, color="grey")
-    bottom.set_ylabel("p99 − baseline p99 (ms)")
+    bottom.set_ylabel("p99 − baseline p99 (ms)\n"
+                      + ("at the same load (paced)" if paced else "at saturation"))
     bottom.set_xticks(range(len(workloads)), workloads)
     handles, labels = top.get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, ncol=3, loc="lower center",

@@ -8,9 +8,13 @@ Two checks, outside the timed part:
   request is to be denied the bound is 0; for `mixed, 90% denied` it is the
   number of fresh-key requests (each may be admitted once), `ceil(requests *
   (1 - denied))`, plus one per wrk thread for rounding. A workload that
-  denies nothing has no bound a run could reach: not applicable.
-* Redis side, every Redis-backed server: one read-only script SCANs the whole
-  keyspace and counts the keys and those without a TTL (there must be none).
+  denies nothing has no bound a run could reach: not applicable. The paced
+  run (load.py `--paced-rate`) is a wrk run of its own with its own nonce:
+  its admitted answers are held to the same bound computed from its own
+  requests, recorded apart (`paced_admitted`, `paced_bound`).
+* Redis side, every Redis-backed server, after the measured and paced runs:
+  one read-only script SCANs the whole keyspace and counts the keys and
+  those without a TTL (there must be none).
   For our servers, on a workload with a small limit, it also finds the
   largest fixed-window counter (`rl:fw:...`, a string), which must not pass
   the limit. The peer actix-extensible-rate-limit counts denied requests
@@ -100,11 +104,10 @@ def check(redis, server, workload, result, threads):
            "max_count": None, "limit": None, "problems": []}
     problems = rec["problems"]
     if server.limits:
-        rec["admitted"] = result["requests"] - result["non2xx"]
-        rec["bound"] = bound(workload, result["requests"], threads)
-        if rec["bound"] is not None and rec["admitted"] > rec["bound"]:
-            problems.append(f"admitted {rec['admitted']} of {result['requests']} requests, "
-                            f"more than the bound {rec['bound']}")
+        rec["admitted"], rec["bound"] = _admitted(workload, result, threads, problems, "")
+        if result.get("paced"):
+            rec["paced_admitted"], rec["paced_bound"] = _admitted(
+                workload, result["paced"], threads, problems, "paced run: ")
     if server.redis:
         try:
             rec["keys"], rec["without_ttl"], rec["max_count"] = scan(redis)
@@ -124,6 +127,16 @@ def check(redis, server, workload, result, threads):
                     problems.append(f"a counter at {rec['max_count']}, over the limit {limit}")
     rec["ok"] = not problems
     return rec
+
+
+def _admitted(workload, run, threads, problems, what):
+    """(admitted, bound) of one wrk run; a problem if over the bound."""
+    admitted = run["requests"] - run["non2xx"]
+    most = bound(workload, run["requests"], threads)
+    if most is not None and admitted > most:
+        problems.append(f"{what}admitted {admitted} of {run['requests']} requests, "
+                        f"more than the bound {most}")
+    return admitted, most
 
 
 def failures(cells):
