@@ -67,38 +67,80 @@ pub const MAX_HEADER_KEY_LEN: usize = 8 * 1024;
 
 /// The client identity a request is counted against.
 ///
-/// Build one from a `String`, `&'static str`, `Vec<u8>` or [`Bytes`].
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Key(Bytes);
+/// Build one from a `String`, `&'static str`, `Vec<u8>` or [`Bytes`]. Keys
+/// the built-in extractors derive (an address, a short header value) are
+/// held inline, without an allocation.
+#[derive(Clone)]
+pub struct Key(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, buf: [u8; INLINE_KEY] },
+    Shared(Bytes),
+}
+
+/// The longest key held inline: any IPv6 address as text (45 bytes) fits.
+const INLINE_KEY: usize = 46;
 
 impl Key {
     /// The key's bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, buf } => &buf[..usize::from(*len)],
+            Repr::Shared(b) => b,
+        }
+    }
+
+    /// A copy of `bytes`: inline when short, else shared.
+    pub(crate) fn copy_from(bytes: &[u8]) -> Self {
+        let mut buf = [0u8; INLINE_KEY];
+        match buf.get_mut(..bytes.len()) {
+            Some(to) => {
+                to.copy_from_slice(bytes);
+                // At most INLINE_KEY, so it fits in a u8.
+                let len = bytes.len() as u8;
+                Self(Repr::Inline { len, buf })
+            }
+            None => Self(Repr::Shared(Bytes::copy_from_slice(bytes))),
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Key({:?})", String::from_utf8_lossy(&self.0))
+        write!(f, "Key({:?})", String::from_utf8_lossy(self.as_bytes()))
     }
 }
 
 impl AsRef<[u8]> for Key {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self.as_bytes()
     }
 }
 
 impl Key {
-    /// An address as its usual text (`203.0.113.9`, `2001:db8::1`). IPv4, the
-    /// common case, is written without `Display`'s formatting machinery,
-    /// which cost more than the rest of a memory-store decision.
+    /// An address as its usual text (`203.0.113.9`, `2001:db8::1`), inline.
+    /// IPv4, the common case, is written without `Display`'s formatting
+    /// machinery, which cost more than the rest of a memory-store decision.
     pub(crate) fn from_ip(ip: IpAddr) -> Self {
+        let mut text = [0u8; INLINE_KEY];
+        let mut len = 0;
         match ip {
             IpAddr::V4(v4) => {
-                let mut text = [0u8; 15];
-                let mut len = 0;
                 let mut digits = itoa::Buffer::new();
                 for (i, octet) in v4.octets().into_iter().enumerate() {
                     if i > 0 {
@@ -109,34 +151,41 @@ impl Key {
                     text[len..len + octet.len()].copy_from_slice(octet);
                     len += octet.len();
                 }
-                Self(Bytes::copy_from_slice(&text[..len]))
             }
-            IpAddr::V6(v6) => Self::from(v6.to_string()),
+            IpAddr::V6(v6) => {
+                let mut out = &mut text[..];
+                // 45 bytes at most: it always fits.
+                if std::io::Write::write_fmt(&mut out, format_args!("{v6}")).is_err() {
+                    return Self::from(v6.to_string());
+                }
+                len = INLINE_KEY - out.len();
+            }
         }
+        Self::copy_from(&text[..len])
     }
 }
 
 impl From<String> for Key {
     fn from(s: String) -> Self {
-        Self(s.into())
+        Self(Repr::Shared(s.into()))
     }
 }
 
 impl From<&'static str> for Key {
     fn from(s: &'static str) -> Self {
-        Self(Bytes::from_static(s.as_bytes()))
+        Self(Repr::Shared(Bytes::from_static(s.as_bytes())))
     }
 }
 
 impl From<Vec<u8>> for Key {
     fn from(v: Vec<u8>) -> Self {
-        Self(v.into())
+        Self(Repr::Shared(v.into()))
     }
 }
 
 impl From<Bytes> for Key {
     fn from(b: Bytes) -> Self {
-        Self(b)
+        Self(Repr::Shared(b))
     }
 }
 
@@ -447,7 +496,7 @@ impl<R: RequestInfo + ?Sized> KeyExtractor<R> for Header {
             Some(v) if v.len() > MAX_HEADER_KEY_LEN => {
                 Err(KeyError::HeaderTooLong(self.name.clone()))
             }
-            Some(v) if !v.is_empty() => Ok(Key(Bytes::copy_from_slice(v))),
+            Some(v) if !v.is_empty() => Ok(Key::copy_from(v)),
             _ => Err(KeyError::MissingHeader(self.name.clone())),
         }
     }
@@ -515,6 +564,25 @@ mod tests {
                 parsed.to_string().as_bytes()
             );
         }
+    }
+
+    #[test]
+    fn keys_are_their_bytes_inline_or_shared() {
+        use std::hash::BuildHasher;
+        let longest_v6 = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255";
+        assert_eq!(longest_v6.len(), 45);
+        let parsed: IpAddr = "::ffff:ffff:ffff".parse().unwrap();
+        assert_eq!(Key::from_ip(parsed).as_bytes(), b"::ffff:255.255.255.255");
+        let hasher = std::collections::hash_map::RandomState::new();
+        for len in [0, 1, INLINE_KEY - 1, INLINE_KEY, INLINE_KEY + 1, 4096] {
+            let bytes = vec![b'k'; len];
+            let copied = Key::copy_from(&bytes);
+            let shared = Key::from(Bytes::from(bytes.clone()));
+            assert_eq!(copied.as_bytes(), &bytes[..]);
+            assert_eq!(copied, shared);
+            assert_eq!(hasher.hash_one(&copied), hasher.hash_one(&shared));
+        }
+        assert_ne!(Key::copy_from(b"a"), Key::copy_from(b"b"));
     }
 
     fn parts(req: http::request::Builder) -> Parts {
