@@ -1,0 +1,182 @@
+"""The designs of an atomic rate-limit decision: their scripts, how one call
+is encoded, and what an allowed decision's reply must say. The entry point's
+docstring describes each."""
+
+import os
+from dataclasses import dataclass, field
+
+from . import LIMIT, ROOT, WINDOW_MS, WINDOW_S
+from .msgpack import unpack
+from .resp import command
+
+LUA = os.path.join(ROOT, "lua")
+
+BARE_LUA = """local reply = {}
+for i = 1, #KEYS do
+  local count = redis.call('INCRBY', KEYS[i], ARGV[1])
+  local ttl = redis.call('PTTL', KEYS[i])
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, count, ttl, 0, 0
+end
+return cmsgpack.pack(reply)
+"""
+
+
+@dataclass
+class Design:
+    name: str
+    per_call: int  # decisions per call (script) or per transaction
+    encode: object  # (first key index, shas) -> bytes of one call
+    replies: int  # top-level replies per call
+    check: object  # (list of replies) -> None, or what is wrong
+    entry: str  # the command INFO commandstats counts once per call
+    prefix: str = ""  # counters' key prefix; "" for no keys
+    counter: str = "string"
+    ttl: bool = True  # every key must have a TTL
+    scripts: dict = field(default_factory=dict)  # name -> source
+    # Creates the counters, untimed, in its stead (and counts no decision);
+    # None: the design's own calls create them.
+    setup: object = None
+
+
+def lua_join(*names):
+    """The files joined as script-cost.sh's join() does: each, then a newline."""
+    parts = []
+    for name in names:
+        with open(os.path.join(LUA, name)) as f:
+            parts.append(f.read() + "\n")
+    return "".join(parts)
+
+
+def k(i):
+    return f"k:{i}"
+
+
+def keys(i, n):
+    return [k(i + j) for j in range(n)]
+
+
+def multi(*commands):
+    """A transaction, in one write: MULTI, the commands, EXEC."""
+    return b"".join(command(*c) for c in [("MULTI",), *commands, ("EXEC",)])
+
+
+# --- Reply checks: each takes the call's replies, returns what is wrong or None.
+
+
+def equals(expected, what):
+    return lambda r: None if r == [expected] else f"{what}: {r!r}"
+
+
+def check_incr(r):
+    return None if type(r[0]) is int and r[0] >= 1 else f"not a count >= 1: {r!r}"
+
+
+def is_count(x):
+    return type(x) is int and 1 <= x <= LIMIT
+
+
+def is_ttl(x, window):
+    return type(x) is int and 0 < x <= window
+
+
+def packed(n, ok, wrong):
+    """A script's packed reply: 5 numbers per key or request, each five
+    ok(*five); `wrong` says which is not, formatted with j (from 1) and v."""
+    def check(r):
+        if not isinstance(r[0], bytes):
+            return f"not a packed reply: {r[0]!r}"
+        v = unpack(r[0])
+        if not isinstance(v, list) or len(v) != 5 * n:
+            return f"not {5 * n} numbers: {v!r}"
+        for i in range(0, 5 * n, 5):
+            if not ok(*v[i:i + 5]):
+                return wrong.format(j=i // 5 + 1, v=v[i:i + 5])
+        return None
+    return check
+
+
+def check_ours(n):
+    """decide_fixed.lua's reply for n requests of one limit each, all allowed:
+    per request allowed, then allowed_i, remaining_i, reset_ms_i, retry_ms_i."""
+    def ok(allowed, allowed_i, remaining, reset, retry):
+        return (allowed == 1 and allowed_i == 1 and retry == 0
+                and 0 <= remaining < LIMIT and 0 < reset <= WINDOW_MS)
+    return packed(n, ok, "request {j} not allowed as expected: {v}")
+
+
+def check_bare(n):
+    def ok(one, count, ttl, z1, z2):
+        return one == 1 and z1 == 0 and z2 == 0 and is_count(count) and is_ttl(ttl, WINDOW_MS)
+    return packed(n, ok, "key {j}: {v}")
+
+
+def transaction(ok):
+    """MULTI, three queued commands, EXEC whose three replies pass ok(*replies)."""
+    def check(r):
+        if r[:4] != ["OK", "QUEUED", "QUEUED", "QUEUED"]:
+            return f"MULTI/queued replies: {r[:4]!r}"
+        ex = r[4]
+        if not (isinstance(ex, list) and len(ex) == 3 and ok(*ex)):
+            return f"EXEC: {ex!r}"
+        return None
+    return check
+
+
+def native_ok(set_, count, pttl):
+    return set_ in (None, "OK") and is_count(count) and is_ttl(pttl, WINDOW_MS)
+
+
+def actix_ok(bitfield, expired, ttl):
+    return (isinstance(bitfield, list) and len(bitfield) == 2 and bitfield[0] == bitfield[1]
+            and is_count(bitfield[0]) and expired in (0, 1) and is_ttl(ttl, WINDOW_S))
+
+
+# --- The designs -------------------------------------------------------------
+
+
+def designs():
+    fast = lua_join("lib.lua", "fixed_window.lua", "decide_fixed.lua")
+
+    def ours(n):
+        # decide_fixed.lua: policies (1), the policy (limit, window_ms,
+        # shadow), requests (n), then per request: cost 1, 1 limit, policy 1.
+        tail = [1, LIMIT, WINDOW_MS, 0, n] + [1, 1, 1] * n
+        return lambda i, sha: command("EVALSHA", sha["ours"], n, *keys(i, n), *tail)
+
+    def bare(n):
+        return lambda i, sha: command("EVALSHA", sha["bare"], n, *keys(i, n), 1)
+
+    def native(i, _):
+        key = k(i)
+        return multi(("SET", key, 0, "PX", WINDOW_MS, "NX"), ("INCRBY", key, 1), ("PTTL", key))
+
+    def actix(i, _):
+        key = k(i)
+        return multi(("BITFIELD", key, "OVERFLOW", "SAT", "INCRBY", "u63", 0, 1, "GET", "u63", 0),
+                     ("EXPIRE", key, WINDOW_S, "NX"), ("TTL", key))
+
+    ping = command("PING")
+    return [
+        Design("PING (per-command floor, not a decision)", 1, lambda i, sha: ping, 1,
+               equals("PONG", "not PONG"), "ping", prefix=""),
+        Design("EVALSHA `return 1` (per-call floor of a script)", 1,
+               lambda i, sha: command("EVALSHA", sha["return1"], 0), 1,
+               equals(1, "not the integer 1"), "evalsha", scripts={"return1": "return 1"}),
+        *[Design(f"ours: decide_fixed.lua, {n} per call", n, ours(n), 1, check_ours(n),
+                 "evalsha", prefix="k:", scripts={"ours": fast}) for n in (8, 32, 1)],
+        # bare.lua sets no TTL: its counters are created with one (SET PX),
+        # which INCRBY keeps.
+        Design("bare Lua INCRBY + PTTL, 8 per call", 8, bare(8), 1, check_bare(8), "evalsha",
+               prefix="k:", scripts={"bare": BARE_LUA},
+               setup=Design("SET k 0 PX <window>", 1,
+                            lambda i, sha: command("SET", k(i), 0, "PX", WINDOW_MS), 1,
+                            equals("OK", "not OK"), "set", prefix="k:")),
+        Design("native tx: MULTI SET NX PX, INCRBY, PTTL, EXEC", 1, native, 5,
+               transaction(native_ok), "exec", prefix="k:"),
+        Design("actix-extensible-rate-limit tx: MULTI BITFIELD, EXPIRE NX, TTL, EXEC", 1,
+               actix, 5, transaction(actix_ok), "exec", prefix="k:", counter="bitfield"),
+        Design("lone INCR (no TTL: unsafe; cheapest write, a lower bound)", 1,
+               lambda i, sha: command("INCR", f"incr:{i}"), 1, check_incr, "incr",
+               prefix="incr:", ttl=False),
+    ]

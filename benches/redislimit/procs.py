@@ -1,0 +1,97 @@
+"""Processes and CPU time: tools on PATH, free ports, the benchmark's own
+redis-server, and CPU seconds from /proc and getrusage."""
+
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def require(*tools):
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        sys.exit(f"{', '.join(missing)} not found on PATH: "
+                 "apt-get install -y redis-server redis-tools wrk (and rustup for cargo)")
+
+
+def free_port():
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != 6379:  # never a developer's own Redis
+            return port
+
+
+def wait_port(port, proc, what, log):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with status {proc.returncode}:\n{tail(log)}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} did not listen on port {port} within 30 s:\n{tail(log)}")
+
+
+def tail(path, lines=20):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait()
+
+
+class RedisServer:
+    """A redis-server on a free port, without persistence, in a temp dir."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="redis-limit-")
+        self.log = os.path.join(self.dir, "redis.log")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log])
+        wait_port(self.port, self.proc, "redis-server", self.log)
+
+    def stop(self):
+        stop(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rusage_seconds(who):
+    """User + system CPU seconds of getrusage(who): RUSAGE_SELF or RUSAGE_CHILDREN."""
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
+
+
+def proc_cpu_seconds(pid):
+    """utime + stime of a running process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine was not idle, over all cores, since boot."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is in user)
+    busy = v[0] + v[1] + v[2] + v[5] + v[6]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
