@@ -4,11 +4,13 @@ redis-server, and CPU seconds from /proc and getrusage."""
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
+
+# The load benchmark's: a port the OS says is free (so never a running
+# Redis's) and waiting for a server to listen.
+from loadbench.procs import free_port, wait_port  # noqa: F401
 
 
 def require(*tools):
@@ -16,36 +18,6 @@ def require(*tools):
     if missing:
         sys.exit(f"{', '.join(missing)} not found on PATH: "
                  "apt-get install -y redis-server redis-tools wrk (and rustup for cargo)")
-
-
-def free_port():
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port != 6379:  # never a developer's own Redis
-            return port
-
-
-def wait_port(port, proc, what, log):
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with status {proc.returncode}:\n{tail(log)}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"{what} did not listen on port {port} within 30 s:\n{tail(log)}")
-
-
-def tail(path, lines=20):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def stop(proc):
