@@ -4,13 +4,11 @@ redis-server, and CPU seconds from /proc and getrusage."""
 import os
 import resource
 import shutil
-import subprocess
 import sys
-import tempfile
 
 # The load benchmark's: a port the OS says is free (so never a running
-# Redis's) and waiting for a server to listen.
-from loadbench.procs import free_port, wait_port  # noqa: F401
+# Redis's), waiting for a server to listen, and its redis-server.
+from loadbench.procs import Redis, free_port, wait_port  # noqa: F401
 
 
 def require(*tools):
@@ -25,20 +23,12 @@ def stop(proc):
     proc.wait()
 
 
-class RedisServer:
-    """A redis-server on a free port, without persistence, in a temp dir."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="redis-limit-")
-        self.log = os.path.join(self.dir, "redis.log")
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log])
-        wait_port(self.port, self.proc, "redis-server", self.log)
+class RedisServer(Redis):
+    """The load benchmark's own redis-server (free port, no persistence),
+    its directory removed when stopped."""
 
     def stop(self):
-        stop(self.proc)
+        super().stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
