@@ -1,0 +1,58 @@
+//! The tower service keeps tower's readiness contract on every path: the
+//! inner service is called only after its `poll_ready`, once per admitted
+//! request, and a rejection leaves the service usable. The inner service is
+//! `tower::limit::ConcurrencyLimit`, which panics when called without a
+//! permit from `poll_ready`.
+
+mod support;
+
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use http::{Request, Response, StatusCode};
+use redis_ratelimit::{RateLimitLayer, key::Global};
+use support::Backend;
+use tower::{Service, ServiceExt, limit::ConcurrencyLimitLayer, service_fn};
+
+/// 3 admitted then 3 denied through one service value, sequentially, and
+/// the inner service called exactly 3 times.
+async fn readiness_is_kept(backend: Backend) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(RateLimitLayer::new(backend.limiter("3/1h"), Global))
+        .layer(ConcurrencyLimitLayer::new(1))
+        .service(service_fn(move |_req: Request<()>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new("ok".to_owned())) }
+        }));
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        statuses.push(res.status());
+    }
+    let (ok, denied) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses, [ok, ok, ok, denied, denied, denied]);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn memory_store_decides_in_call_and_keeps_readiness() {
+    readiness_is_kept(Backend::memory()).await;
+}
+
+#[tokio::test]
+async fn redis_store_decides_in_the_future_and_keeps_readiness() {
+    readiness_is_kept(Backend::redis().await).await;
+}
