@@ -116,12 +116,7 @@ def output(cmd):
 
 
 def machine():
-    model = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = procs.cpu_model()
     with open("/proc/meminfo") as f:
         mem_kib = int(f.readline().split()[1])
     return (f"{os.cpu_count()} cores ({model}), {mem_kib / 2**20:.0f} GiB, "

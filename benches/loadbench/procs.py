@@ -24,6 +24,15 @@ def require(*tools):
                      "(and rustup for cargo)")
 
 
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo, or "?"."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "?"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

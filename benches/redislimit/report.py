@@ -8,6 +8,8 @@ import statistics
 import subprocess
 import sys
 
+from loadbench.procs import cpu_model
+
 from . import KEYS, ROOT
 
 
@@ -28,12 +30,7 @@ def bounds(c_plain, result):
 
 
 def machine():
-    model = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
 
     def out(cmd):
         try:
