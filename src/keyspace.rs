@@ -66,11 +66,6 @@ impl KeyBuf for String {
     }
 }
 
-/// How the in-memory store keeps a key: up to 48 bytes (a prefix, a name
-/// and an IP or a short API key) inline in its map, one cache line fewer
-/// per lookup than a `String`.
-pub(crate) type StoredKey = smallvec::SmallVec<[u8; 48]>;
-
 /// A store key built on the stack, for the in-memory store's hot path: a
 /// decision on a key it already holds allocates nothing.
 #[derive(Debug)]

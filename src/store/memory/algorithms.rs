@@ -41,6 +41,58 @@ impl Entry {
     }
 }
 
+/// An [`Entry`] as the map holds it: 32 bytes, without the enum's tag
+/// (which would make it 40), because the key names its algorithm (the
+/// `{algo}` part of every store key), so the quota that reads an entry is
+/// always of the algorithm that wrote it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Packed {
+    expires_ms: u64,
+    words: [u64; 3],
+}
+
+impl Packed {
+    pub(super) fn expires_ms(&self) -> u64 {
+        self.expires_ms
+    }
+
+    /// The entry, read as `q`'s algorithm's.
+    pub(super) fn unpack(self, q: Quota) -> Entry {
+        let Packed {
+            expires_ms,
+            words: [a, b, c],
+        } = self;
+        match q.algorithm() {
+            Algorithm::SlidingWindow => Entry::Sliding {
+                s: a,
+                c: b,
+                p: c,
+                expires_ms,
+            },
+            Algorithm::Gcra { .. } => Entry::Gcra {
+                tat: f64::from_bits(a),
+                expires_ms,
+            },
+            _ => Entry::Fixed {
+                count: a,
+                expires_ms,
+            },
+        }
+    }
+}
+
+impl From<Entry> for Packed {
+    fn from(entry: Entry) -> Self {
+        let expires_ms = entry.expires_ms();
+        let words = match entry {
+            Entry::Fixed { count, .. } => [count, 0, 0],
+            Entry::Sliding { s, c, p, .. } => [s, c, p],
+            Entry::Gcra { tat, .. } => [tat.to_bits(), 0, 0],
+        };
+        Packed { expires_ms, words }
+    }
+}
+
 /// What one limit says, before and after spending.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Checked {

@@ -1,17 +1,18 @@
 //! [`MemoryStore`]: counters in this process, with the Redis store's semantics.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
-};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::time::Instant;
 
-use self::algorithms::{Entry, Now};
+use self::{
+    algorithms::{Checked, Entry, Now},
+    ids::{KeyId, Secret, Table},
+};
 use super::{BoxFuture, LimitCheck, LimitState, Store};
-use crate::{Error, Quota, keyspace::StoredKey};
+use crate::{Error, Quota};
 
 mod algorithms;
+mod ids;
 mod lease;
 
 /// Counters in process memory: the default when no Redis is configured.
@@ -22,7 +23,9 @@ mod lease;
 /// with time from its own monotonic clock. But each process counts alone,
 /// so replicas do not share a limit. Memory stays bounded: expired windows are
 /// reclaimed whenever the map has doubled since the last sweep, so it holds at
-/// most about twice the keys that are live at once.
+/// most about twice the keys that are live at once, at one 64-byte slot per
+/// key (plus the table's slack) whatever the key's length: a key is held as
+/// its 128-bit SipHash under a secret of the store's, not as its bytes.
 ///
 /// Clones share the same counters.
 ///
@@ -41,6 +44,7 @@ mod lease;
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Counters>>,
+    secret: Secret,
     epoch: Instant,
     leases: lease::Leases,
 }
@@ -49,6 +53,7 @@ impl Default for MemoryStore {
     fn default() -> Self {
         Self {
             inner: Arc::default(),
+            secret: Secret::new(),
             epoch: Instant::now(),
             leases: lease::Leases::default(),
         }
@@ -57,8 +62,8 @@ impl Default for MemoryStore {
 
 #[derive(Debug, Default)]
 struct Counters {
-    /// Short keys inline: one cache line fewer per lookup than a `String`.
-    map: HashMap<StoredKey, Entry>,
+    /// One cache line a key: see [`ids`].
+    map: Table,
     sweep_at: usize,
 }
 
@@ -93,8 +98,9 @@ impl MemoryStore {
 
     /// One limit, the common case: see [`Counters::decide_one`].
     pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> LimitState {
+        let id = self.secret.id(key);
         let now = self.now();
-        self.lock().decide_one(key, quota, cost, now)
+        self.lock().decide_one(id, quota, cost, now)
     }
 
     /// Several limits, all or nothing.
@@ -104,31 +110,27 @@ impl MemoryStore {
         {
             return vec![self.decide_one(check.key.as_bytes(), check.quota, cost)];
         }
+        let ids: Vec<_> = checks
+            .iter()
+            .map(|c| self.secret.id(c.key.as_bytes()))
+            .collect();
         let now = self.now();
         let mut counters = self.lock();
         let checked: Vec<_> = checks
             .iter()
-            .map(|c| {
-                let live = counters.map.get_mut(c.key.as_bytes());
-                let live = live.filter(|e| e.expires_ms() > now.ms);
-                algorithms::check(live, c.quota, cost, now)
-            })
+            .zip(&ids)
+            .map(|(c, id)| counters.check(*id, c.quota, cost, now))
             .collect();
         let all = checks
             .iter()
             .zip(&checked)
             .all(|(l, c)| c.allowed || l.shadow);
         let mut states = Vec::with_capacity(checked.len());
-        for (check, c) in checks.into_iter().zip(checked) {
+        for (id, c) in ids.into_iter().zip(checked) {
             let spends = all && c.allowed;
             states.push(c.state(spends));
-            if let (true, Some(entry)) = (spends, c.spent)
-                && counters
-                    .map
-                    .insert(StoredKey::from_slice(check.key.as_bytes()), entry)
-                    .is_none()
-            {
-                counters.inserted(now);
+            if let (true, Some(entry)) = (spends, c.spent) {
+                counters.spend(id, entry, now);
             }
         }
         states
@@ -136,31 +138,38 @@ impl MemoryStore {
 }
 
 impl Counters {
-    /// One limit, the common case: one map lookup for a key already held,
-    /// with the key borrowed (it is copied only when inserted), and no
-    /// intermediate vector. A lone limit spends when it admits, shadow or
-    /// not.
-    fn decide_one(&mut self, key: &[u8], quota: Quota, cost: u64, now: Now) -> LimitState {
-        if let Some(held) = self.map.get_mut(key) {
-            let live = Some(&mut *held).filter(|e| e.expires_ms() > now.ms);
-            let c = algorithms::check(live, quota, cost, now);
-            if let (true, Some(entry)) = (c.allowed, c.spent) {
-                *held = entry;
-            }
-            return c.state(c.allowed);
-        }
-        let c = algorithms::check(None, quota, cost, now);
+    /// One limit, the common case: no intermediate vector. A lone limit
+    /// spends when it admits, shadow or not.
+    fn decide_one(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> LimitState {
+        let c = self.check(id, quota, cost, now);
         if let (true, Some(entry)) = (c.allowed, c.spent) {
-            self.map.insert(StoredKey::from_slice(key), entry);
-            self.inserted(now);
+            self.spend(id, entry, now);
         }
         c.state(c.allowed)
     }
 
-    /// After a new key: sweeps expired windows once the map has doubled.
-    fn inserted(&mut self, now: Now) {
+    /// Checks `cost` against the key's live entry, if any, healing that
+    /// entry in place where the scripts would.
+    fn check(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> Checked {
+        match self.map.get_mut(id) {
+            Some(held) if held.expires_ms() > now.ms => {
+                let mut entry = held.unpack(quota);
+                let c = algorithms::check(Some(&mut entry), quota, cost, now);
+                *held = entry.into();
+                c
+            }
+            _ => algorithms::check(None, quota, cost, now),
+        }
+    }
+
+    /// Stores a spent entry; after a new key, sweeps expired windows once
+    /// the map has doubled.
+    fn spend(&mut self, id: KeyId, entry: Entry, now: Now) {
+        if !self.map.insert(id, entry.into()) {
+            return;
+        }
         if self.map.len() >= self.sweep_at {
-            self.map.retain(|_, e| e.expires_ms() > now.ms);
+            self.map.retain(|e| e.expires_ms() > now.ms);
             self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
         }
     }

@@ -1,0 +1,143 @@
+//! How [`MemoryStore`](super::MemoryStore) names a key in its map: a 128-bit
+//! keyed hash of the key's bytes, not the bytes.
+//!
+//! Each slot is then one cache line holding everything a decision reads
+//! (16 bytes of identity, 32 of state, aligned to 64), where a slot keyed
+//! by the bytes spanned two or three: on a server with many clients every
+//! lookup misses the caches, and that is most of what the limiter costs
+//! there. Under callgrind's model of a 1 MB L2, a request over 100,000 keys
+//! missed it 3.6 times with bytes as keys, 2.0 times with these slots, and
+//! 0.65 times with no limiter. Hashing happens once per decision, outside
+//! the lock, and the table rehashes no key when it grows.
+//!
+//! Two different keys would share a counter only if their 128-bit hashes
+//! collided. The hash is SipHash-1-3 (the function of std's `HashMap`)
+//! under a secret drawn from the OS when the store is made, so a client
+//! cannot aim for a collision, and a chance one needs about 2^64 live keys:
+//! for a billion keys the odds are about 1 in 10^21.
+
+use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::{HashTable, hash_table::Entry};
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+#[cfg(test)]
+use super::algorithms::Entry as Held;
+use super::algorithms::Packed;
+
+/// A key's identity: its 128-bit SipHash-1-3 under the store's secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct KeyId(u64, u64);
+
+/// One key's slot: its identity and its entry, in one cache line of its own
+/// (48 bytes, aligned to 64), so a lookup reads one line.
+#[derive(Debug)]
+#[repr(C, align(64))]
+struct Slot {
+    id: KeyId,
+    entry: Packed,
+}
+
+/// Every key's entry, by [`KeyId`]. The id is already a keyed hash, so its
+/// first half is the table's hash as it is.
+#[derive(Debug, Default)]
+pub(super) struct Table(HashTable<Slot>);
+
+impl Table {
+    pub(super) fn get_mut(&mut self, id: KeyId) -> Option<&mut Packed> {
+        let slot = self.0.find_mut(id.0, |s| s.id == id)?;
+        Some(&mut slot.entry)
+    }
+
+    /// Stores `entry`; true when the key is new.
+    pub(super) fn insert(&mut self, id: KeyId, entry: Packed) -> bool {
+        match self.0.entry(id.0, |s| s.id == id, |s| s.id.0) {
+            Entry::Occupied(mut held) => {
+                held.get_mut().entry = entry;
+                false
+            }
+            Entry::Vacant(free) => {
+                free.insert(Slot { id, entry });
+                true
+            }
+        }
+    }
+
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Packed) -> bool) {
+        self.0.retain(|s| keep(&s.entry));
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The secret a store hashes its keys with; clones share it with the map.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Secret(u64, u64);
+
+impl Secret {
+    /// A secret from the OS's random source; if that fails, from std's
+    /// `RandomState`, which is seeded from it too.
+    pub(super) fn new() -> Self {
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_ok() {
+            let (a, b) = bytes.split_at(8);
+            let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
+            return Self(word(a), word(b));
+        }
+        let state = std::hash::RandomState::new();
+        Self(state.hash_one(0u8), state.hash_one(1u8))
+    }
+
+    /// The identity of `key`.
+    pub(super) fn id(&self, key: &[u8]) -> KeyId {
+        let mut h = SipHasher13::new_with_keys(self.0, self.1);
+        h.write(key);
+        let hash = h.finish128();
+        KeyId(hash.h1, hash.h2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_per_secret_distinct_per_key_and_secret() {
+        let (s, t) = (Secret::new(), Secret::new());
+        assert_eq!(s.id(b"rl:fw:default:{a}"), s.id(b"rl:fw:default:{a}"));
+        assert_ne!(s.id(b"rl:fw:default:{a}"), s.id(b"rl:fw:default:{b}"));
+        assert_ne!(s.id(b"k"), t.id(b"k"), "each store draws its own secret");
+        let ids: std::collections::HashSet<_> = (0..100_000u32)
+            .map(|i| s.id(i.to_string().as_bytes()))
+            .map(|KeyId(a, b)| (a, b))
+            .collect();
+        assert_eq!(ids.len(), 100_000);
+    }
+
+    #[test]
+    fn a_slot_is_one_cache_line_and_the_table_finds_by_id() {
+        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        let s = Secret::new();
+        let mut t = Table::default();
+        let entry = |n| {
+            Packed::from(Held::Fixed {
+                count: n,
+                expires_ms: 9,
+            })
+        };
+        for i in 0..1000u32 {
+            assert!(t.insert(s.id(&i.to_le_bytes()), entry(u64::from(i))));
+        }
+        assert!(!t.insert(s.id(&7u32.to_le_bytes()), entry(7000)));
+        assert_eq!(t.len(), 1000);
+        assert_eq!(
+            t.get_mut(s.id(&7u32.to_le_bytes())).copied(),
+            Some(entry(7000))
+        );
+        assert_eq!(t.get_mut(s.id(b"absent")), None);
+        t.retain(|e| *e != entry(7000));
+        assert_eq!((t.len(), t.get_mut(s.id(&7u32.to_le_bytes()))), (999, None));
+    }
+}
