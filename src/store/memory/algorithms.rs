@@ -31,37 +31,25 @@ pub(super) enum Entry {
     },
 }
 
-impl Entry {
-    pub(super) fn expires_ms(&self) -> u64 {
-        match *self {
-            Entry::Fixed { expires_ms, .. }
-            | Entry::Sliding { expires_ms, .. }
-            | Entry::Gcra { expires_ms, .. } => expires_ms,
-        }
-    }
-}
-
-/// An [`Entry`] as the map holds it: 32 bytes, without the enum's tag
-/// (which would make it 40), because the key names its algorithm (the
-/// `{algo}` part of every store key), so the quota that reads an entry is
-/// always of the algorithm that wrote it.
+/// An [`Entry`] as a table holds it: `N` words, its expiry first, and no
+/// enum tag, because the key names its algorithm (the `{algo}` part of
+/// every store key), so the quota that reads an entry is always of the
+/// algorithm that wrote it. A fixed window or GCRA entry needs 2 words, a
+/// sliding window's 4.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Packed {
-    expires_ms: u64,
-    words: [u64; 3],
-}
+pub(super) struct Packed<const N: usize>([u64; N]);
 
-impl Packed {
+impl<const N: usize> Packed<N> {
     pub(super) fn expires_ms(&self) -> u64 {
-        self.expires_ms
+        self.0[0]
     }
 
     /// The entry, read as `q`'s algorithm's.
     pub(super) fn unpack(self, q: Quota) -> Entry {
-        let Packed {
-            expires_ms,
-            words: [a, b, c],
-        } = self;
+        const { assert!(N >= 2 && N <= 4) };
+        let mut words = [0; 4];
+        words[..N].copy_from_slice(&self.0);
+        let [expires_ms, a, b, c] = words;
         match q.algorithm() {
             Algorithm::SlidingWindow => Entry::Sliding {
                 s: a,
@@ -79,17 +67,24 @@ impl Packed {
             },
         }
     }
-}
 
-impl From<Entry> for Packed {
-    fn from(entry: Entry) -> Self {
-        let expires_ms = entry.expires_ms();
+    /// The first `N` words of `entry` (all of them, for its algorithm's
+    /// table).
+    pub(super) fn pack(entry: Entry) -> Self {
+        const { assert!(N >= 2 && N <= 4) };
         let words = match entry {
-            Entry::Fixed { count, .. } => [count, 0, 0],
-            Entry::Sliding { s, c, p, .. } => [s, c, p],
-            Entry::Gcra { tat, .. } => [tat.to_bits(), 0, 0],
+            Entry::Fixed { count, expires_ms } => [expires_ms, count, 0, 0],
+            Entry::Sliding {
+                s,
+                c,
+                p,
+                expires_ms,
+            } => [expires_ms, s, c, p],
+            Entry::Gcra { tat, expires_ms } => [expires_ms, tat.to_bits(), 0, 0],
         };
-        Packed { expires_ms, words }
+        let mut packed = [0; N];
+        packed.copy_from_slice(&words[..N]);
+        Self(packed)
     }
 }
 

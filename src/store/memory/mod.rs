@@ -5,11 +5,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::time::Instant;
 
 use self::{
-    algorithms::{Checked, Entry, Now},
-    ids::{KeyId, Secret, Table},
+    algorithms::{Checked, Entry, Now, Packed},
+    ids::{KeyId, Line32, Line64, Secret, Table},
 };
 use super::{BoxFuture, LimitCheck, LimitState, Store};
-use crate::{Error, Quota};
+use crate::{Algorithm, Error, Quota};
 
 mod algorithms;
 mod ids;
@@ -23,9 +23,10 @@ mod lease;
 /// with time from its own monotonic clock. But each process counts alone,
 /// so replicas do not share a limit. Memory stays bounded: expired windows are
 /// reclaimed whenever the map has doubled since the last sweep, so it holds at
-/// most about twice the keys that are live at once, at one 64-byte slot per
-/// key (plus the table's slack) whatever the key's length: a key is held as
-/// its 128-bit SipHash under a secret of the store's, not as its bytes.
+/// most about twice the keys that are live at once, at 32 bytes per key (64
+/// for a sliding window; plus the table's slack) whatever the key's length:
+/// a key is held as its 128-bit SipHash under a secret of the store's, not
+/// as its bytes.
 ///
 /// Clones share the same counters.
 ///
@@ -60,10 +61,13 @@ impl Default for MemoryStore {
     }
 }
 
+/// Every key's entry, in the table of its algorithm's size: see [`ids`].
 #[derive(Debug, Default)]
 struct Counters {
-    /// One cache line a key: see [`ids`].
-    map: Table,
+    /// Fixed-window and GCRA keys: 32-byte slots, two to a cache line.
+    short: Table<Packed<2>, Line32>,
+    /// Sliding-window keys: 64-byte slots.
+    long: Table<Packed<4>, Line64>,
     sweep_at: usize,
 }
 
@@ -78,7 +82,7 @@ impl MemoryStore {
 
     /// The number of keys held, live or not yet reclaimed.
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        self.lock().len()
     }
 
     /// Whether no keys are held.
@@ -151,27 +155,47 @@ impl Counters {
     /// Checks `cost` against the key's live entry, if any, healing that
     /// entry in place where the scripts would.
     fn check(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> Checked {
-        match self.map.get_mut(id) {
-            Some(held) if held.expires_ms() > now.ms => {
-                let mut entry = held.unpack(quota);
-                let c = algorithms::check(Some(&mut entry), quota, cost, now);
-                *held = entry.into();
-                c
-            }
-            _ => algorithms::check(None, quota, cost, now),
+        match quota.algorithm() {
+            Algorithm::SlidingWindow => check_in(&mut self.long, id, quota, cost, now),
+            _ => check_in(&mut self.short, id, quota, cost, now),
         }
     }
 
     /// Stores a spent entry; after a new key, sweeps expired windows once
-    /// the map has doubled.
+    /// the tables have doubled.
     fn spend(&mut self, id: KeyId, entry: Entry, now: Now) {
-        if !self.map.insert(id, entry.into()) {
-            return;
+        let new = match entry {
+            Entry::Sliding { .. } => self.long.insert(id, Packed::pack(entry)),
+            Entry::Fixed { .. } | Entry::Gcra { .. } => self.short.insert(id, Packed::pack(entry)),
+        };
+        if new && self.len() >= self.sweep_at {
+            self.short.retain(|e| e.expires_ms() > now.ms);
+            self.long.retain(|e| e.expires_ms() > now.ms);
+            self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
         }
-        if self.map.len() >= self.sweep_at {
-            self.map.retain(|e| e.expires_ms() > now.ms);
-            self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+    }
+
+    fn len(&self) -> usize {
+        self.short.len() + self.long.len()
+    }
+}
+
+/// [`Counters::check`] in one algorithm's table.
+fn check_in<const N: usize, A>(
+    table: &mut Table<Packed<N>, A>,
+    id: KeyId,
+    quota: Quota,
+    cost: u64,
+    now: Now,
+) -> Checked {
+    match table.get_mut(id) {
+        Some(held) if held.expires_ms() > now.ms => {
+            let mut entry = held.unpack(quota);
+            let c = algorithms::check(Some(&mut entry), quota, cost, now);
+            *held = Packed::pack(entry);
+            c
         }
+        _ => algorithms::check(None, quota, cost, now),
     }
 }
 
