@@ -21,6 +21,7 @@ mod layer;
 mod limiter;
 mod metrics;
 pub mod quota;
+mod random;
 pub mod respond;
 mod service;
 pub mod store;

@@ -3,12 +3,11 @@
 
 use std::{
     fmt,
-    hash::{BuildHasher, Hasher},
     sync::{
         Arc, LazyLock,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use tokio::{runtime::Handle, task::AbortHandle, time::MissedTickBehavior};
@@ -255,15 +254,7 @@ pub(super) fn next_token() -> Arc<str> {
 
 fn process_id() -> String {
     let mut bytes = [0u8; 12];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No OS randomness: std's hasher keys, the pid and the time still
-        // differ between processes.
-        let mut h = std::hash::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
-        h.write_u128(since_epoch.unwrap_or_default().as_nanos());
-        bytes[..8].copy_from_slice(&h.finish().to_le_bytes());
-    }
+    crate::random::fill(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -18,7 +18,7 @@
 //! cannot aim for a collision, and a chance one needs about 2^64 live keys:
 //! for a billion keys the odds are about 1 in 10^21.
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::Hasher;
 
 use hashbrown::{HashTable, hash_table::Entry};
 use siphasher::sip128::{Hasher128, SipHasher13};
@@ -96,17 +96,12 @@ impl<T, A> Table<T, A> {
 pub(super) struct Secret(u64, u64);
 
 impl Secret {
-    /// A secret from the OS's random source; if that fails, from std's
-    /// `RandomState`, which is seeded from it too.
+    /// A secret from the OS's random source.
     pub(super) fn new() -> Self {
         let mut bytes = [0u8; 16];
-        if getrandom::fill(&mut bytes).is_ok() {
-            let (a, b) = bytes.split_at(8);
-            let word = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or_default());
-            return Self(word(a), word(b));
-        }
-        let state = std::hash::RandomState::new();
-        Self(state.hash_one(0u8), state.hash_one(1u8))
+        crate::random::fill(&mut bytes);
+        let n = u128::from_le_bytes(bytes);
+        Self(n as u64, (n >> 64) as u64)
     }
 
     /// The identity of `key`.

@@ -1,0 +1,49 @@
+//! Random bytes drawn once, for a store's hash secret and the process id in
+//! lease tokens.
+
+use std::{
+    hash::{BuildHasher, Hasher, RandomState},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+/// Fills `out` from the OS's random source; without one, from
+/// [`fallback`].
+pub(crate) fn fill(out: &mut [u8]) {
+    if getrandom::fill(out).is_err() {
+        fallback(out);
+    }
+}
+
+/// Bytes from std's `RandomState` (seeded from the OS where it can be),
+/// mixed with the process id, the time and the position, so that they still
+/// differ between processes and along `out`.
+fn fallback(out: &mut [u8]) {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let state = RandomState::new();
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut h = state.build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(nanos);
+        h.write_usize(i);
+        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_differ_and_the_fallback_fills_every_byte() {
+        let (mut a, mut b) = ([0u8; 16], [0u8; 16]);
+        fill(&mut a);
+        fill(&mut b);
+        assert_ne!(a, b);
+        let mut c = [0u8; 12];
+        fallback(&mut c);
+        assert_ne!(c[..8], c[4..], "positions differ");
+        assert!(c[8..].iter().any(|&x| x != 0), "the tail is filled: {c:?}");
+    }
+}
