@@ -123,7 +123,7 @@ impl MemoryStore {
         let checked: Vec<_> = checks
             .iter()
             .zip(&ids)
-            .map(|(c, id)| counters.check(*id, c.quota, cost, now))
+            .map(|(c, id)| counters.check(*id, c.quota, cost, now, false).0)
             .collect();
         let all = checks
             .iter()
@@ -142,33 +142,47 @@ impl MemoryStore {
 }
 
 impl Counters {
-    /// One limit, the common case: no intermediate vector. A lone limit
-    /// spends when it admits, shadow or not.
+    /// One limit, the common case: no intermediate vector, and one lookup
+    /// for a held key. A lone limit spends when it admits, shadow or not.
     fn decide_one(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> LimitState {
-        let c = self.check(id, quota, cost, now);
-        if let (true, Some(entry)) = (c.allowed, c.spent) {
-            self.spend(id, entry, now);
+        let (c, new) = self.check(id, quota, cost, now, true);
+        if new {
+            self.sweep(now);
         }
         c.state(c.allowed)
     }
 
     /// Checks `cost` against the key's live entry, if any, healing that
-    /// entry in place where the scripts would.
-    fn check(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> Checked {
+    /// entry in place where the scripts would. With `spend`, an admitted
+    /// cost is stored at once; then says whether that stored a new key.
+    fn check(
+        &mut self,
+        id: KeyId,
+        quota: Quota,
+        cost: u64,
+        now: Now,
+        spend: bool,
+    ) -> (Checked, bool) {
         match quota.algorithm() {
-            Algorithm::SlidingWindow => check_in(&mut self.long, id, quota, cost, now),
-            _ => check_in(&mut self.short, id, quota, cost, now),
+            Algorithm::SlidingWindow => check_in(&mut self.long, id, quota, cost, now, spend),
+            _ => check_in(&mut self.short, id, quota, cost, now, spend),
         }
     }
 
-    /// Stores a spent entry; after a new key, sweeps expired windows once
-    /// the tables have doubled.
+    /// Stores a spent entry (several limits' decision, once all admitted).
     fn spend(&mut self, id: KeyId, entry: Entry, now: Now) {
         let new = match entry {
             Entry::Sliding { .. } => self.long.insert(id, Packed::pack(entry)),
             Entry::Fixed { .. } | Entry::Gcra { .. } => self.short.insert(id, Packed::pack(entry)),
         };
-        if new && self.len() >= self.sweep_at {
+        if new {
+            self.sweep(now);
+        }
+    }
+
+    /// After a new key: sweeps expired windows once the tables have doubled.
+    fn sweep(&mut self, now: Now) {
+        if self.len() >= self.sweep_at {
             self.short.retain(|e| e.expires_ms() > now.ms);
             self.long.retain(|e| e.expires_ms() > now.ms);
             self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
@@ -187,16 +201,26 @@ fn check_in<const N: usize, A>(
     quota: Quota,
     cost: u64,
     now: Now,
-) -> Checked {
-    match table.get_mut(id) {
-        Some(held) if held.expires_ms() > now.ms => {
-            let mut entry = held.unpack(quota);
-            let c = algorithms::check(Some(&mut entry), quota, cost, now);
-            *held = Packed::pack(entry);
-            c
-        }
-        _ => algorithms::check(None, quota, cost, now),
+    spend: bool,
+) -> (Checked, bool) {
+    let Some(held) = table.get_mut(id) else {
+        let c = algorithms::check(None, quota, cost, now);
+        let new = match (spend && c.allowed, c.spent) {
+            (true, Some(spent)) => table.insert(id, Packed::pack(spent)),
+            _ => false,
+        };
+        return (c, new);
+    };
+    let live = held.expires_ms() > now.ms;
+    let mut entry = held.unpack(quota);
+    let c = algorithms::check(live.then_some(&mut entry), quota, cost, now);
+    match (spend && c.allowed, c.spent) {
+        (true, Some(spent)) => *held = Packed::pack(spent),
+        // The entry as healed (an over-long expiry shortened).
+        _ if live => *held = Packed::pack(entry),
+        _ => {}
     }
+    (c, false)
 }
 
 impl Store for MemoryStore {
