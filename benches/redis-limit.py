@@ -73,7 +73,7 @@ What it measures
                 DECIDE_FIXED_LUA), with N = 8 decisions per EVALSHA (what
                 RedisStore's batches reach under load), 32, and 1
    bare x8      INCRBY + PTTL per key through Lua and the packed reply, nothing
-                else (script-cost.sh's bare.lua): a floor for any such script.
+                else (benches/bare.lua): a floor for any such script.
                 It sets no TTL, so its counters are created with one
                 (SET k 0 PX <window>, untimed), which INCRBY keeps
    native tx    MULTI, SET k 0 PX <window> NX, INCRBY k 1, PTTL k, EXEC: a

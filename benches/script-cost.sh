@@ -37,16 +37,7 @@ done
 join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
 join lib.lua fixed_window.lua sliding_window.lua gcra.lua decide.lua >"$work/general.lua"
 join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
-cat >"$work/bare.lua" <<'EOF'
-local reply = {}
-for i = 1, #KEYS do
-  local count = redis.call('INCRBY', KEYS[i], ARGV[1])
-  local ttl = redis.call('PTTL', KEYS[i])
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, count, ttl, 0, 0
-end
-return cmsgpack.pack(reply)
-EOF
+cp "$root/benches/bare.lua" "$work/bare.lua"
 echo 'return 1' >"$work/return1.lua"
 
 keys=()

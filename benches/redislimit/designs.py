@@ -11,15 +11,9 @@ from .resp import command
 
 LUA = os.path.join(ROOT, "lua")
 
-BARE_LUA = """local reply = {}
-for i = 1, #KEYS do
-  local count = redis.call('INCRBY', KEYS[i], ARGV[1])
-  local ttl = redis.call('PTTL', KEYS[i])
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, count, ttl, 0, 0
-end
-return cmsgpack.pack(reply)
-"""
+# The bare per-key script, shared with script-cost.sh.
+with open(os.path.join(ROOT, "benches", "bare.lua")) as f:
+    BARE_LUA = f.read()
 
 
 @dataclass
