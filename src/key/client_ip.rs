@@ -41,10 +41,17 @@ use crate::ConfigError;
 ///   picks its key with garbage, and is never let through unlimited.
 /// * **A trusted client.** If every entry is trusted, the client is the
 ///   leftmost one.
-/// * **Bounded work.** At most 32 entries are read, from the right, and a
-///   header line is read only up to 8 KiB (of an `X-Forwarded-For` line, its
-///   last 8 KiB; a longer `Forwarded` line counts as one entry that is not an
-///   address). If 32 trusted hops are not enough, the 32nd is the client.
+/// * **`Forwarded` is parsed strictly, from the right** (RFC 7239 with RFC
+///   7230's quoted strings): the elements your proxy appended are read the
+///   same whatever the client wrote before them, and the first element that
+///   is not well-formed (an unterminated quote, a stray character) is not an
+///   address, so nothing left of it is ever read.
+/// * **IPv6 zones** (`fe80::1%eth0`, `"[fe80::1%eth0]:80"`) are dropped, in
+///   every header as for the peer: the key is the address's.
+/// * **Bounded work.** At most 32 entries are read, from the right, and of a
+///   header line only its last 8 KiB (the cut-off rest is one entry that is
+///   not an address). If 32 trusted hops are not enough, the 32nd is the
+///   client.
 /// * **No peer address:** [`KeyError::NoPeerAddr`] (500), as for `PeerIp`.
 /// * **Misconfiguration warnings**, each logged once with `tracing` (clones
 ///   share them): forwarding headers arriving while no proxy is trusted; 100
