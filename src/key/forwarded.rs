@@ -7,7 +7,7 @@
 //! [`ClientIp`](super::ClientIp) can walk back from its own peer.
 //!
 //! Bounds: at most [`MAX_HOPS`] hops are read, taking header lines from the
-//! last one back; entries further left are never looked at. Of an
+//! last one back; entries further left are never looked at. Of a
 //! header line longer than [`MAX_LINE`] bytes only the last `MAX_LINE` bytes
 //! are read and the cut-off rest counts as one [`Hop::Unknown`]. An entry
 //! longer than [`MAX_ENTRY`] bytes is `Hop::Unknown`.
