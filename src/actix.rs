@@ -6,7 +6,7 @@
 //! or `Scope::wrap`. It is re-exported here as [`RateLimit`] for readers who
 //! look for actix middleware under an actix name; it is the same type.
 //!
-//! * Keys: [`PeerIp`](crate::key::PeerIp) reads the connection's peer
+//! * Keys: [`PeerIp`](struct@crate::key::PeerIp) reads the connection's peer
 //!   address, [`Header`](crate::key::Header) and
 //!   [`Global`](crate::key::Global) work as under tower, and a
 //!   [`from_fn`](crate::key::from_fn) closure gets the `&ServiceRequest`.

@@ -1,5 +1,5 @@
 //! Which client a request counts against: the [`KeyExtractor`] trait and the
-//! built-in extractors [`PeerIp`], [`ClientIp`], [`Header`], [`Global`] and
+//! built-in extractors [`PeerIp`](struct@PeerIp), [`ClientIp`], [`Header`], [`Global`] and
 //! [`from_fn`].
 //!
 //! An extractor turns a request into a [`Key`], or into a [`KeyError`] when it
@@ -9,7 +9,7 @@
 //!
 //! | extractor | key | when it cannot derive one |
 //! |---|---|---|
-//! | [`PeerIp`] | the peer's IP address (port dropped) | 500, logged once as a server misconfiguration |
+//! | [`PeerIp`](struct@PeerIp) | the peer's IP address (port dropped), IPv6 by /64 | 500, logged once as a server misconfiguration |
 //! | [`ClientIp`] | the client's address behind trusted proxies, IPv6 by /64 ([`proxies`]) | 500, as `PeerIp` |
 //! | [`Header`] | the first value of a header, as raw bytes | 400 if missing, empty or over [`MAX_HEADER_KEY_LEN`] bytes |
 //! | [`Global`] | one shared key for every request | never fails |
@@ -53,11 +53,13 @@ use http::{HeaderName, StatusCode, request::Parts};
 
 mod client_ip;
 mod forwarded;
+mod grouping;
 pub mod proxies;
 mod warnings;
 
 pub use client_ip::ClientIp;
 pub use forwarded::ForwardedHeader;
+use grouping::Grouping;
 
 /// The longest header value [`Header`] keys by: longer values are answered
 /// with 400 ([`KeyError::HeaderTooLong`]) rather than hashed. No API key or
@@ -138,31 +140,54 @@ impl Key {
     /// machinery, which cost more than the rest of a memory-store decision.
     pub(crate) fn from_ip(ip: IpAddr) -> Self {
         let mut text = [0u8; INLINE_KEY];
-        let mut len = 0;
-        match ip {
-            IpAddr::V4(v4) => {
-                let mut digits = itoa::Buffer::new();
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        text[len] = b'.';
-                        len += 1;
-                    }
-                    let octet = digits.format(octet).as_bytes();
-                    text[len..len + octet.len()].copy_from_slice(octet);
-                    len += octet.len();
-                }
-            }
-            IpAddr::V6(v6) => {
-                let mut out = &mut text[..];
-                // 45 bytes at most: it always fits.
-                if std::io::Write::write_fmt(&mut out, format_args!("{v6}")).is_err() {
-                    return Self::from(v6.to_string());
-                }
-                len = INLINE_KEY - out.len();
+        match write_ip(ip, &mut text) {
+            Some(len) => Self::copy_from(&text[..len]),
+            None => Self::from(ip.to_string()),
+        }
+    }
+
+    /// A network as its usual text (`203.0.113.0/24`, `2001:db8:1:2::/64`),
+    /// inline: `network`, already truncated, then `/len`.
+    pub(crate) fn from_net(network: IpAddr, len: u8) -> Self {
+        let mut text = [0u8; INLINE_KEY];
+        if let Some(at) = write_ip(network, &mut text) {
+            let mut digits = itoa::Buffer::new();
+            let digits = digits.format(len).as_bytes();
+            if let Some(to) = text.get_mut(at..at + 1 + digits.len()) {
+                to[0] = b'/';
+                to[1..].copy_from_slice(digits);
+                return Self::copy_from(&text[..at + 1 + digits.len()]);
             }
         }
-        Self::copy_from(&text[..len])
+        Self::from(format!("{network}/{len}"))
     }
+}
+
+/// Writes `ip` as text at the start of `text`; its length, or `None` if it
+/// does not fit (no address does not).
+fn write_ip(ip: IpAddr, text: &mut [u8; INLINE_KEY]) -> Option<usize> {
+    let mut len = 0;
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text[len] = b'.';
+                    len += 1;
+                }
+                let octet = digits.format(octet).as_bytes();
+                text[len..len + octet.len()].copy_from_slice(octet);
+                len += octet.len();
+            }
+        }
+        IpAddr::V6(v6) => {
+            let mut out = &mut text[..];
+            // 45 bytes at most: it always fits.
+            std::io::Write::write_fmt(&mut out, format_args!("{v6}")).ok()?;
+            len = INLINE_KEY - out.len();
+        }
+    }
+    Some(len)
 }
 
 impl From<String> for Key {
@@ -438,20 +463,99 @@ where
     }
 }
 
-/// Keys by the peer's IP address (the port is dropped).
+/// Keys by the peer's IP address (the port is dropped), IPv6 by /64.
 ///
 /// Under tower it reads a `SocketAddr` request extension (insert one in a
 /// hyper server) or, with the `axum` feature (on by default), axum's
 /// `ConnectInfo<SocketAddr>`; under actix, the connection's peer address.
 /// Behind a proxy every request comes from the proxy's address: use
 /// [`ClientIp`] there instead (see [`proxies`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PeerIp;
+///
+/// The keys are [`ClientIp`]'s, from the same code, so switching between
+/// the two keeps the counters:
+///
+/// * an IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, as a dual-stack
+///   listener such as `[::]:3000` reports IPv4 peers) is keyed as IPv4
+///   (`192.0.2.1`);
+/// * an IPv6 peer is keyed by its /64 network (`2001:db8:1:2::/64`), as one
+///   host often has a whole /64 to pick addresses from; change it with
+///   [`ipv6_prefix`](Self::ipv6_prefix) (128: by address);
+/// * an IPv4 peer is keyed by its address; group it with
+///   [`ipv4_prefix`](Self::ipv4_prefix);
+/// * an IPv6 zone (scope id) is dropped.
+///
+/// Before, `PeerIp` keyed every address as written, `::ffff:127.0.0.1` and
+/// each IPv6 address on its own: counters under those keys are not carried
+/// over.
+///
+/// `PeerIp` is also a constant of this type with the defaults, so it is
+/// written like a unit value:
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use http::Request;
+/// use redis_ratelimit::key::{KeyExtractor, PeerIp};
+///
+/// let req = |peer: &str| {
+///     let peer: SocketAddr = peer.parse().unwrap();
+///     Request::get("/").extension(peer).body(()).unwrap().into_parts().0
+/// };
+/// let key = |k: PeerIp, peer| k.extract(&req(peer)).unwrap().as_bytes().to_vec();
+/// assert_eq!(key(PeerIp, "203.0.113.9:4711"), b"203.0.113.9");
+/// assert_eq!(key(PeerIp, "[::ffff:203.0.113.9]:4711"), b"203.0.113.9");
+/// assert_eq!(key(PeerIp, "[2001:db8:1:2:aaaa::1]:4711"), b"2001:db8:1:2::/64");
+/// assert_eq!(key(PeerIp.ipv6_prefix(48), "[2001:db8:1:2::1]:1"), b"2001:db8:1::/48");
+/// assert_eq!(key(PeerIp::new().ipv6_prefix(128), "[2001:db8::1]:1"), b"2001:db8::1");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
+pub struct PeerIp {
+    grouping: Grouping,
+}
+
+/// [`PeerIp::new()`]: the peer's address, IPv6 by /64. Lets `PeerIp` be
+/// written as a value, as in `RateLimitLayer::new(limiter, PeerIp)`.
+#[allow(non_upper_case_globals)]
+pub const PeerIp: PeerIp = PeerIp::new();
+
+impl PeerIp {
+    /// Keys by the peer address: IPv4 by address (IPv4-mapped IPv6 as
+    /// IPv4), IPv6 by /64.
+    pub const fn new() -> Self {
+        Self {
+            grouping: Grouping::DEFAULT,
+        }
+    }
+
+    /// Groups IPv6 peers by networks of this prefix length (default 64; 128
+    /// keys by address). Values above 128 are clamped to 128. As
+    /// [`ClientIp::ipv6_prefix`].
+    pub const fn ipv6_prefix(self, len: u8) -> Self {
+        Self {
+            grouping: self.grouping.ipv6_prefix(len),
+        }
+    }
+
+    /// Groups IPv4 peers by networks of this prefix length (default 32: by
+    /// address; 24 groups each /24). Values above 32 are clamped to 32. As
+    /// [`ClientIp::ipv4_prefix`].
+    pub const fn ipv4_prefix(self, len: u8) -> Self {
+        Self {
+            grouping: self.grouping.ipv4_prefix(len),
+        }
+    }
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl<R: RequestInfo + ?Sized> KeyExtractor<R> for PeerIp {
     fn extract(&self, req: &R) -> Result<Key, KeyError> {
         let addr = req.peer_addr().ok_or(KeyError::NoPeerAddr)?;
-        Ok(Key::from_ip(addr.ip()))
+        Ok(self.grouping.key(addr.ip()))
     }
 }
 
@@ -598,11 +702,76 @@ mod tests {
         {
             let v6: SocketAddr = "[2001:db8::1]:80".parse().unwrap();
             let p = parts(Request::get("/").extension(axum::extract::ConnectInfo(v6)));
-            assert_eq!(PeerIp.extract(&p).unwrap().as_bytes(), b"2001:db8::1");
+            assert_eq!(PeerIp.extract(&p).unwrap().as_bytes(), b"2001:db8::/64");
         }
         let err = PeerIp.extract(&parts(Request::get("/"))).unwrap_err();
         assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(err.is_server_error());
+    }
+
+    fn peer_key(extractor: PeerIp, peer: SocketAddr) -> Key {
+        extractor
+            .extract(&parts(Request::get("/").extension(peer)))
+            .unwrap()
+    }
+
+    /// A dual-stack listener reports IPv4 peers as `::ffff:a.b.c.d`; an IPv6
+    /// peer picks any address of its /64; a zone is not part of the client.
+    #[test]
+    fn peer_ip_keys_mapped_ipv4_as_ipv4_and_ipv6_by_64() {
+        let key = |peer: &str| peer_key(PeerIp, peer.parse().unwrap());
+        assert_eq!(key("[::ffff:127.0.0.1]:5000").as_bytes(), b"127.0.0.1");
+        assert_eq!(key("[::ffff:127.0.0.1]:5000"), key("127.0.0.1:1"));
+        assert_eq!(key("[2001:db8:1:2::1]:1").as_bytes(), b"2001:db8:1:2::/64");
+        for host in ["::2", ":aaaa:bbbb:cccc:dddd", ":ffff:ffff:ffff:ffff"] {
+            let rotated = key(&format!("[2001:db8:1:2{host}]:1"));
+            assert_eq!(rotated.as_bytes(), b"2001:db8:1:2::/64", "{host}");
+        }
+        assert_eq!(key("[2001:db8:1:3::1]:1").as_bytes(), b"2001:db8:1:3::/64");
+        // Short keys stay inline: no allocation per request.
+        for peer in ["[2001:db8:1:2::1]:1", "[::ffff:127.0.0.1]:1"] {
+            assert!(matches!(key(peer).0, Repr::Inline { .. }), "{peer}");
+        }
+        let widest = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1"
+            .parse()
+            .unwrap();
+        let k = peer_key(PeerIp.ipv6_prefix(127), widest);
+        assert_eq!(k.as_bytes(), b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/127");
+        assert!(matches!(k.0, Repr::Inline { .. }));
+        // A zone (scope id) is dropped.
+        let scoped = std::net::SocketAddrV6::new("fe80::1".parse().unwrap(), 1, 0, 7);
+        assert_eq!(peer_key(PeerIp, scoped.into()).as_bytes(), b"fe80::/64");
+        // The unit-like constant is `new()` and `default()`.
+        assert_eq!(PeerIp, PeerIp::new());
+        assert_eq!(PeerIp, PeerIp::default());
+    }
+
+    #[test]
+    fn peer_ip_prefixes_are_configurable_and_clamped() {
+        let key = |k: PeerIp, peer: &str| peer_key(k, peer.parse().unwrap());
+        let wide = PeerIp.ipv6_prefix(48).ipv4_prefix(24);
+        assert_eq!(
+            key(wide, "[2001:db8:1:2::1]:1").as_bytes(),
+            b"2001:db8:1::/48"
+        );
+        assert_eq!(key(wide, "203.0.113.77:1").as_bytes(), b"203.0.113.0/24");
+        assert_eq!(
+            key(wide, "[::ffff:203.0.113.77]:1").as_bytes(),
+            b"203.0.113.0/24"
+        );
+        let exact = PeerIp::new().ipv6_prefix(200).ipv4_prefix(99);
+        assert_eq!(key(exact, "[2001:db8::1]:1").as_bytes(), b"2001:db8::1");
+        assert_eq!(key(exact, "203.0.113.77:1").as_bytes(), b"203.0.113.77");
+        // The same keys as ClientIp's, for the same prefixes.
+        let client_ip = ClientIp::new().ipv6_prefix(48).ipv4_prefix(24);
+        for peer in [
+            "[2001:db8:1:2::1]:1",
+            "203.0.113.77:1",
+            "[::ffff:1.2.3.4]:1",
+        ] {
+            let p = parts(Request::get("/").extension(peer.parse::<SocketAddr>().unwrap()));
+            assert_eq!(client_ip.extract(&p).unwrap(), key(wide, peer), "{peer}");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use hyper_util::{
 };
 use redis_ratelimit::{
     RAW_KEY_MAX, RateLimitLayer,
-    key::{ClientIp, Header, KeyError, KeyExtractor, MAX_HEADER_KEY_LEN},
+    key::{ClientIp, Header, KeyError, KeyExtractor, MAX_HEADER_KEY_LEN, PeerIp},
 };
 use support::RedisServer;
 use tokio::net::TcpListener;
@@ -43,22 +43,27 @@ fn key(extractor: &impl KeyExtractor, peer: &str, headers: &[(&str, &[u8])]) -> 
 
 /// Serves `GET /` behind `layer` on 127.0.0.1, with axum's connect info.
 async fn spawn(layer: RateLimitLayer<ClientIp>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    serve(listener, layer);
+    url
+}
+
+/// Serves `GET /` behind `layer` on `listener`, with axum's connect info.
+fn serve<K: KeyExtractor>(listener: TcpListener, layer: RateLimitLayer<K>) {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let app = app.into_make_service_with_connect_info::<SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    url
 }
 
 /// Sends `GET url` from loopback address `from` (Linux routes all of
 /// 127.0.0.0/8 to lo) with an optional `X-Forwarded-For`, and returns the
 /// status.
-async fn get_from(url: &str, from: [u8; 4], xff: Option<&str>) -> StatusCode {
+async fn get_from(url: &str, from: impl Into<IpAddr>, xff: Option<&str>) -> StatusCode {
     let mut connector = HttpConnector::new();
-    connector.set_local_address(Some(IpAddr::from(from)));
+    connector.set_local_address(Some(from.into()));
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(connector);
@@ -113,6 +118,57 @@ async fn clients_behind_a_trusted_proxy_get_their_own_buckets_and_spoofers_do_no
         .map(|(k, _)| k)
         .collect();
     let expected: HashSet<String> = ["203.0.113.1", "203.0.113.2", "127.0.0.3", "203.0.113.9"]
+        .iter()
+        .map(|c| limiter.store_key(c))
+        .collect();
+    assert_eq!(keys, expected, "{}", redis.log());
+    redis.assert_every_key_has_ttl().await;
+}
+
+/// The default `PeerIp` on a dual-stack listener (`[::]:0`): an IPv4 client,
+/// which the socket reports as `::ffff:127.0.0.1`, is keyed `127.0.0.1`, as
+/// `ClientIp` keys it; an IPv6 client by its /64.
+#[tokio::test]
+async fn peer_ip_on_a_dual_stack_listener_keys_ipv4_as_ipv4_and_ipv6_by_64() {
+    let redis = RedisServer::start();
+    let limiter = redis.limiter("2/1m").await;
+    let listener = TcpListener::bind("[::]:0").await.expect(
+        "binding [::]:0 failed: this test needs IPv6 (a dual-stack listener); \
+         it does not skip",
+    );
+    let port = listener.local_addr().unwrap().port();
+    serve(listener, RateLimitLayer::new(limiter.clone(), PeerIp));
+    let (ok, limited) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+
+    let v4 = format!("http://127.0.0.1:{port}/");
+    for expected in [ok, ok, limited] {
+        let status = get_from(&v4, [127, 0, 0, 1], None).await;
+        assert_eq!(status, expected, "IPv4 over [::]\n{}", redis.log());
+    }
+    // IPv6 loopback: a bucket of its own, keyed by its /64.
+    std::net::TcpListener::bind("[::1]:0").expect(
+        "IPv6 loopback [::1] is unavailable: this test needs it (`ip -6 addr` \
+         should list ::1 on lo); it does not skip",
+    );
+    let v6 = format!("http://[::1]:{port}/");
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(get_from(&v6, std::net::Ipv6Addr::LOCALHOST, None).await);
+    }
+    assert_eq!(
+        statuses,
+        [ok, ok, limited],
+        "IPv6 over [::]\n{}",
+        redis.log()
+    );
+
+    let keys: HashSet<String> = redis
+        .keys_with_ttl()
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let expected: HashSet<String> = ["127.0.0.1", "::/64"]
         .iter()
         .map(|c| limiter.store_key(c))
         .collect();

@@ -2,8 +2,9 @@
 //! building: arbitrary bytes in `X-Forwarded-For`, `Forwarded`, `X-Real-IP`
 //! and key headers, from arbitrary peers, under arbitrary `ClientIp`
 //! configurations. Nothing panics, every key is an address or a network,
-//! an untrusted peer never moves its key, and every Redis key is bounded with
-//! its hash tag intact.
+//! an untrusted peer never moves its key, what the nearest proxy appended is
+//! the key whatever the client wrote before it, and every Redis key is
+//! bounded with its hash tag intact.
 //!
 //! `cargo test` runs 256 cases per property; for a longer run:
 //! `PROPTEST_CASES=100000 cargo test --release --test fuzz_keys`.
@@ -39,6 +40,9 @@ impl RequestInfo for RawRequest {
             .map(|(_, v)| v.as_slice())
     }
 }
+
+/// The trusted proxies of the appended-address property.
+const PROXIES: &str = "10.0.0.0/8";
 
 /// Pieces that make header lines look almost right.
 const PIECES: &[&str] = &[
@@ -233,6 +237,67 @@ proptest! {
             let alone = RawRequest { peer: req.peer, headers: Vec::new() };
             let own = config.client_ip().extract(&alone).unwrap();
             prop_assert_eq!(key, own);
+        }
+    }
+
+    /// The nearest (trusted) proxy appends the client's address to whatever
+    /// the client sent, on its line (`, <addr>`, `, for=<addr>`) or as a line
+    /// of its own. Whatever the client wrote before it (quotes, backslashes,
+    /// commas, semicolons, any bytes), the key is that address, or (for an
+    /// `X-Real-IP` the client wrote part of) the proxy's own bucket: never
+    /// anything the client wrote.
+    #[test]
+    fn the_key_is_what_the_proxy_appended_whatever_the_client_wrote_before_it(
+        kind in header_kind(),
+        client_lines in prop::collection::vec(line(), 0..3),
+        client in ip().prop_filter("an untrusted client", |ip| {
+            !PROXIES.parse::<IpNet>().unwrap().contains(&ip.to_canonical())
+        }),
+        port in prop::option::of(any::<u16>()),
+        own_line in any::<bool>(),
+        hops in prop::option::of(Just(1u8)),
+        (v4, v6) in (any::<u8>(), any::<u8>()),
+    ) {
+        let mut client_ip = ClientIp::new()
+            .trust(PROXIES)
+            .unwrap()
+            .header(kind)
+            .ipv4_prefix(v4)
+            .ipv6_prefix(v6);
+        if let Some(n) = hops {
+            client_ip = client_ip.hops(n);
+        }
+        let node = match port {
+            Some(port) => SocketAddr::new(client, port).to_string(),
+            None => client.to_string(),
+        };
+        let appended = match kind {
+            ForwardedHeader::Forwarded if port.is_none() && client.is_ipv4() => format!("for={node}"),
+            ForwardedHeader::Forwarded => format!("for=\"{node}\";proto=https"),
+            _ => node,
+        };
+        let mut lines = client_lines;
+        let own_line = own_line || lines.is_empty();
+        match lines.last_mut() {
+            Some(last) if !own_line => last.extend_from_slice(format!(", {appended}").as_bytes()),
+            _ => lines.push(appended.into_bytes()),
+        }
+        let peer = SocketAddr::from(([10, 0, 0, 1], 443));
+        let req = RawRequest {
+            peer: Some(peer),
+            headers: lines.into_iter().map(|l| (kind.name(), l)).collect(),
+        };
+        let key = client_ip.extract(&req).unwrap();
+
+        let alone = |ip: IpAddr| {
+            let req = RawRequest { peer: Some(SocketAddr::new(ip, 1)), headers: Vec::new() };
+            ClientIp::new().ipv4_prefix(v4).ipv6_prefix(v6).extract(&req).unwrap()
+        };
+        let (client_key, proxy_key) = (alone(client), alone(peer.ip()));
+        if kind == ForwardedHeader::XRealIp && !own_line {
+            prop_assert!(key == client_key || key == proxy_key, "{:?}", key);
+        } else {
+            prop_assert_eq!(key, client_key);
         }
     }
 

@@ -2,10 +2,10 @@
 
 use std::{fmt, net::IpAddr, sync::Arc};
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net};
 
 use super::{
-    ForwardedHeader, Key, KeyError, KeyExtractor, RequestInfo,
+    ForwardedHeader, Grouping, Key, KeyError, KeyExtractor, RequestInfo,
     forwarded::{self, Hop},
     warnings::Warnings,
 };
@@ -32,8 +32,9 @@ use crate::ConfigError;
 ///   by its /64 network (`2001:db8:1:2::/64`; see
 ///   [`ipv6_prefix`](Self::ipv6_prefix)), as one host often has a whole /64
 ///   to pick addresses from; an IPv4 client by its address (see
-///   [`ipv4_prefix`](Self::ipv4_prefix)). The keys match [`PeerIp`](super::PeerIp)'s
-///   for IPv4, so switching keeps the counters.
+///   [`ipv4_prefix`](Self::ipv4_prefix)). The keys are
+///   [`PeerIp`](struct@super::PeerIp)'s, from the same code, so switching
+///   keeps the counters.
 /// * **Entries that are not an address** (`unknown`, obfuscated identifiers
 ///   such as `_hidden`, garbage, empty or overlong entries): the walk stops
 ///   there and the client is the last address it passed, the trusted hop
@@ -41,10 +42,17 @@ use crate::ConfigError;
 ///   picks its key with garbage, and is never let through unlimited.
 /// * **A trusted client.** If every entry is trusted, the client is the
 ///   leftmost one.
-/// * **Bounded work.** At most 32 entries are read, from the right, and a
-///   header line is read only up to 8 KiB (of an `X-Forwarded-For` line, its
-///   last 8 KiB; a longer `Forwarded` line counts as one entry that is not an
-///   address). If 32 trusted hops are not enough, the 32nd is the client.
+/// * **`Forwarded` is parsed strictly, from the right** (RFC 7239 with RFC
+///   7230's quoted strings): the elements your proxy appended are read the
+///   same whatever the client wrote before them, and the first element that
+///   is not well-formed (an unterminated quote, a stray character) is not an
+///   address, so nothing left of it is ever read.
+/// * **IPv6 zones** (`fe80::1%eth0`, `"[fe80::1%eth0]:80"`) are dropped, in
+///   every header as for the peer: the key is the address's.
+/// * **Bounded work.** At most 32 entries are read, from the right, and of a
+///   header line only its last 8 KiB (the cut-off rest is one entry that is
+///   not an address). If 32 trusted hops are not enough, the 32nd is the
+///   client.
 /// * **No peer address:** [`KeyError::NoPeerAddr`] (500), as for `PeerIp`.
 /// * **Misconfiguration warnings**, each logged once with `tracing` (clones
 ///   share them): forwarding headers arriving while no proxy is trusted; 100
@@ -83,8 +91,7 @@ pub struct ClientIp {
     trusted: Vec<IpNet>,
     hops: Option<u8>,
     header: ForwardedHeader,
-    ipv4_prefix: u8,
-    ipv6_prefix: u8,
+    grouping: Grouping,
     warnings: Arc<Warnings>,
 }
 
@@ -103,8 +110,7 @@ impl ClientIp {
             trusted: Vec::new(),
             hops: None,
             header: ForwardedHeader::default(),
-            ipv4_prefix: 32,
-            ipv6_prefix: 64,
+            grouping: Grouping::DEFAULT,
             warnings: Arc::default(),
         }
     }
@@ -197,14 +203,14 @@ impl ClientIp {
     /// Groups IPv6 clients by networks of this prefix length (default 64;
     /// 128 keys by address). Values above 128 are clamped to 128.
     pub fn ipv6_prefix(mut self, len: u8) -> Self {
-        self.ipv6_prefix = len.min(128);
+        self.grouping = self.grouping.ipv6_prefix(len);
         self
     }
 
     /// Groups IPv4 clients by networks of this prefix length (default 32: by
     /// address; 24 groups each /24). Values above 32 are clamped to 32.
     pub fn ipv4_prefix(mut self, len: u8) -> Self {
-        self.ipv4_prefix = len.min(32);
+        self.grouping = self.grouping.ipv4_prefix(len);
         self
     }
 
@@ -239,20 +245,6 @@ impl ClientIp {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 
-    /// The key for `ip`: the address, or its network under the configured
-    /// prefix.
-    fn key_for(&self, ip: IpAddr) -> Key {
-        let text = match ip {
-            IpAddr::V4(_) if self.ipv4_prefix == 32 => return Key::from_ip(ip),
-            IpAddr::V4(v4) => Ipv4Net::new(v4, self.ipv4_prefix)
-                .map_or_else(|_| v4.to_string(), |n| n.trunc().to_string()),
-            IpAddr::V6(_) if self.ipv6_prefix == 128 => return Key::from_ip(ip),
-            IpAddr::V6(v6) => Ipv6Net::new(v6, self.ipv6_prefix)
-                .map_or_else(|_| v6.to_string(), |n| n.trunc().to_string()),
-        };
-        Key::from(text)
-    }
-
     /// Which warnings fired so far.
     #[cfg(test)]
     pub(crate) fn fired(&self) -> super::warnings::Fired {
@@ -284,12 +276,12 @@ impl<R: RequestInfo + ?Sized> KeyExtractor<R> for ClientIp {
                     }
                 }
             }
-            return Ok(self.key_for(peer));
+            return Ok(self.grouping.key(peer));
         }
         let name = self.header.name();
         let (client, had_header) = self.client(peer, req.header_values(&name));
         self.warnings.request_from_proxy(peer, &name, had_header);
-        Ok(self.key_for(client))
+        Ok(self.grouping.key(client))
     }
 }
 
@@ -314,7 +306,8 @@ impl fmt::Display for ClientIp {
         write!(
             f,
             "; IPv4 by /{}, IPv6 by /{})",
-            self.ipv4_prefix, self.ipv6_prefix
+            self.grouping.v4(),
+            self.grouping.v6()
         )
     }
 }

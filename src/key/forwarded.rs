@@ -7,12 +7,21 @@
 //! [`ClientIp`](super::ClientIp) can walk back from its own peer.
 //!
 //! Bounds: at most [`MAX_HOPS`] hops are read, taking header lines from the
-//! last one back; entries further left are never looked at. Of an
-//! `X-Forwarded-For` line longer than [`MAX_LINE`] bytes only the last
-//! `MAX_LINE` bytes are read and the cut-off rest counts as one
-//! [`Hop::Unknown`]; a longer `Forwarded` line cannot be split safely without
-//! reading all of it (its quoted strings may hold commas), so it is one
-//! `Hop::Unknown`. An entry longer than [`MAX_ENTRY`] bytes is `Hop::Unknown`.
+//! last one back; entries further left are never looked at. Of a
+//! header line longer than [`MAX_LINE`] bytes only the last `MAX_LINE` bytes
+//! are read and the cut-off rest counts as one [`Hop::Unknown`]. An entry
+//! longer than [`MAX_ENTRY`] bytes is `Hop::Unknown`.
+//!
+//! Lines are read from the right, so that what the nearest proxy appended is
+//! read the same whatever the client wrote before it, and reading stops at
+//! the first `Forwarded` element that is not well-formed RFC 7239 (an
+//! unterminated quote, a stray character): it is one `Hop::Unknown`, and
+//! nothing left of it is read (see [`reverse`]).
+//!
+//! A node with an IPv6 zone (`fe80::1%eth0`, `"[fe80::1%eth0]:80"`) is its
+//! address: the zone names an interface of the host that wrote it and says
+//! nothing about the client, as with the peer address, whose zone (scope id)
+//! is dropped too.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -170,80 +179,102 @@ fn x_forwarded_for_line(line: &[u8], hops: &mut Hops) -> bool {
     !cut || hops.push(Hop::Unknown)
 }
 
-/// Pushes one RFC 7239 `Forwarded` line's hops, right to left.
+/// Pushes one RFC 7239 `Forwarded` line's hops, right to left; `false` once
+/// no more are to be read.
+///
+/// The line is parsed from the right, so that the elements the nearest proxy
+/// appended are read the same whatever the client wrote before them. The
+/// first element that is not well-formed (see [`reverse`]) is one
+/// [`Hop::Unknown`], and nothing to its left is read. Of a line longer than
+/// [`MAX_LINE`] bytes only the last `MAX_LINE` bytes are read, and an element
+/// that reaches into the cut-off rest is unknown.
 fn forwarded_line(line: &[u8], hops: &mut Hops) -> bool {
-    if line.len() > MAX_LINE {
-        return hops.push(Hop::Unknown);
-    }
-    let elements: Vec<&[u8]> = split_unquoted(line, b',').collect();
-    for element in elements.into_iter().rev() {
-        if !hops.push(forwarded_element(element)) {
+    let cut = line.len() > MAX_LINE;
+    let mut rest = &line[line.len().saturating_sub(MAX_LINE)..];
+    loop {
+        let Ok((element, before)) = reverse::last_element(rest, cut) else {
+            hops.push(Hop::Unknown);
+            return false;
+        };
+        if !hops.push(element.map_or(Hop::Unknown, for_node)) {
             return false;
         }
+        match before {
+            Some(before) => rest = before,
+            None => return true,
+        }
     }
-    true
 }
 
-/// The `for=` node of one forwarded-element such as
-/// `for=192.0.2.60;proto=http;by=203.0.113.43`. Parameter names are
-/// case-insensitive; an element without exactly one `for` is unknown.
-fn forwarded_element(element: &[u8]) -> Hop {
-    let mut found = None;
-    for pair in split_unquoted(element, b';') {
-        let pair = trim(pair);
-        if pair.is_empty() {
-            continue;
-        }
-        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
-            return Hop::Unknown;
-        };
-        if !trim(&pair[..eq]).eq_ignore_ascii_case(b"for") {
-            continue;
-        }
-        if found.is_some() {
-            return Hop::Unknown;
-        }
-        found = Some(trim(&pair[eq + 1..]));
-    }
-    let Some(value) = found else {
-        return Hop::Unknown;
-    };
+/// The node of a `for=` value: a token, or a quoted-string's content with
+/// its quoted-pairs undone.
+fn for_node(value: reverse::Value<'_>) -> Hop {
     match value {
-        [b'"', inner @ .., b'"'] if inner.len() <= MAX_ENTRY => {
-            // Unescape the quoted-string into a small stack buffer.
-            let mut buf = [0u8; MAX_ENTRY];
+        reverse::Value::Token(token) => node(token),
+        reverse::Value::Quoted(content) if content.len() <= 2 * MAX_ENTRY => {
+            let mut buf = [0u8; 2 * MAX_ENTRY];
             let (mut len, mut escaped) = (0, false);
-            for &b in inner {
+            for &b in content {
                 if !escaped && b == b'\\' {
                     escaped = true;
                     continue;
-                }
-                if !escaped && b == b'"' {
-                    return Hop::Unknown;
                 }
                 escaped = false;
                 buf[len] = b;
                 len += 1;
             }
-            if escaped {
-                Hop::Unknown
-            } else {
-                node(&buf[..len])
-            }
+            node(&buf[..len])
         }
-        [b'"', ..] => Hop::Unknown,
-        token => node(token),
+        reverse::Value::Quoted(_) => Hop::Unknown,
     }
 }
 
 /// Parses one node: `192.0.2.43`, `2001:db8::1`, `[2001:db8::1]`, or any of
 /// those with a port (`192.0.2.43:47011`, `[2001:db8::1]:4711`), the port
-/// possibly obfuscated (`_p1`). Everything else (`unknown`, `_hidden`,
-/// garbage) is [`Hop::Unknown`].
+/// possibly obfuscated (`_p1`), an IPv6 address possibly with a zone
+/// (`fe80::1%eth0`, `[fe80::1%eth0]:80`), which is dropped. Everything else
+/// (`unknown`, `_hidden`, garbage) is [`Hop::Unknown`].
 pub(crate) fn node(bytes: &[u8]) -> Hop {
     if bytes.is_empty() || bytes.len() > MAX_ENTRY {
         return Hop::Unknown;
     }
+    let mut unzoned = [0u8; MAX_ENTRY];
+    let (bytes, zoned) = match without_zone(bytes, &mut unzoned) {
+        Some(len) => (&unzoned[..len], true),
+        None => (bytes, false),
+    };
+    match address(bytes) {
+        Hop::Addr(IpAddr::V4(_)) if zoned => Hop::Unknown,
+        hop => hop,
+    }
+}
+
+/// `bytes` without its zone (`%eth0`, up to a `]` or the end) in `out`, and
+/// its length; `None` if it has no `%`. A zone that is empty or not made of
+/// RFC 6874 characters (unreserved, and `%` for `%25`) stays, so the node is
+/// not an address.
+fn without_zone(bytes: &[u8], out: &mut [u8; MAX_ENTRY]) -> Option<usize> {
+    let pct = bytes.iter().position(|&b| b == b'%')?;
+    let end = bytes[pct..]
+        .iter()
+        .position(|&b| b == b']')
+        .map_or(bytes.len(), |i| pct + i);
+    let zone = &bytes[pct + 1..end];
+    let zone_ok = !zone.is_empty()
+        && zone
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b));
+    if !zone_ok {
+        return None;
+    }
+    let rest = &bytes[end..];
+    out[..pct].copy_from_slice(&bytes[..pct]);
+    out[pct..pct + rest.len()].copy_from_slice(rest);
+    Some(pct + rest.len())
+}
+
+/// [`node`] without zones.
+fn address(bytes: &[u8]) -> Hop {
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Hop::Unknown;
     };
@@ -291,29 +322,7 @@ fn trim(mut bytes: &[u8]) -> &[u8] {
     bytes
 }
 
-/// Splits `bytes` at `sep`, except inside quoted strings (with `\` escapes).
-/// An unterminated quote runs to the end.
-fn split_unquoted(bytes: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
-    let mut rest = Some(bytes);
-    std::iter::from_fn(move || {
-        let s = rest?;
-        let (mut quoted, mut escaped) = (false, false);
-        for (i, &b) in s.iter().enumerate() {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' if quoted => escaped = true,
-                b'"' => quoted = !quoted,
-                _ if b == sep && !quoted => {
-                    rest = Some(&s[i + 1..]);
-                    return Some(&s[..i]);
-                }
-                _ => {}
-            }
-        }
-        rest = None;
-        Some(s)
-    })
-}
+mod reverse;
 
 #[cfg(test)]
 mod tests;

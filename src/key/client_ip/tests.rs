@@ -287,3 +287,63 @@ fn display_describes_the_configuration() {
         "client-ip (x-forwarded-for trusting 2 hop(s); IPv4 by /32, IPv6 by /64)"
     );
 }
+
+/// The nearest proxy appends `, for=<client>` to the client's `Forwarded`
+/// line: an unterminated quote the client left in any parameter neither
+/// makes the client's own `for=` the key nor moves it into the proxy's
+/// bucket.
+#[test]
+fn a_malformed_forwarded_element_never_picks_the_key() {
+    let ip = proxies().header(ForwardedHeader::Forwarded);
+    for n in 1..4 {
+        for chosen in [format!("10.9.9.{n}"), format!("198.51.100.{n}")] {
+            for client in [
+                format!(r#"for={chosen};by=""#),
+                format!(r#"for={chosen};proto=""#),
+                format!(r#"for={chosen};x="\"#),
+                format!(r#"for="{chosen}"#),
+            ] {
+                let line = format!("{client}, for=203.0.113.7");
+                let k = key(&ip, "10.0.0.1:1", &[("forwarded", &line)]);
+                assert_eq!(k, "203.0.113.7", "{line}");
+                let k = key(&ip.clone().hops(1), "10.0.0.1:1", &[("forwarded", &line)]);
+                assert_eq!(k, "203.0.113.7", "{line}");
+            }
+        }
+    }
+}
+
+/// An IPv6 zone is dropped wherever the address comes from, so the key is
+/// the address's (its /64 by default).
+#[test]
+fn zones_are_dropped_in_every_header_and_the_peer() {
+    let ip = proxies();
+    let fwd = proxies().header(ForwardedHeader::Forwarded);
+    let real = proxies().header(ForwardedHeader::XRealIp);
+    let peer = "10.0.0.1:1";
+    assert_eq!(xff(&ip, peer, "fe80::1%eth0"), "fe80::/64");
+    assert_eq!(xff(&ip, peer, "[fe80::1%eth0]:80"), "fe80::/64");
+    let forwarded = [("forwarded", r#"for="[fe80::1%eth0]:80""#)];
+    assert_eq!(key(&fwd, peer, &forwarded), "fe80::/64");
+    let forwarded = [("forwarded", "for=fe80::1%25eth0")];
+    assert_eq!(key(&fwd, peer, &forwarded), "fe80::/64");
+    assert_eq!(
+        key(&real, peer, &[("x-real-ip", "fe80::1%eth0")]),
+        "fe80::/64"
+    );
+    let exact = proxies().ipv6_prefix(128);
+    assert_eq!(xff(&exact, peer, "fe80::1%eth0"), "fe80::1");
+    // Not a zone: the proxy's bucket.
+    assert_eq!(xff(&ip, peer, "203.0.113.7%eth0"), "10.0.0.1");
+    assert_eq!(xff(&ip, peer, "fe80::1%"), "10.0.0.1");
+    // A peer with a scope id.
+    let scoped = std::net::SocketAddrV6::new("fe80::1".parse().unwrap(), 1, 0, 2);
+    let parts = Request::get("/")
+        .extension(SocketAddr::from(scoped))
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0;
+    assert_eq!(ip.extract(&parts).unwrap().as_bytes(), b"fe80::/64");
+    assert_eq!(exact.extract(&parts).unwrap().as_bytes(), b"fe80::1");
+}

@@ -27,6 +27,13 @@ fn nodes() {
     assert_eq!(node(b"[2001:db8:cafe::17]:4711"), addr("2001:db8:cafe::17"));
     assert_eq!(node(b"[2001:db8::1]:_port"), addr("2001:db8::1"));
     assert_eq!(node(b"192.0.2.43:_p1"), addr("192.0.2.43"));
+    // IPv6 zones are dropped, in every form.
+    assert_eq!(node(b"fe80::1%eth0"), addr("fe80::1"));
+    assert_eq!(node(b"fe80::1%25eth0"), addr("fe80::1"));
+    assert_eq!(node(b"[fe80::1%eth0]"), addr("fe80::1"));
+    assert_eq!(node(b"[fe80::1%eth0]:80"), addr("fe80::1"));
+    assert_eq!(node(b"[fe80::1%2]:_p"), addr("fe80::1"));
+    assert_eq!(node(b"::ffff:1.2.3.4%eth0"), addr("::ffff:1.2.3.4"));
     for bad in [
         &b"unknown"[..],
         b"_gazonk",
@@ -39,7 +46,14 @@ fn nodes() {
         b"192.0.2.43:",
         b"192.0.2.43:_",
         b"192.0.2.43:_a b",
-        b"fe80::1%eth0",
+        b"1.2.3.4%eth0",
+        b"1.2.3.4:80%eth0",
+        b"fe80::1%",
+        b"fe80::1%eth 0",
+        b"fe80::1%eth0:80",
+        b"[fe80::1%]:80",
+        b"[fe80::1%eth0",
+        b"%eth0",
         b"\xff\xfe",
         b"example.com",
         &[b'1'; MAX_ENTRY + 1],
@@ -145,13 +159,23 @@ fn forwarded_quoting_and_oddities() {
         r#"for="192.0.2.1"#,
         r#"for="192.0.2.1\""#,
         r#"for="19"2.0.2.1""#,
+        r#"for=192.0.2.1""#,
+        r#"for=\"192.0.2.1""#,
+        r#"for="192.0.2.1" "x""#,
+        "for=\"192.0.2.1\x01\"",
+        "for=\"192.0.2.1\\\x7f\"",
         "by=203.0.113.43;proto=https",
         "for=192.0.2.1;for=192.0.2.2",
+        "for=192.0.2.1 x",
+        "for=192.0.2.1=",
+        "for=192.0.2.1/8",
+        "=192.0.2.1",
         "for",
         ";;",
         ",",
     ] {
-        assert_eq!(fwd(&[bad, "x"])[1], Hop::Unknown, "{bad}");
+        let hops = fwd(&[bad, "for=192.0.2.7"]);
+        assert_eq!(hops[..2], [addr("192.0.2.7"), Hop::Unknown], "{bad}");
     }
     assert_eq!(fwd(&["", " \t"]), []);
     // Whitespace and empty parameters are tolerated.
@@ -159,11 +183,59 @@ fn forwarded_quoting_and_oddities() {
         fwd(&[" for = 192.0.2.1 ; ;proto=http "]),
         [addr("192.0.2.1")]
     );
-    // An unterminated quote swallows the rest of its line.
-    assert_eq!(fwd(&[r#"for="x, for=192.0.2.9"#]), [Hop::Unknown]);
-    // Overlong lines are one unknown hop.
+    // Quoted-pairs, and quoted commas, semicolons and quotes.
+    assert_eq!(
+        fwd(&[r#"for=192.0.2.1;x="a\"b,c;\\", for="[2001:db8::1]""#]),
+        [addr("2001:db8::1"), addr("192.0.2.1")]
+    );
+    // Unquoted addresses with colons, as some proxies write them.
+    assert_eq!(
+        fwd(&["for=2001:db8::1, for=192.0.2.1:80, for=[2001:db8::2]:443"]),
+        ["2001:db8::2", "192.0.2.1", "2001:db8::1"].map(addr)
+    );
+    // Overlong lines keep their tail, and the cut element is unknown.
     let long = format!("for=192.0.2.1, {}", "for=192.0.2.2, ".repeat(MAX_LINE / 10));
-    assert_eq!(fwd(&[&long]), [Hop::Unknown]);
+    let long = format!("{long}for=203.0.113.7");
+    let hops = fwd(&[&long]);
+    assert_eq!(hops.len(), MAX_HOPS);
+    assert_eq!(hops[..2], [addr("203.0.113.7"), addr("192.0.2.2")]);
+    let line = format!("for=192.0.2.1{}, for=203.0.113.7", " ".repeat(MAX_LINE));
+    assert_eq!(fwd(&[&line]), [addr("203.0.113.7"), Hop::Unknown]);
+}
+
+/// The nearest proxy appends `, for=<client>` to the client's line, or adds
+/// a line: whatever the client wrote, that element is read, and nothing the
+/// client wrote is read as an address once an element is malformed.
+#[test]
+fn a_client_quote_never_reaches_past_what_the_proxy_appended() {
+    for client in [
+        r#"for=10.9.9.1;by=""#,
+        r#"for=10.9.9.1;proto=""#,
+        r#"for=10.9.9.1;x="\"#,
+        r#"for="10.9.9.1"#,
+        r#"for=10.9.9.1;by="a\"#,
+        r#"for=10.9.9.1;by="a\""#,
+        r#"for=10.9.9.1;by=x""#,
+        r#"for=10.9.9.1, by=""#,
+    ] {
+        for proxy in ["for=203.0.113.7", r#"for="[2001:db8::7]:4711";proto=https"#] {
+            let expected = match proxy.starts_with("for=2") {
+                true => addr("203.0.113.7"),
+                false => addr("2001:db8::7"),
+            };
+            let appended = format!("{client}, {proxy}");
+            assert_eq!(fwd(&[&appended]), [expected, Hop::Unknown], "{appended}");
+            assert_eq!(fwd(&[client, proxy]), [expected, Hop::Unknown], "{client}");
+        }
+    }
+    // A quote left open past the cut of a long line: the tail's commas are
+    // not element boundaries the client can fake.
+    let padded = format!(
+        r#"by="{}{}", for=203.0.113.7"#,
+        "x".repeat(MAX_LINE),
+        r#"\", for=6.6.6.6, y=\""#
+    );
+    assert_eq!(fwd(&[&padded]), [addr("203.0.113.7"), Hop::Unknown]);
 }
 
 #[test]
