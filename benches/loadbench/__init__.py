@@ -10,4 +10,12 @@
 * `report`: medians of per-round ratios, the targets, and the JSON file;
 * `markdown`: the markdown report;
 * `chart`: the grouped bar chart (matplotlib).
+
+`benches/chaos.py`, the chaos run, uses `procs` and `wrk` too, and its own parts:
+
+* `chaos.lua`: wrk's per-key requests and one record per answer;
+* `faults`: the faults injected into Redis;
+* `cluster`: a Redis Cluster with replicas, and its failover;
+* `verdict`: a row's numbers from the records, and what they show;
+* `chaosreport`: its markdown table and JSON.
 """

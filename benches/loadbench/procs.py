@@ -39,7 +39,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_port(port, proc, what, log=None):
+def wait_port(port, proc, what, log=None, interval=0.05):
+    """Waits until something listens on `port`, polling every `interval`
+    seconds; exits with `proc`'s log if it died, or after 30 s."""
     deadline = time.time() + 30
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -49,7 +51,7 @@ def wait_port(port, proc, what, log=None):
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
         except OSError:
-            time.sleep(0.05)
+            time.sleep(interval)
     sys.exit(f"{what} did not listen on port {port} within 30 s")
 
 
@@ -63,16 +65,27 @@ def read_tail(path, lines=20):
 
 class Redis:
     """A redis-server of the benchmark's own, on a free port, without
-    persistence; `cli` runs redis-cli against it."""
+    persistence; `cli` runs redis-cli against it.
 
-    def __init__(self):
+    `config`: more redis-server arguments (`"--name", "value"` pairs), after
+    the defaults so that they override them (e.g. `"--appendonly", "yes"`);
+    `port`: this port instead of a free one (a cluster node's must be below
+    55535). `start` starts it again after a kill: same port, same
+    directory, so the same data files."""
+
+    def __init__(self, *config, port=None):
         self.dir = tempfile.mkdtemp(prefix="load-redis-")
         self.log = os.path.join(self.dir, "redis.log")
-        self.port = free_port()
+        self.port = port or free_port()
+        self.config = config
+        self.start()
+
+    def start(self, interval=0.05):
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log])
-        wait_port(self.port, self.proc, "redis-server", self.log)
+             "--save", "", "--appendonly", "no", "--dir", self.dir, "--logfile", self.log,
+             *self.config])
+        wait_port(self.port, self.proc, "redis-server", self.log, interval)
 
     @property
     def url(self):
@@ -83,15 +96,16 @@ class Redis:
                               check=True, capture_output=True, text=True).stdout
 
     def stop(self):
-        self.proc.terminate()
-        self.proc.wait()
+        terminate(self.proc)
 
 
-def build(root, binaries):
-    """Builds what `binaries` needs, in release mode; returns binary -> path."""
+def build(root, binaries, features=()):
+    """Builds what `binaries` needs, in release mode; returns binary -> path.
+    `features`: the crate's features for the example (e.g. "cluster")."""
     paths = {}
     if "axum" in binaries:
-        run(["cargo", "build", "--release", "--example", "axum"], cwd=root)
+        more = ["--features", ",".join(features)] if features else []
+        run(["cargo", "build", "--release", "--example", "axum", *more], cwd=root)
         paths["axum"] = os.path.join(root, "target", "release", "examples", "axum")
     peers = sorted(b for b in binaries if b != "axum")
     if peers:
@@ -122,7 +136,17 @@ def serving(binary, env, log):
                         if "listening on" in line), "")
         yield port, startup, proc.pid
     finally:
-        proc.terminate()
+        terminate(proc)
+
+
+def terminate(proc, grace=10):
+    """SIGTERM, then SIGKILL if `proc` has not exited within `grace` seconds
+    (a server that hangs in its graceful shutdown, a stopped redis-server)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
         proc.wait()
 
 

@@ -21,7 +21,7 @@ def run(url, seconds, connections, threads=1, script=None, delay=None):
     before its next request (keys.lua's DELAY; a plain GET then goes through
     keys.lua's `plain` mode, the same request wrk sends without a script),
     so the run offers `connections * 1000 / delay` req/s at most. Returns
-    req/s, the request count, p50/p75/p90/p99 in ms, non-2xx answers,
+    req/s, the request count, p50/p75/p90/p99 and max in ms, non-2xx answers,
     socket errors and wrk's own CPU seconds."""
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
     if script or delay:
@@ -38,6 +38,17 @@ def run(url, seconds, connections, threads=1, script=None, delay=None):
     # wrk's own CPU time (it was the only child waited for meanwhile).
     result["wrk_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return result
+
+
+def spawn(url, connections, threads, seconds, script, args, timeout=30):
+    """Starts wrk in the background with a script of its own (`script`, a
+    path; `args` after `--`) and returns the Popen, stdout piped. `timeout`,
+    in seconds: how long wrk waits for an answer before it counts a timeout
+    (its default, 2 s, would drop the slowest answers from the latencies).
+    Stop it with SIGINT to get its report early; `parse` reads it."""
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency",
+           "--timeout", f"{timeout}s", "-s", script, url, "--", *map(str, args)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def offered(connections, delay):
@@ -73,6 +84,8 @@ def parse(out):
         "rps": float(need(r"Requests/sec:\s+([\d.]+)").group(1)),
         "requests": int(need(r"(\d+) requests in ").group(1)),
     }
+    m = need(r"Latency\s+[\d.]+\w+\s+[\d.]+\w+\s+([\d.]+)(us|ms|s|m)\b")
+    result["max"] = ms(m.group(1), m.group(2))
     for p in (50, 75, 90, 99):
         m = need(rf"\n\s+{p}%\s+([\d.]+)(us|ms|s|m)\b")
         result[f"p{p}"] = ms(m.group(1), m.group(2))
