@@ -8,6 +8,10 @@
 -- Args    limit, window_ms, burst, cost, now_us (from Redis TIME).
 --         interval = window_ms * 1000 / limit microseconds per unit;
 --         capacity = burst * interval.
+--         Exact when the interval is a whole number of microseconds (every
+--         value an integer); otherwise a fraction's rounding is allowed half
+--         a microsecond, less than one interval, so it never admits an extra
+--         unit.
 -- Result  allowed when max(TAT, now) + cost * interval - now <= capacity;
 --         remaining = units that would still fit now; retry = the exact wait
 --         until cost fits; reset = the wait until the bucket is full.
@@ -22,12 +26,17 @@
 
 local gcra = {}
 
--- Float rounding tolerance, in microseconds.
-local EPSILON = 1
-
 function gcra.check(key, limit, window, burst, cost, now)
   local interval = window * 1000 / limit
   local capacity = burst * interval
+  -- Rounding slack, in microseconds. None when the interval is a whole number
+  -- of microseconds: every value is then an integer below 2^53, exact. Half
+  -- a microsecond otherwise, for the rounding of fractions: less than any
+  -- interval (> 1 us), so a full bucket never fits one more unit.
+  local slack = 0
+  if (window * 1000) % limit ~= 0 then
+    slack = 0.5
+  end
   -- How far the key runs ahead of now, in microseconds. Relative values keep
   -- the arithmetic exact enough; absolute ones are ~10^15.
   local ahead = 0
@@ -41,9 +50,9 @@ function gcra.check(key, limit, window, burst, cost, now)
   -- A key without (a sane) TTL is healed by commit or undo, not here: the
   -- spend must be the first write (see the header).
   st.heal = ttl == -1 or ttl > math.ceil(capacity / 1000)
-  st.allowed = after <= capacity + EPSILON
+  st.allowed = after <= capacity + slack
   local function fits(a)
-    return math.max(0, math.floor((capacity - a + EPSILON) / interval))
+    return math.max(0, math.floor((capacity - a + slack) / interval))
   end
   st.remaining = fits(ahead)
   st.remaining_after = fits(after)
