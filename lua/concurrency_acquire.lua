@@ -25,7 +25,12 @@
 --     tampering) is cut to lease_ms, and a non-ZSET value under the key is
 --     deleted: neither can wedge a slot;
 --   * time is Redis's own (TIME), never the caller's clock;
---   * arguments are validated before the first write.
+--   * arguments are validated before the first write, and the lease is the
+--     first write (after deleting a non-ZSET value): when Redis refuses
+--     writes (out of memory, a read-only replica), an acquire that would take
+--     a slot fails with Redis's error and changes nothing. Out of memory, a
+--     full key is still answered (acquired 0): dropping expired leases frees
+--     memory, which Redis allows; a read-only replica refuses that too.
 
 -- `whole` comes from lib.lua, which store/redis_lease.rs puts before this.
 
@@ -50,20 +55,26 @@ if kind ~= 'zset' and kind ~= 'none' then
   redis.call('DEL', key)
 end
 
+-- Decide by reading, then write, the lease first: Redis refuses a write (out
+-- of memory, a read-only replica) only before a script's first one, so a
+-- refused lease fails the call with nothing changed. Dropping expired leases
+-- first would make the lease a second write, which Redis lets through.
+local held = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+local mine = redis.call('ZSCORE', key, token)
+local acquired = 0
+if mine and tonumber(mine) > now then
+  acquired = 1 -- a retry: renew, taking no second slot
+elseif held < limit then
+  held = held + 1
+  acquired = 1
+end
+if acquired == 1 then
+  redis.call('ZADD', key, expiry, token)
+end
+
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 for _, stale in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. expiry, '+inf')) do
   redis.call('ZADD', key, 'XX', expiry, stale)
-end
-
-local held = redis.call('ZCARD', key)
-local acquired = 0
-if redis.call('ZSCORE', key, token) then
-  redis.call('ZADD', key, 'XX', expiry, token)
-  acquired = 1
-elseif held < limit then
-  redis.call('ZADD', key, expiry, token)
-  held = held + 1
-  acquired = 1
 end
 
 if held > 0 then

@@ -2,8 +2,15 @@
 -- It runs after lib.lua and the algorithm modules (fixed_window.lua,
 -- sliding_window.lua, gcra.lua), joined into one script by store/scripts.rs.
 -- A module has check (a limit's state; it may spend already), then commit
--- (spend, or keep the spend) or undo (take back what check spent). A call
--- whose limits are all fixed windows runs decide_fixed.lua instead.
+-- (spend, or keep the spend) or undo (take back what check spent). Only the
+-- fixed window writes in check, and its spend is its first write; the others
+-- write in commit and undo (the spend, a healed TTL). A call whose limits are
+-- all fixed windows runs decide_fixed.lua instead.
+--
+-- Redis refuses a write (out of memory, a read-only replica) only while a
+-- script has written nothing: such a refusal is raised (lib.lua's
+-- corruption) and fails the whole call with every key as it was. Only a
+-- corrupt value (the wrong type, not a number) is reset.
 --
 -- One call decides a batch of independent requests (often one); each
 -- request's limits are decided all or nothing. The Redis store batches

@@ -25,7 +25,11 @@
 --     no TTL (left by a non-atomic client: SET NX then DECR, or INCR then a
 --     lost EXPIRE) or with a TTL longer than the window is healed, not obeyed;
 --   * a value that is not an integer >= 0, or of the wrong type, is reset; a
---     counter at 0 counts as absent, so its window starts afresh.
+--     counter at 0 counts as absent, so its window starts afresh;
+--   * any other error of Redis (OOM, READONLY, MISCONF...) is raised to the
+--     caller, never taken for a corrupt value: the spend is the first write,
+--     and Redis refuses writes only before a script's first one, so a
+--     refused spend leaves the counter exactly as it was.
 --
 -- Numbers may be given to Redis as Lua numbers (Redis formats them with
 -- %.17g, exact for every integer up to 2^53) or as the caller's decimal
@@ -53,6 +57,9 @@ function fixed_window.look(key, window, window_arg)
   if raw then
     count = type(raw) == 'string' and tonumber(raw)
     if not count or count < 0 or count ~= math.floor(count) then
+      if type(raw) == 'table' then
+        corruption(raw) -- raises any error but a wrong type
+      end
       redis.call('DEL', key) -- corrupt: start afresh
       count = 0
     end
@@ -65,6 +72,12 @@ end
 function fixed_window.spend(key, cost, cost_arg, window, window_arg)
   local count = redis.pcall('INCRBY', key, cost_arg)
   if type(count) ~= 'number' or count < cost then
+    if type(count) == 'table' then
+      -- Raises every error but a corrupt value: a write Redis refused (out
+      -- of memory, a read-only replica) is the caller's error, and the key
+      -- is left as it was.
+      corruption(count)
+    end
     -- Not an integer >= 0, or the wrong type: start afresh.
     redis.call('DEL', key)
     count = redis.call('INCRBY', key, cost_arg)

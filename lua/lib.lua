@@ -26,12 +26,36 @@ local function whole(v, min)
   return n
 end
 
+-- Takes an error reply of redis.pcall: returns if it is the one error a
+-- script expects, a value that is corrupt (of the wrong type, not an integer,
+-- or out of an integer's range), and raises it otherwise. Every other error
+-- (OOM, READONLY, MISCONF, BUSY, NOPERM...) reaches the caller as the error
+-- it is: it says nothing about the value, so nothing is repaired for it.
+-- Redis refuses a write only while a script has written nothing, so a refused
+-- write raised here leaves every key as it was.
+local CORRUPT = {
+  'WRONGTYPE ',
+  'ERR value is not an integer',
+  'ERR increment or decrement would overflow',
+}
+local function corruption(reply)
+  local err = reply.err
+  for _, prefix in ipairs(CORRUPT) do
+    if string.sub(err, 1, #prefix) == prefix then
+      return
+    end
+  end
+  error(reply)
+end
+
 -- The number stored at key (GET), or nil when there is none. A value of the
 -- wrong type, or one that is not a number >= 0, is corrupt: it is deleted
--- and reads as nil, rather than wedging the key.
+-- and reads as nil, rather than wedging the key. Any other error is raised
+-- (see corruption).
 local function read_number(key, integer)
   local raw = redis.pcall('GET', key)
-  if type(raw) == 'table' and raw.err then
+  if type(raw) == 'table' then
+    corruption(raw)
     redis.call('DEL', key)
     return nil
   end

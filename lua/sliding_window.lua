@@ -14,6 +14,14 @@
 --         retry = the exact wait until cost fits; reset = the wait until used
 --         is 0.
 --
+-- A value of the wrong type, or fields that are not whole numbers, are reset;
+-- any other error is raised (lib.lua's corruption). check only reads (but for
+-- deleting a corrupt value); commit writes the spend (HSET, PEXPIRE) and undo
+-- heals a missing or over-long TTL. So the spend is the first write, which
+-- Redis refuses when out of memory or a read-only replica: the caller gets
+-- the error and the key is left as it was. (Once a script has written,
+-- Redis lets its later writes through.)
+--
 -- Bound: over any span of length d <= window, at most limit * (1 + d/window)
 -- units are admitted (a fixed window admits 2 * limit within 2 ms).
 
@@ -22,7 +30,8 @@ local sliding_window = {}
 function sliding_window.check(key, limit, window, cost, now)
   local s, c, p
   local raw = redis.pcall('HMGET', key, 's', 'c', 'p')
-  if type(raw) == 'table' and raw.err then
+  if raw.err then
+    corruption(raw) -- raises any error but a wrong type
     redis.call('DEL', key)
   else
     s, c, p = whole(raw[1], 0), whole(raw[2], 0), whole(raw[3], 0)
@@ -45,13 +54,13 @@ function sliding_window.check(key, limit, window, cost, now)
   end
   local ttl = redis.call('PTTL', key)
   local expiry = s + 2 * window - now
-  if ttl == -1 or ttl > expiry then
-    redis.call('PEXPIRE', key, int(expiry)) -- heal a hash without (a sane) TTL
-  end
 
   local left = window - elapsed
   local weighted = p * left / window
   local st = { key = key, s = s, c = c, p = p, expiry = expiry }
+  -- A hash without (a sane) TTL is healed by commit or undo, not here: the
+  -- spend must be the first write (see the header).
+  st.heal = ttl == -1 or ttl > expiry
   st.allowed = c + cost + weighted <= limit
   st.remaining = math.max(0, math.floor(limit - c - weighted))
   st.remaining_after = math.max(0, math.floor(limit - (c + cost) - weighted))
@@ -74,12 +83,18 @@ function sliding_window.check(key, limit, window, cost, now)
   return st
 end
 
-function sliding_window.commit(st, cost)
-  if cost > 0 then
-    redis.call('HSET', st.key, 's', int(st.s), 'c', int(st.c + cost), 'p', int(st.p))
+-- Nothing to take back (check never writes a spend): only a TTL to heal.
+function sliding_window.undo(st)
+  if st.heal then
     redis.call('PEXPIRE', st.key, int(st.expiry))
   end
 end
 
--- Nothing to take back: check never writes a spend.
-function sliding_window.undo() end
+function sliding_window.commit(st, cost)
+  if cost > 0 then
+    redis.call('HSET', st.key, 's', int(st.s), 'c', int(st.c + cost), 'p', int(st.p))
+    redis.call('PEXPIRE', st.key, int(st.expiry))
+  else
+    sliding_window.undo(st)
+  end
+end

@@ -26,7 +26,13 @@
 //! the exact wait until its cost fits; `t` is when the bucket will be full
 //! again. The emission interval must be at least 1 µs (`limit` per
 //! millisecond of window ≤ 1000), which [`Quota::gcra`](crate::Quota::gcra)
-//! checks.
+//! checks. Time is whole microseconds (Redis `TIME`). When the interval is a
+//! whole number of microseconds (`window` divisible by `limit`, as in
+//! `1000/1ms` or `100/1s`), GCRA is exact: at one instant a key gets exactly
+//! `burst` units, then exactly one per interval. Otherwise (`3/1s`) the
+//! interval is a fraction, and a unit may be admitted up to half a
+//! microsecond early, the room left for rounding; never an extra unit at one
+//! instant.
 
 /// How a quota counts; see the [module docs](self).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

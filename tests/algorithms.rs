@@ -259,3 +259,44 @@ async fn memory_and_redis_agree_on_several_limits_at_once() {
     ];
     parity(&limits, &RedisServer::start()).await;
 }
+
+/// GCRA at the edges of what `Quota::gcra` accepts, in Redis: `2 * burst +
+/// 10` requests in one script call, so at one Redis instant, admit exactly
+/// `burst` (the bucket holds `burst` units and none refills within an
+/// instant). 1000/1ms with a burst of 10 once admitted all 30: its 1 µs
+/// tolerance let a clamped, full bucket fit one more unit each time. The
+/// memory store's twin is `gcra_admits_exactly_the_burst_at_every_edge_quota`
+/// in src/store/memory/algorithms.rs, where its clock can be held still.
+#[tokio::test]
+async fn gcra_batch_at_one_instant_admits_exactly_the_burst_at_edge_quotas() {
+    const EDGES: [(&str, u64); 8] = [
+        ("1000/1ms", 10),
+        ("1000/1ms", 1),
+        ("999/1ms", 10),
+        ("1/1ms", 1),
+        ("7/1ms", 5),
+        ("3/1s", 3),
+        ("31622400000000/366d", 4),
+        ("1/366d", 1),
+    ];
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for (i, (text, burst)) in EDGES.into_iter().enumerate() {
+        let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
+        let n = 2 * burst + 10;
+        let key = format!("edge{i}");
+        let decide = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+        let mut script = decide.prepare_invoke();
+        script.arg(n);
+        for _ in 0..n {
+            script.key(&key);
+            let request = [1, 1, 3, q.limit(), q.window_ms(), burst, 0];
+            script.arg(&request[..]);
+        }
+        let reply: support::Reply = script.invoke_async(&mut conn).await.unwrap();
+        // Per request: allowed, then allowed, remaining, reset, retry.
+        let allowed: i64 = reply.0.chunks(5).map(|r| r[0]).sum();
+        assert_eq!(allowed, burst as i64, "{text} burst {burst}: {:?}", reply.0);
+    }
+    server.assert_every_key_has_ttl().await;
+}

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis_ratelimit::Limiter;
+use redis_ratelimit::{Limiter, Quota};
 use support::RedisServer;
 
 const LIMIT: i64 = 3;
@@ -154,6 +154,40 @@ async fn corrupt_keys_are_reset_not_obeyed() {
         "TTL not capped to the window: {ttl}"
     );
 
+    server.assert_every_key_has_ttl().await;
+}
+
+/// A sliding-window or GCRA key whose TTL was removed (PERSIST) gets one
+/// back from the next check, whether that check spends, only looks, or is
+/// denied (the scripts heal after deciding, so that a spend stays their
+/// first write).
+#[tokio::test]
+async fn ttl_less_sliding_and_gcra_keys_are_healed() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    for quota in [
+        "2/1m".parse::<Quota>().unwrap().sliding_window(),
+        "2/1m".parse::<Quota>().unwrap().gcra(2).unwrap(),
+    ] {
+        let limiter = Limiter::builder(quota)
+            .store(server.store().await)
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        let key = limiter.store_key("k");
+        assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+        for (cost, allowed) in [(0, true), (1, true), (1, false)] {
+            let persisted: bool = conn.persist(&key).await.unwrap();
+            assert!(persisted, "{quota:?}: the key had no TTL to remove");
+            let d = limiter.check("k", cost).await.unwrap();
+            assert_eq!(d.is_allowed(), allowed, "{quota:?} cost {cost}: {d:?}");
+            let ttl: i64 = conn.pttl(&key).await.unwrap();
+            assert!(
+                (1..=2 * 60_000).contains(&ttl),
+                "{quota:?} cost {cost}: TTL {ttl}"
+            );
+        }
+    }
     server.assert_every_key_has_ttl().await;
 }
 

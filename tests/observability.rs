@@ -145,4 +145,23 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
         counter(&snapshot, "ratelimit_store_errors_total", "broken"),
         5
     );
+
+    // A write Redis refuses (out of memory) is a store error, counted too,
+    // even for a key whose counter exists (once taken for a corrupt one).
+    let full = RedisServer::start();
+    let oom = Limiter::builder("3/1m".parse().unwrap())
+        .name("oom")
+        .store(full.store().await)
+        .deny_cache(0)
+        .breaker(Breaker::disabled())
+        .build()
+        .unwrap();
+    assert!(oom.check("k", 1).await.unwrap().is_allowed());
+    full.refuse_writes(true).await;
+    for _ in 0..3 {
+        let r = oom.check("k", 1).await;
+        assert!(r.is_err(), "answered while Redis refuses writes: {r:?}");
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(counter(&snapshot, "ratelimit_store_errors_total", "oom"), 3);
 }

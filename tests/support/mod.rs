@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod http;
 pub mod lease;
+pub mod refusal;
 pub mod scenarios;
 pub mod servers;
 
@@ -58,6 +59,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     log: Arc<Mutex<String>>,
+    /// Arguments after the harness's own, kept for restarts.
+    args: Vec<String>,
 }
 
 fn binary() -> String {
@@ -79,11 +82,18 @@ enum Started {
 impl RedisServer {
     /// Starts a server on a free port, retrying if another process took it.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start), with more `redis-server` arguments (such as
+    /// `--replicaof`).
+    pub fn start_with(args: &[&str]) -> Self {
         let mut server = Self {
             child: None,
             port: 0,
             dir: tempfile::tempdir().expect("temp dir for redis-server"),
             log: Arc::new(Mutex::new(String::new())),
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         for _ in 0..10 {
             server.port = free_port();
@@ -102,6 +112,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.path().to_str().expect("utf-8 temp dir")])
             .args(["--logfile", ""])
+            .args(&self.args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -122,9 +122,6 @@ impl Checked {
     }
 }
 
-/// Float rounding tolerance of GCRA, in microseconds (as in `gcra.lua`).
-const EPSILON: f64 = 1.0;
-
 /// Checks `cost` against `entry` (a live entry of this key, if any). Heals
 /// `entry` in place where the scripts would (an over-long expiry).
 pub(super) fn check(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Checked {
@@ -214,16 +211,24 @@ fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> C
 fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) -> Checked {
     let interval = q.window_ms() as f64 * 1000.0 / q.limit() as f64;
     let capacity = burst as f64 * interval;
+    // Rounding slack in microseconds, as in `gcra.lua`: none for a whole
+    // interval (exact integers), half a microsecond for a fraction, less
+    // than any interval (> 1 µs), so a full bucket never fits another unit.
+    let slack = if (q.window_ms() * 1000).is_multiple_of(q.limit()) {
+        0.0
+    } else {
+        0.5
+    };
     let now_us = now.us as f64;
     let ahead = match entry {
         Some(&mut Entry::Gcra { tat, .. }) => (tat - now_us).max(0.0).min(capacity),
         _ => 0.0,
     };
     let after = ahead + cost as f64 * interval;
-    let fits = |a: f64| ((capacity - a + EPSILON) / interval).floor().max(0.0) as u64;
+    let fits = |a: f64| ((capacity - a + slack) / interval).floor().max(0.0) as u64;
     let ms = |us: f64| (us / 1000.0).ceil() as u64;
     Checked {
-        allowed: after <= capacity + EPSILON,
+        allowed: after <= capacity + slack,
         remaining: fits(ahead),
         remaining_after: fits(after),
         reset_ms: ms(ahead),
@@ -233,5 +238,72 @@ fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) ->
             tat: now_us + after,
             expires_ms: now.ms + ms(after).max(1),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GCRA quotas at the edges of what [`Quota::gcra`] accepts: one unit per
+    /// microsecond, just slower, whole and fractional intervals, the longest
+    /// window.
+    const EDGES: [(&str, u64); 8] = [
+        ("1000/1ms", 10),
+        ("1000/1ms", 1),
+        ("999/1ms", 10),
+        ("1/1ms", 1),
+        ("7/1ms", 5),
+        ("3/1s", 3),
+        ("31622400000000/366d", 4),
+        ("1/366d", 1),
+    ];
+
+    /// `n` requests of cost 1 at one instant, each spending what it
+    /// admits: how many were admitted.
+    fn admitted(entry: &mut Option<Entry>, q: Quota, n: u64, us: u64) -> u64 {
+        let now = Now { us, ms: us / 1000 };
+        let mut count = 0;
+        for _ in 0..n {
+            let c = check(entry.as_mut(), q, 1, now);
+            if c.allowed {
+                *entry = c.spent;
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// At one instant a bucket admits exactly its burst, however fast the
+    /// rate (1000/1ms once admitted everything: its 1 µs tolerance let a
+    /// clamped, full bucket fit one more unit each time). Later, a whole
+    /// interval refills exactly one unit; a fractional one at least one, at
+    /// most half a microsecond early, and never another at the same instant.
+    #[test]
+    fn gcra_admits_exactly_the_burst_at_every_edge_quota() {
+        for (text, burst) in EDGES {
+            let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
+            let window_us = q.window_ms() * 1000;
+            let whole = window_us.is_multiple_of(q.limit());
+            let context = format!("{text} burst {burst}");
+            let t0 = 1_000_000_000_000;
+            let mut entry = None;
+            assert_eq!(
+                admitted(&mut entry, q, 2 * burst + 10, t0),
+                burst,
+                "{context}"
+            );
+            let later = t0 + window_us.div_ceil(q.limit());
+            let refilled = admitted(&mut entry, q, 5, later);
+            match whole {
+                true => assert_eq!(refilled, 1, "{context}, one interval later"),
+                false => assert!((1..=2).contains(&refilled), "{context}: {refilled}"),
+            }
+            assert_eq!(
+                admitted(&mut entry, q, 5, later),
+                0,
+                "{context}, same instant"
+            );
+        }
     }
 }
