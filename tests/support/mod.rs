@@ -56,6 +56,8 @@ pub const TEST_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// Extra `redis-server` arguments, kept across restarts.
+    args: Vec<String>,
     dir: tempfile::TempDir,
     log: Arc<Mutex<String>>,
 }
@@ -79,9 +81,16 @@ enum Started {
 impl RedisServer {
     /// Starts a server on a free port, retrying if another process took it.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments
+    /// (e.g. `["--requirepass", "secret"]`), kept across restarts.
+    pub fn start_with(args: &[&str]) -> Self {
         let mut server = Self {
             child: None,
             port: 0,
+            args: args.iter().map(|a| a.to_string()).collect(),
             dir: tempfile::tempdir().expect("temp dir for redis-server"),
             log: Arc::new(Mutex::new(String::new())),
         };
@@ -102,6 +111,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.path().to_str().expect("utf-8 temp dir")])
             .args(["--logfile", ""])
+            .args(&self.args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -161,7 +171,12 @@ impl RedisServer {
         let mut buf = [0u8; 7];
         s.read_exact(&mut buf)
             .unwrap_or_else(|e| panic!("PING: {e}\n{}", self.log()));
-        assert_eq!(&buf, b"+PONG\r\n", "PING answered oddly\n{}", self.log());
+        // A server started with `--requirepass` answers `-NOAUTH ...`.
+        assert!(
+            &buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"),
+            "PING answered oddly\n{}",
+            self.log()
+        );
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -236,8 +251,10 @@ impl RedisServer {
     /// A new `RedisStore` over a bb8 pool of `size` connections.
     pub async fn pool_store(&self, size: u32) -> RedisStore {
         let manager = bb8_redis::RedisConnectionManager::new(self.url()).unwrap();
+        // As `RedisStore::from_pool` recommends: no PING on checkout.
         let pool = bb8::Pool::builder()
             .max_size(size)
+            .test_on_check_out(false)
             .build(manager)
             .await
             .unwrap_or_else(|e| panic!("bb8 pool: {e}\n{}", self.log()));
