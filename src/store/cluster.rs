@@ -6,7 +6,8 @@
 //! keyspace rules), so each call runs on the one master that owns their
 //! slot. redis-rs routes `EVALSHA` by its first key, follows `MOVED` and
 //! `ASK`, and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying
-//! again.
+//! again. On one cluster connection, concurrent decisions whose keys share a
+//! hash slot go in one call (see `batch.rs`); a pool sends one call each.
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 

@@ -324,8 +324,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
 }
 
 impl RedisStore {
-    /// One request, unbatched: on the pool, the cluster, or when batching
-    /// is not possible.
+    /// One request, unbatched: on a pool, or when batching is not possible.
     fn decide_one(
         &self,
         checks: Vec<LimitCheck>,
@@ -355,13 +354,18 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        if let Backend::Manager(manager) = &self.backend {
-            match self.batcher.submit(manager, checks, cost) {
-                Ok(reply) => return reply,
-                Err((checks, cost)) => return self.decide_one(checks, cost),
+        let submitted = match &self.backend {
+            Backend::Manager(manager) => self.batcher.submit(manager, checks, cost),
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster::Cluster::Connection(conn)) => {
+                self.batcher.submit(conn, checks, cost)
             }
+            _ => Err((checks, cost)),
+        };
+        match submitted {
+            Ok(reply) => reply,
+            Err((checks, cost)) => self.decide_one(checks, cost),
         }
-        self.decide_one(checks, cost)
     }
 }
 
