@@ -14,8 +14,8 @@
 --
 -- One call decides a batch of independent requests (often one); each
 -- request's limits are decided all or nothing. The Redis store batches
--- concurrent requests into one call on a standalone server; on a cluster a
--- call is one request, whose keys share a hash tag.
+-- concurrent requests into one call; on a cluster, only requests whose keys
+-- share a hash slot (every request's keys share a hash tag).
 --
 -- KEYS     every limit's key: request 1's limits in order, then request 2's...
 -- ARGV[1]  the number of requests in the batch, >= 1

@@ -16,7 +16,7 @@ pub enum Error {
     /// Redis answered with an error, or the connection failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    /// The bb8 pool could not hand out a connection.
+    /// The bb8 pool could not hand out a connection in time.
     #[error("redis pool: {0}")]
     Pool(String),
     /// The store did not answer within the limiter's timeout. A Redis call
@@ -28,6 +28,12 @@ pub enum Error {
     /// was not called. See [`Breaker`](crate::Breaker).
     #[error("rate limit store failing: circuit breaker open, store not called")]
     CircuitOpen,
+    /// The store failed its startup check
+    /// ([`RedisStore::self_test`](crate::RedisStore::self_test)): Redis is
+    /// unreachable, refused the password, or cannot run the limiter's
+    /// scripts. The message names the cause.
+    #[error("rate limit store failed its startup check: {0}")]
+    Startup(String),
     /// The store's reply was not what the script returns.
     #[error("unexpected reply from the rate limit store: {0}")]
     UnexpectedReply(String),

@@ -396,3 +396,48 @@ async fn the_same_limiter_recovers_after_its_master_fails_over() {
     }
     cluster.assert_every_key_has_ttl();
 }
+
+/// A bb8 pool of cluster connections (built without a checkout PING, as
+/// `RedisStore::from_cluster_pool` recommends) decides again within 2 s of a
+/// master being killed and restarted on its port, on every connection of
+/// the pool, and limits a key at its quota.
+#[tokio::test]
+async fn a_pool_of_cluster_connections_recovers_after_a_master_restarts() {
+    let mut cluster = RedisCluster::start();
+    let store = cluster.pool_store(4).await;
+    let limiter = Limiter::builder(Quota::per_minute(1000)).store(store);
+    let limiter = limiter.timeout(support::TEST_TIMEOUT).build().unwrap();
+    let port = cluster.master_of(&limiter.store_key("k"));
+    let warm = join_all((0..16).map(|_| limiter.check("k", 1))).await;
+    assert!(warm.iter().all(Result::is_ok), "{warm:?}");
+
+    cluster.kill(port);
+    assert!(
+        limiter.check("k", 1).await.is_err(),
+        "answered with its master dead"
+    );
+    cluster.restart(port);
+    let restarted = Instant::now();
+    while limiter.check("k", 1).await.is_err() {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(2),
+            "no decision 2 s after the master restarted\n{}",
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = join_all((0..16).map(|_| limiter.check("k", 1))).await;
+    assert!(
+        after.iter().all(Result::is_ok),
+        "{after:?}\n{}",
+        cluster.log()
+    );
+    // The restarted master's key space is empty: a key admits its 1000 once.
+    let key = (0..)
+        .map(|i| format!("after{i}"))
+        .find(|k| cluster.master_of(&limiter.store_key(k)) == port)
+        .unwrap();
+    assert!(limiter.check(&key, 1000).await.unwrap().is_allowed());
+    assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
+    cluster.assert_every_key_has_ttl();
+}

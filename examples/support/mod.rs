@@ -314,7 +314,7 @@ impl Limiting {
 async fn connect(url: &str, addr: &str, pool: Option<u32>) -> Result<(RedisStore, String), Error> {
     let unreachable = |e: &dyn fmt::Display| {
         Error::runtime(format!(
-            "cannot connect to Redis at {addr} (REDIS_URL): {e}; is Redis running there?"
+            "cannot use Redis at {addr} (REDIS_URL) for rate limiting: {e}"
         ))
     };
     match pool {
@@ -338,7 +338,10 @@ async fn connect(url: &str, addr: &str, pool: Option<u32>) -> Result<(RedisStore
                 .build(manager)
                 .await
                 .map_err(|e| unreachable(&e))?;
-            Ok((RedisStore::from_pool(pool), format!("a bb8 pool of {size}")))
+            // A Redis that cannot run the scripts fails here, not on every request.
+            let store = RedisStore::from_pool(pool);
+            store.self_test().await.map_err(|e| unreachable(&e))?;
+            Ok((store, format!("a bb8 pool of {size}")))
         }
     }
 }
@@ -353,8 +356,8 @@ async fn connect_cluster(
 ) -> Result<(RedisStore, String), Error> {
     let unreachable = |e: &dyn fmt::Display| {
         Error::runtime(format!(
-            "cannot connect to the Redis Cluster at {addrs} (REDIS_CLUSTER_URLS): {e}; \
-             is the cluster up, with cluster_state:ok?"
+            "cannot use the Redis Cluster at {addrs} (REDIS_CLUSTER_URLS) for rate limiting: \
+             {e}; is the cluster up, with cluster_state:ok?"
         ))
     };
     match pool {
@@ -378,7 +381,9 @@ async fn connect_cluster(
                 .await
                 .map_err(|e| unreachable(&e))?;
             let via = format!("a bb8 pool of {size} cluster connections");
-            Ok((RedisStore::from_cluster_pool(pool), via))
+            let store = RedisStore::from_cluster_pool(pool);
+            store.self_test().await.map_err(|e| unreachable(&e))?;
+            Ok((store, via))
         }
     }
 }

@@ -15,7 +15,8 @@ use crate::Error;
 /// A script call: its keys first (they fix the Redis Cluster slot), then
 /// its arguments.
 pub(super) struct Call {
-    script: &'static Script,
+    /// The script to load on `NOSCRIPT`; `None` for a plain command.
+    script: Option<&'static Script>,
     cmd: Cmd,
 }
 
@@ -24,7 +25,15 @@ impl Call {
     pub(super) fn new(script: &'static Script, keys: &[&str]) -> Self {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
-        Self { script, cmd }
+        Self {
+            script: Some(script),
+            cmd,
+        }
+    }
+
+    /// A plain command, such as `PING` or `SCRIPT LOAD`, sent as it is.
+    pub(super) fn command(cmd: Cmd) -> Self {
+        Self { script: None, cmd }
     }
 
     /// Appends an argument (`ARGV[n]`).
@@ -39,12 +48,12 @@ impl Call {
         &self,
         conn: &mut impl ConnectionLike,
     ) -> Result<T, Error> {
-        match self.cmd.query_async(conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.prepare_invoke().load_async(conn).await?;
+        match (self.cmd.query_async(conn).await, self.script) {
+            (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script.prepare_invoke().load_async(conn).await?;
                 Ok(self.cmd.query_async(conn).await?)
             }
-            result => Ok(result?),
+            (result, _) => Ok(result?),
         }
     }
 }

@@ -6,7 +6,8 @@
 //! keyspace rules), so each call runs on the one master that owns their
 //! slot. redis-rs routes `EVALSHA` by its first key, follows `MOVED` and
 //! `ASK`, and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying
-//! again.
+//! again. On one cluster connection, concurrent decisions whose keys share a
+//! hash slot go in one call (see `batch.rs`); a pool sends one call each.
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 
@@ -52,10 +53,7 @@ impl Cluster {
             }
             Cluster::Pool(pool) => {
                 let pool = pool.clone();
-                Box::pin(async move {
-                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    call.invoke(&mut *conn).await
-                })
+                Box::pin(async move { crate::store::pool::run(&pool, &call).await })
             }
         }
     }
@@ -64,8 +62,11 @@ impl Cluster {
 impl RedisStore {
     /// Connects to a Redis Cluster through any of the seed `nodes` (e.g.
     /// `redis://10.0.0.1:7000`), with the settings of
-    /// [`cluster_client`](Self::cluster_client); fails now if no seed can be
-    /// reached or the cluster's slot map cannot be read.
+    /// [`cluster_client`](Self::cluster_client), and runs the
+    /// [`self_test`](Self::self_test) (the scripts load on every node); fails
+    /// now, with [`Error::Startup`] naming the cause, if no seed can be
+    /// reached, the cluster's slot map cannot be read, or a node cannot run
+    /// the scripts.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
@@ -87,7 +88,13 @@ impl RedisStore {
         nodes: impl IntoIterator<Item = T>,
     ) -> Result<Self, Error> {
         let client = Self::cluster_client(nodes).build()?;
-        Ok(Self::from_cluster(client.get_async_connection().await?))
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| super::self_test::startup(e.into(), super::self_test::Stage::Connect))?;
+        let store = Self::from_cluster(conn);
+        store.self_test().await?;
+        Ok(store)
     }
 
     /// redis-rs's cluster client builder with the settings
@@ -141,7 +148,9 @@ impl RedisStore {
     /// node, so prefer [`cluster`](Self::cluster) unless you run a pool
     /// anyway. As with [`from_pool`](Self::from_pool), build the pool with
     /// `.test_on_check_out(false)`: the check-out `PING` goes to every
-    /// master.
+    /// master. A connection that fails with a broken link is replaced, as
+    /// for [`from_pool`](Self::from_pool); call
+    /// [`self_test`](Self::self_test) once after building the store.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]

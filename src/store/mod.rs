@@ -13,6 +13,7 @@ mod batch;
 mod call;
 mod lease;
 mod memory;
+mod pool;
 mod redis;
 pub(crate) mod scripts;
 

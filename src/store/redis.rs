@@ -16,6 +16,8 @@ use crate::{Algorithm, Error};
 mod cluster;
 #[path = "redis_lease.rs"]
 mod lease;
+#[path = "self_test.rs"]
+mod self_test;
 
 /// Counters in Redis.
 ///
@@ -71,18 +73,25 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects a [`ConnectionManager`] to `url` (e.g. `redis://host:6379/0`),
-    /// failing now if Redis cannot be reached.
+    /// Connects a [`ConnectionManager`] to `url` (e.g. `redis://host:6379/0`)
+    /// and runs the [`self_test`](Self::self_test): fails now, with
+    /// [`Error::Startup`] naming the cause, if Redis cannot be reached,
+    /// refuses the password, or cannot run the limiter's scripts.
     pub async fn connect(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         let client = Client::open(url)?;
-        let manager = ConnectionManager::new_with_config(client, Self::manager_config()).await?;
-        Ok(Self::new(manager))
+        let manager = ConnectionManager::new_with_config(client, Self::manager_config())
+            .await
+            .map_err(|e| self_test::startup(e.into(), self_test::Stage::Connect))?;
+        let store = Self::new(manager);
+        store.self_test().await?;
+        Ok(store)
     }
 
     /// Like [`connect`](Self::connect), but connects on first use, so a
     /// service can start while Redis is down; until Redis is reachable, checks
     /// fail and the layer applies its [`OnStoreError`](crate::OnStoreError)
-    /// policy. Fails only for a malformed URL.
+    /// policy. Fails only for a malformed URL: it runs no
+    /// [`self_test`](Self::self_test).
     pub fn connect_lazy(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         let client = Client::open(url)?;
         let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
@@ -116,6 +125,17 @@ impl RedisStore {
     /// turn it off for rate limiting. Each check waits for a free connection,
     /// so when Redis is down checks end at the limiter's timeout rather than
     /// failing fast as the `ConnectionManager` does.
+    ///
+    /// bb8-redis never reports a connection broken, so the store repairs the
+    /// pool itself: a call whose connection was closed, reset or refused (a
+    /// Redis restart, a dropped link) replaces that connection in the pool
+    /// with a new one and is sent once more on it, so the pool decides again
+    /// as soon as Redis is back. Error replies from Redis keep the
+    /// connection.
+    ///
+    /// The pool is not checked here (this constructor is not `async`): call
+    /// [`self_test`](Self::self_test) once after building the store to fail
+    /// at startup on a Redis that is unreachable or cannot run the scripts.
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
         Self {
             backend: Backend::Pool(pool),
@@ -276,10 +296,7 @@ impl RedisStore {
             }
             Backend::Pool(pool) => {
                 let pool = pool.clone();
-                Box::pin(async move {
-                    let mut conn = pool.get().await.map_err(|e| Error::Pool(e.to_string()))?;
-                    call.invoke(&mut *conn).await
-                })
+                Box::pin(async move { super::pool::run(&pool, &call).await })
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => cluster.run(call),
@@ -307,8 +324,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
 }
 
 impl RedisStore {
-    /// One request, unbatched: on the pool, the cluster, or when batching
-    /// is not possible.
+    /// One request, unbatched: on a pool, or when batching is not possible.
     fn decide_one(
         &self,
         checks: Vec<LimitCheck>,
@@ -338,13 +354,18 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        if let Backend::Manager(manager) = &self.backend {
-            match self.batcher.submit(manager, checks, cost) {
-                Ok(reply) => return reply,
-                Err((checks, cost)) => return self.decide_one(checks, cost),
+        let submitted = match &self.backend {
+            Backend::Manager(manager) => self.batcher.submit(manager, checks, cost),
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster::Cluster::Connection(conn)) => {
+                self.batcher.submit(conn, checks, cost)
             }
+            _ => Err((checks, cost)),
+        };
+        match submitted {
+            Ok(reply) => reply,
+            Err((checks, cost)) => self.decide_one(checks, cost),
         }
-        self.decide_one(checks, cost)
     }
 }
 

@@ -3,19 +3,14 @@
 //!
 //! A child module of `redis.rs`, so that it reaches the store's `run`.
 
-use std::sync::LazyLock;
-
-use redis::Script;
-
 use super::{Call, RedisStore};
 use crate::{
     Error,
-    store::{BoxFuture, LeaseState, LeaseStore, scripts},
+    store::{
+        BoxFuture, LeaseState, LeaseStore,
+        scripts::{ACQUIRE, RELEASE, RENEW},
+    },
 };
-
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::ACQUIRE_LUA));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RENEW_LUA));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::RELEASE_LUA));
 
 /// A reply of 0 or 1 as a bool.
 fn flag(script: &str, n: i64) -> Result<bool, Error> {

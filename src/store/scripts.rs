@@ -17,6 +17,24 @@ pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(DECIDE
 /// `lua/lib.lua`, `lua/fixed_window.lua` and `lua/decide_fixed.lua`, joined.
 pub(crate) static DECIDE_FIXED: LazyLock<Script> = LazyLock::new(|| Script::new(DECIDE_FIXED_LUA));
 
+/// `lua/concurrency_acquire.lua`, run by the lease store.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+/// `lua/concurrency_renew.lua`.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+/// `lua/concurrency_release.lua`.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+
+/// Every script the Redis store runs, with its source, for loading them all.
+pub(crate) fn all() -> [(&'static Script, &'static str); 5] {
+    [
+        (&DECIDE, DECIDE_LUA),
+        (&DECIDE_FIXED, DECIDE_FIXED_LUA),
+        (&ACQUIRE, ACQUIRE_LUA),
+        (&RENEW, RENEW_LUA),
+        (&RELEASE, RELEASE_LUA),
+    ]
+}
+
 /// The source of the general script [`RedisStore`](super::RedisStore) runs, for
 /// inspection and tooling: `lua/lib.lua`, `fixed_window.lua`,
 /// `sliding_window.lua`, `gcra.lua` and `decide.lua`, joined.

@@ -126,6 +126,19 @@ impl RedisCluster {
             .kill();
     }
 
+    /// Starts the node killed on `port` again on the same port: it rejoins
+    /// with its `nodes.conf` (identity and slots) and an empty dataset. Waits
+    /// until every node reports `cluster_state:ok` again.
+    pub fn restart(&mut self, port: u16) {
+        let node = self.nodes.iter_mut().find(|n| n.port == port);
+        node.unwrap_or_else(|| panic!("no node on port {port}"))
+            .restart();
+        let count = self.nodes.len();
+        self.wait_until(Duration::from_secs(30), "the node to rejoin", |c| {
+            c.is_formed(count, c.replicas().len())
+        });
+    }
+
     /// Redis URLs of every live node, to seed cluster connections.
     pub fn seed_urls(&self) -> Vec<String> {
         let ports = self.live_ports();

@@ -85,8 +85,9 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
-    /// [`start`](Self::start), with more `redis-server` arguments (such as
-    /// `--replicaof`).
+    /// Like [`start`](Self::start), with extra `redis-server` arguments
+    /// (`["--requirepass", "secret"]`, `["--replicaof", ...]`), kept across
+    /// restarts.
     pub fn start_with(args: &[&str]) -> Self {
         let mut server = Self {
             child: None,
@@ -172,7 +173,12 @@ impl RedisServer {
         let mut buf = [0u8; 7];
         s.read_exact(&mut buf)
             .unwrap_or_else(|e| panic!("PING: {e}\n{}", self.log()));
-        assert_eq!(&buf, b"+PONG\r\n", "PING answered oddly\n{}", self.log());
+        // A server started with `--requirepass` answers `-NOAUTH ...`.
+        assert!(
+            &buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"),
+            "PING answered oddly\n{}",
+            self.log()
+        );
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -247,8 +253,10 @@ impl RedisServer {
     /// A new `RedisStore` over a bb8 pool of `size` connections.
     pub async fn pool_store(&self, size: u32) -> RedisStore {
         let manager = bb8_redis::RedisConnectionManager::new(self.url()).unwrap();
+        // As `RedisStore::from_pool` recommends: no PING on checkout.
         let pool = bb8::Pool::builder()
             .max_size(size)
+            .test_on_check_out(false)
             .build(manager)
             .await
             .unwrap_or_else(|e| panic!("bb8 pool: {e}\n{}", self.log()));

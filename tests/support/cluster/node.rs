@@ -16,6 +16,7 @@ use std::{
 pub(super) struct Node {
     pub(super) child: Option<Child>,
     pub(super) port: u16,
+    node_timeout_ms: u64,
     dir: tempfile::TempDir,
     pub(super) log: Arc<Mutex<String>>,
 }
@@ -52,17 +53,19 @@ impl Node {
             let node = Node {
                 child: None,
                 port: cluster_port(),
+                node_timeout_ms,
                 dir: tempfile::tempdir().expect("temp dir for redis-server"),
                 log: Arc::new(Mutex::new(String::new())),
             };
-            if let Some(node) = node.spawn(node_timeout_ms) {
+            if let Some(node) = node.spawn() {
                 return node;
             }
         }
         panic!("could not start a cluster node after 10 tries");
     }
 
-    fn spawn(mut self, node_timeout_ms: u64) -> Option<Self> {
+    fn spawn(mut self) -> Option<Self> {
+        let node_timeout_ms = self.node_timeout_ms;
         let server = bin("REDIS_SERVER_BIN", "redis-server");
         let mut child = Command::new(&server)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
@@ -103,6 +106,25 @@ impl Node {
             self.port
         );
         None
+    }
+
+    /// Starts a killed node again on its port, with its `nodes.conf` (so it
+    /// rejoins with its identity and slots) and an empty dataset.
+    pub(super) fn restart(&mut self) {
+        self.kill();
+        let placeholder = Node {
+            child: None,
+            port: self.port,
+            node_timeout_ms: self.node_timeout_ms,
+            dir: tempfile::tempdir().expect("temp dir"),
+            log: self.log.clone(),
+        };
+        let node = std::mem::replace(self, placeholder);
+        let port = node.port;
+        match node.spawn() {
+            Some(node) => *self = node,
+            None => panic!("port {port} was taken during restart"),
+        }
     }
 
     pub(super) fn kill(&mut self) {

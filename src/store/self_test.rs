@@ -1,0 +1,133 @@
+//! [`RedisStore::self_test`]: fail at startup, saying why, on a Redis the
+//! limiter cannot use, rather than on every request.
+//!
+//! A child module of `redis.rs`, so that it reaches the store's `run`.
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError};
+
+use super::{Call, RedisStore};
+use crate::{Error, Quota, store::LimitCheck, store::scripts};
+
+/// How long the whole check may take.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+/// The key of the check's decisions: a reserved name, in one cluster slot.
+/// The decisions cost 0, which only looks: nothing is written.
+const KEY: &str = "redis-ratelimit:self-test:{self-test}";
+
+impl RedisStore {
+    /// Checks that this store's Redis can run the limiter: it loads every
+    /// script the store uses (`SCRIPT LOAD`, on a cluster on every node) and
+    /// runs one decision of each kind, with a cost of 0 on a reserved key
+    /// (`redis-ratelimit:self-test:{self-test}`), which writes nothing.
+    ///
+    /// [`connect`](Self::connect) and `cluster` run it themselves. A store
+    /// built from a pool you made ([`from_pool`](Self::from_pool),
+    /// `from_cluster_pool`) cannot be checked in its constructor: call this
+    /// once at startup, so that a Redis that is unreachable, refuses the
+    /// password or cannot run the scripts (scripting disabled or renamed, a
+    /// Redis-protocol server without Lua's `cmsgpack`) stops the service with
+    /// a message, instead of failing every request into the
+    /// [`OnStoreError`](crate::OnStoreError) policy.
+    ///
+    /// Fails with [`Error::Startup`], whose message names the cause, after
+    /// 5 s at most.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use bb8_redis::{RedisConnectionManager, bb8::Pool};
+    /// use redis_ratelimit::RedisStore;
+    ///
+    /// let manager = RedisConnectionManager::new("redis://127.0.0.1:6379")?;
+    /// let pool = Pool::builder().test_on_check_out(false).build(manager).await?;
+    /// let store = RedisStore::from_pool(pool);
+    /// store.self_test().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn self_test(&self) -> Result<(), Error> {
+        match tokio::time::timeout(DEADLINE, self.check_scripts()).await {
+            Ok(result) => result.map_err(|e| startup(e, Stage::Scripts)),
+            Err(_) => Err(Error::Startup(format!(
+                "Redis did not answer the startup check within {DEADLINE:?}"
+            ))),
+        }
+    }
+
+    async fn check_scripts(&self) -> Result<(), Error> {
+        // First a command every client may send once authenticated, so that a
+        // missing password reads as such (Redis cuts an unauthenticated
+        // client off at a large argument, such as a script's source).
+        let _: String = self.run(Call::command(redis::cmd("PING"))).await?;
+        for (script, source) in scripts::all() {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(source);
+            let sha: String = self.run(Call::command(load)).await?;
+            if sha != script.get_hash() {
+                return Err(Error::UnexpectedReply(format!(
+                    "SCRIPT LOAD returned {sha:?}, not the script's SHA1 {}",
+                    script.get_hash()
+                )));
+            }
+        }
+        let limit = Quota::per_minute(1);
+        let gcra = limit.gcra(1).expect("a burst of 1 is valid");
+        // All fixed windows (decide_fixed.lua), then the general script.
+        for quotas in [&[limit][..], &[limit.sliding_window(), gcra]] {
+            let checks: Vec<LimitCheck> = (quotas.iter().enumerate())
+                .map(|(i, quota)| LimitCheck {
+                    key: format!("{KEY}:{i}"),
+                    quota: *quota,
+                    shadow: false,
+                })
+                .collect();
+            let count = checks.len();
+            let states = self.decide_one(checks, 0).await?;
+            if states.len() != count || !states.iter().all(|s| s.allowed && s.remaining == 1) {
+                return Err(Error::UnexpectedReply(format!(
+                    "a look at an empty key returned {states:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the check was doing when it failed.
+#[derive(Clone, Copy)]
+pub(super) enum Stage {
+    /// Opening the connection.
+    Connect,
+    /// Loading and running the scripts.
+    Scripts,
+}
+
+/// [`Error::Startup`] for `e`, naming the cause where redis-rs tells it.
+pub(super) fn startup(e: Error, stage: Stage) -> Error {
+    let cause = match (&e, stage) {
+        (Error::Redis(e), _) if is_auth(e) => {
+            "authentication failed: wrong or missing password (put it in the URL, \
+             redis://:PASSWORD@host:port or redis://USER:PASSWORD@host:port)"
+        }
+        (Error::Redis(e), _) if e.is_connection_refusal() => {
+            "connection refused: nothing listens at that address; is Redis running there?"
+        }
+        (Error::Redis(e), _) if e.is_io_error() || e.is_timeout() => "Redis is unreachable",
+        (Error::Redis(e), _) if e.code() == Some("NOPERM") => {
+            "this user may not run the limiter's scripts: allow EVALSHA and SCRIPT LOAD \
+             in its ACL"
+        }
+        (_, Stage::Connect) => "cannot connect to Redis",
+        (_, Stage::Scripts) => {
+            "Redis cannot run the limiter's Lua scripts (scripting disabled or renamed, \
+             or a Redis-protocol server without Lua and its cmsgpack library)"
+        }
+    };
+    Error::Startup(format!("{cause}: {e}"))
+}
+
+fn is_auth(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+}

@@ -1,0 +1,182 @@
+//! A bb8 pool of Redis connections recovers after Redis is killed and
+//! restarted on the same port, under both store-error policies: bb8-redis
+//! never reports a connection broken, and the pool is built without a PING
+//! on checkout, as `RedisStore::from_pool` recommends, so the store itself
+//! must replace a connection that failed.
+
+mod support;
+
+use std::{
+    convert::Infallible,
+    time::{Duration, Instant},
+};
+
+use futures_util::future::join_all;
+use http::{Request, Response, StatusCode};
+use redis_ratelimit::{Limiter, OnStoreError, RateLimitLayer, key::Global};
+use support::RedisServer;
+use tower::{Service, ServiceExt, service_fn};
+
+type Svc = tower::util::BoxCloneService<Request<()>, Response<String>, Infallible>;
+
+/// The layer around a handler answering "ok", in process.
+fn service(limiter: &Limiter, policy: OnStoreError) -> Svc {
+    let layer = RateLimitLayer::new(limiter.clone(), Global).on_store_error(policy);
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new("ok".to_owned()))
+        }));
+    tower::util::BoxCloneService::new(svc)
+}
+
+async fn call(svc: &Svc) -> Response<String> {
+    let req = Request::get("/").body(()).unwrap();
+    let mut svc = svc.clone();
+    svc.ready().await.unwrap().call(req).await.unwrap()
+}
+
+/// Whether the limiter decided the request (it carries rate-limit headers,
+/// admitted or denied), rather than the store-error policy.
+fn decided(res: &Response<String>) -> bool {
+    res.headers().contains_key("ratelimit")
+}
+
+/// Kill -9, restart on the same port: the limiter decides again within 2 s
+/// of the restart, every connection of the pool works again, and a key is
+/// limited at its quota.
+async fn pool_recovers_after_restart(policy: OnStoreError) {
+    let mut server = RedisServer::start();
+    // The defaults but for the store: 200 ms timeout, the default breaker.
+    let limiter = Limiter::builder("40/1m".parse().unwrap())
+        .store(server.pool_store(8).await)
+        .build()
+        .unwrap();
+    let svc = service(&limiter, policy);
+    // Every connection of the pool opened and used.
+    let warm = join_all((0..32).map(|_| call(&svc))).await;
+    assert!(warm.iter().all(decided), "{warm:?}\n{}", server.log());
+
+    server.kill();
+    let outage = if policy == OnStoreError::Allow {
+        200
+    } else {
+        503
+    };
+    for _ in 0..10 {
+        let res = call(&svc).await;
+        assert_eq!(res.status().as_u16(), outage, "{res:?}");
+        assert!(!decided(&res), "{res:?}");
+    }
+
+    server.restart();
+    let restarted = Instant::now();
+    loop {
+        if decided(&call(&svc).await) {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(2),
+            "{policy:?}: no decision 2 s after Redis restarted\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = restarted.elapsed();
+
+    // Every connection decides again, not just the one that was repaired.
+    let checks = join_all((0..32).map(|_| limiter.check("spread", 1))).await;
+    for r in &checks {
+        assert!(
+            r.is_ok(),
+            "{policy:?}: {r:?} after recovery\n{}",
+            server.log()
+        );
+    }
+    // Limiting is enforced: the key (empty after the restart) admits at most
+    // its 40, then denies.
+    let mut statuses = Vec::new();
+    for _ in 0..45 {
+        let res = call(&svc).await;
+        assert!(
+            decided(&res),
+            "{policy:?}: undecided after recovery: {res:?}"
+        );
+        statuses.push(res.status());
+    }
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert!(admitted <= 40, "{policy:?}: {admitted} admitted against 40");
+    assert_eq!(statuses.last(), Some(&StatusCode::TOO_MANY_REQUESTS));
+    server.assert_every_key_has_ttl().await;
+    eprintln!("{policy:?}: decided again {took:?} after the restart");
+}
+
+#[tokio::test]
+async fn pool_recovers_after_redis_restarts_under_allow() {
+    pool_recovers_after_restart(OnStoreError::Allow).await;
+}
+
+#[tokio::test]
+async fn pool_recovers_after_redis_restarts_under_deny() {
+    pool_recovers_after_restart(OnStoreError::Deny).await;
+}
+
+/// A Redis error reply (here `READONLY`, from a server made a replica) is not a
+/// broken connection: the pool keeps its connection, so `CLIENT LIST` shows
+/// the same client afterwards.
+#[tokio::test]
+async fn an_error_reply_keeps_the_pooled_connection() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder("5/1m".parse().unwrap())
+        .store(server.pool_store(1).await)
+        .timeout(support::TEST_TIMEOUT)
+        .build()
+        .unwrap();
+    assert!(limiter.check("ok", 1).await.unwrap().is_allowed());
+    let ids = client_ids(&server).await;
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let mut conn = server.conn().await;
+    // A replica of a master that is not there (port 1): read-only.
+    let replica_of = |host: &str, port: &str| {
+        let mut cmd = redis::cmd("REPLICAOF");
+        cmd.arg(host).arg(port);
+        cmd
+    };
+    replica_of("127.0.0.1", "1")
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let err = limiter.check("new", 1).await.unwrap_err();
+        let redis_ratelimit::Error::Redis(e) = &err else {
+            panic!("not a Redis error: {err}")
+        };
+        assert_eq!(e.code(), Some("READONLY"), "{e}");
+    }
+    replica_of("NO", "ONE").exec_async(&mut conn).await.unwrap();
+    drop(conn);
+    assert!(limiter.check("ok", 1).await.unwrap().is_allowed());
+    assert_eq!(client_ids(&server).await, ids, "the pool reconnected");
+}
+
+/// The ids of the clients connected to `server`, but the one asking.
+async fn client_ids(server: &RedisServer) -> Vec<u64> {
+    let mut conn = server.conn().await;
+    let me: u64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut ids: Vec<u64> = list
+        .lines()
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .filter(|id| *id != me)
+        .collect();
+    ids.sort_unstable();
+    ids
+}

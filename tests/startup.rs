@@ -1,0 +1,84 @@
+//! `RedisStore::connect` checks at startup that Redis can serve the limiter
+//! (`RedisStore::self_test`): a server that cannot run the scripts, refuses
+//! the password, or is not there fails `connect` with `Error::Startup`
+//! naming the cause, rather than every later request.
+
+mod support;
+
+use redis_ratelimit::{Error, RedisStore};
+use support::RedisServer;
+
+/// `connect`'s error on `url`, which must be `Error::Startup`.
+async fn startup_error(url: &str, server: Option<&RedisServer>) -> String {
+    let log = server.map(RedisServer::log).unwrap_or_default();
+    match RedisStore::connect(url).await {
+        Ok(store) => panic!("connected: {store:?}\n{log}"),
+        Err(Error::Startup(message)) => message,
+        Err(e) => panic!("not a startup error: {e:?}\n{log}"),
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_run_scripts_fails_connect_naming_scripting() {
+    for command in ["EVALSHA", "SCRIPT"] {
+        let server = RedisServer::start_with(&["--rename-command", command, ""]);
+        let message = startup_error(&server.url(), Some(&server)).await;
+        assert!(
+            message.contains("cannot run the limiter's Lua scripts"),
+            "{message}"
+        );
+        assert!(message.contains("unknown command"), "{message}");
+        // And so does the check of a pool store, which users call themselves.
+        let err = server.pool_store(2).await.self_test().await.unwrap_err();
+        assert!(err.to_string().contains("Lua scripts"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_or_wrong_password_fails_connect_naming_authentication() {
+    let server = RedisServer::start_with(&["--requirepass", "secret"]);
+    let port = server.port();
+    for url in [server.url(), format!("redis://:wrong@127.0.0.1:{port}")] {
+        let message = startup_error(&url, Some(&server)).await;
+        assert!(
+            message.contains("authentication failed"),
+            "{url}: {message}"
+        );
+    }
+    // With the password, it connects, and the check left no key behind.
+    let store = RedisStore::connect(format!("redis://:secret@127.0.0.1:{port}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    store.self_test().await.unwrap();
+    let mut conn = redis::Client::open(format!("redis://:secret@127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(size, 0, "the startup check wrote keys");
+}
+
+#[tokio::test]
+async fn nothing_listening_fails_connect_naming_the_refusal() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let message = startup_error(&url, None).await;
+    assert!(message.contains("connection refused"), "{message}");
+    // connect_lazy still starts while Redis is down.
+    assert!(RedisStore::connect_lazy(url.as_str()).is_ok());
+}
+
+#[tokio::test]
+async fn a_healthy_server_passes_and_keeps_no_key() {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    store.self_test().await.unwrap();
+    server.pool_store(2).await.self_test().await.unwrap();
+    assert_eq!(
+        server.keys_with_ttl().await,
+        [],
+        "the startup check wrote keys"
+    );
+}
