@@ -21,7 +21,7 @@ def run(url, seconds, connections, threads=1, script=None, delay=None):
     before its next request (keys.lua's DELAY; a plain GET then goes through
     keys.lua's `plain` mode, the same request wrk sends without a script),
     so the run offers `connections * 1000 / delay` req/s at most. Returns
-    req/s, the request count, p50/p75/p90/p99 in ms, non-2xx answers,
+    req/s, the request count, p50/p75/p90/p99 and max in ms, non-2xx answers,
     socket errors and wrk's own CPU seconds."""
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
     if script or delay:
@@ -73,6 +73,8 @@ def parse(out):
         "rps": float(need(r"Requests/sec:\s+([\d.]+)").group(1)),
         "requests": int(need(r"(\d+) requests in ").group(1)),
     }
+    latency = need(r"Latency\s+[\d.]+\w+\s+[\d.]+\w+\s+([\d.]+)(us|ms|s|m)\b")
+    result["max"] = ms(latency.group(1), latency.group(2))
     for p in (50, 75, 90, 99):
         m = need(rf"\n\s+{p}%\s+([\d.]+)(us|ms|s|m)\b")
         result[f"p{p}"] = ms(m.group(1), m.group(2))
