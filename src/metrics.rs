@@ -9,6 +9,7 @@
 //! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too) |
 //! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit) |
+//! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full; see `MemoryStore`) |
 
 use std::time::Instant;
 
@@ -58,4 +59,10 @@ pub(crate) fn store_latency(limit: &str, started: Option<Instant>) {
 /// when the `metrics` feature is off and nothing would record it.
 pub(crate) fn clock() -> Option<Instant> {
     cfg!(feature = "metrics").then(Instant::now)
+}
+
+/// Counts a new key refused (denied) by a full in-memory store.
+pub(crate) fn store_full() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("ratelimit_store_full_total").increment(1);
 }

@@ -9,7 +9,7 @@ use metrics_util::{
     CompositeKey, MetricKind,
     debugging::{DebugValue, DebuggingRecorder, Snapshotter},
 };
-use redis_ratelimit::{Breaker, Limiter, Quota, RateLimitLayer, key::Header};
+use redis_ratelimit::{Breaker, Limiter, MemoryStore, Quota, RateLimitLayer, key::Header};
 use support::{
     RedisServer,
     http::Caller,
@@ -164,4 +164,32 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
     }
     let snapshot = snapshotter.snapshot().into_vec();
     assert_eq!(counter(&snapshot, "ratelimit_store_errors_total", "oom"), 3);
+
+    // New keys refused by a full in-memory store: denials, and counted.
+    let bounded = Limiter::builder("3/1m".parse().unwrap())
+        .name("full")
+        .store(MemoryStore::with_max_keys(1))
+        .build()
+        .unwrap();
+    assert!(bounded.check("held", 1).await.unwrap().is_allowed());
+    for i in 0..3 {
+        assert!(
+            !bounded
+                .check(&format!("new{i}"), 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    let store_full: u64 = snapshot
+        .iter()
+        .filter(|(k, ..)| k.key().name() == "ratelimit_store_full_total")
+        .map(|(.., v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(store_full, 3);
+    assert_eq!(counter(&snapshot, "ratelimit_denied_total", "full"), 3);
 }

@@ -6,6 +6,9 @@
 --       9 of 10 requests: k<j mod N>, j counting only these (keys the
 --       warm-up spent); every 10th: f-NONCE-THREAD-I, a key that no earlier
 --       request sent, in this run or another (NONCE differs per wrk run)
+--   wrk ... -s keys.lua URL -- fresh N NONCE [DELAY]
+--       every request: f-NONCE-THREAD-I, a key no earlier request sent (a
+--       flood of new keys; N unused)
 --   wrk ... -s keys.lua URL -- plain N NONCE [DELAY]
 --       wrk's own static `GET /` with no x-api-key header, byte for byte
 --       what wrk sends without a script (N and NONCE unused): for pacing
@@ -53,7 +56,7 @@ end
 
 function request()
   i = i + 1
-  if mode == "mixed" and i % 10 == 0 then
+  if mode == "fresh" or (mode == "mixed" and i % 10 == 0) then
     local fresh = "f-" .. nonce .. "-" .. (id or 0) .. "-" .. i
     return wrk.format(nil, nil, { ["x-api-key"] = fresh })
   end

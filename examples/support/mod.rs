@@ -7,6 +7,7 @@
 //! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one) |
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0` |
 //! | `REDIS_CLUSTER_URLS` | unset | counters in a Redis Cluster instead: seed node URLs separated by commas, e.g. `redis://10.0.0.1:7000,redis://10.0.0.2:7000`; needs the `cluster` feature, and not with `REDIS_URL` |
+//! | `RATE_LIMIT_MEMORY_MAX_KEYS` | `1000000` | in-memory store only: the most keys it holds; new keys are denied (429) while it is full (see `MemoryStore`) |
 //! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL` or `REDIS_CLUSTER_URLS`: a bb8 pool of this many connections |
 //! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter |
 //! | `RATE_LIMIT_ALGORITHM` | `fixed-window` | `fixed-window`, `sliding-window` or `gcra`, for every quota |
@@ -28,7 +29,7 @@ use std::{env, fmt, net::SocketAddr, process::ExitCode, time::Duration};
 use http::HeaderName;
 use redis::IntoConnectionInfo;
 use redis_ratelimit::{
-    OnStoreError, RateLimitLayer, RedisStore,
+    MemoryStore, OnStoreError, RateLimitLayer, RedisStore,
     key::{self, Key, KeyError, KeyExtractor, RequestInfo},
 };
 use tokio::net::TcpListener;
@@ -175,7 +176,9 @@ struct Limiting {
 }
 
 enum Backend {
-    Memory,
+    Memory {
+        max_keys: usize,
+    },
     Redis {
         url: String,
         /// `host:port`, for the startup line (the URL may hold a password).
@@ -209,6 +212,9 @@ impl Config {
         })?;
         let pool = var("REDIS_POOL")?;
         let pool_size = pool.as_deref().map(parse_pool).transpose()?;
+        let max_keys = var("RATE_LIMIT_MEMORY_MAX_KEYS")?;
+        let max_keys_set = max_keys.is_some();
+        let max_keys = max_keys.as_deref().map(parse_max_keys).transpose()?;
         let backend = match (var("REDIS_URL")?, var("REDIS_CLUSTER_URLS")?, pool) {
             (Some(_), Some(_), _) => {
                 return Err(Error::usage(
@@ -217,7 +223,17 @@ impl Config {
                         .into(),
                 ));
             }
-            (None, None, None) => Backend::Memory,
+            (None, None, None) => Backend::Memory {
+                max_keys: max_keys.unwrap_or(MemoryStore::DEFAULT_MAX_KEYS),
+            },
+            (Some(_), _, _) | (_, Some(_), _) if max_keys_set => {
+                return Err(Error::usage(
+                    "RATE_LIMIT_MEMORY_MAX_KEYS is set but so is REDIS_URL or \
+                     REDIS_CLUSTER_URLS: it bounds the in-memory store only; unset it, or unset \
+                     the Redis variables"
+                        .into(),
+                ));
+            }
             (None, None, Some(_)) => {
                 return Err(Error::usage(
                     "REDIS_POOL is set but neither REDIS_URL nor REDIS_CLUSTER_URLS is: set one \
@@ -287,9 +303,11 @@ impl Limiting {
     async fn layer(&self) -> Result<(RateLimitLayer<KeyBy>, String), Error> {
         let builder = self.limits.builder();
         let (builder, described) = match &self.backend {
-            Backend::Memory => (
-                builder,
-                "in-memory, REDIS_URL unset; it needs no deny cache".to_owned(),
+            Backend::Memory { max_keys } => (
+                builder.store(MemoryStore::with_max_keys(*max_keys)),
+                format!(
+                    "in-memory (at most {max_keys} keys), REDIS_URL unset; it needs no deny cache"
+                ),
             ),
             Backend::Redis { url, addr, pool } => {
                 let (store, via) = connect(url, addr, *pool).await?;
@@ -417,6 +435,17 @@ fn parse_pool(text: &str) -> Result<u32, Error> {
             "REDIS_POOL",
             text,
             "use a number of connections above 0, such as 32, or unset it for one multiplexed connection",
+        )),
+    }
+}
+
+fn parse_max_keys(text: &str) -> Result<usize, Error> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(Error::config(
+            "RATE_LIMIT_MEMORY_MAX_KEYS",
+            text,
+            "use a number of keys above 0, such as 1000000 (about 45 MB of fixed windows)",
         )),
     }
 }

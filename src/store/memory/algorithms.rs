@@ -31,6 +31,17 @@ pub(super) enum Entry {
     },
 }
 
+impl Entry {
+    /// When the entry's key expires (ms).
+    pub(super) fn expires_ms(&self) -> u64 {
+        match *self {
+            Entry::Fixed { expires_ms, .. }
+            | Entry::Sliding { expires_ms, .. }
+            | Entry::Gcra { expires_ms, .. } => expires_ms,
+        }
+    }
+}
+
 /// An [`Entry`] as a table holds it: `N` words, its expiry first, and no
 /// enum tag, because the key names its algorithm (the `{algo}` part of
 /// every store key), so the quota that reads an entry is always of the

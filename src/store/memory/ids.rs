@@ -27,6 +27,14 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct KeyId(u64, u64);
 
+impl KeyId {
+    /// Which of `n` shards holds the key: uniform, from the half of the id
+    /// the tables do not hash by.
+    pub(super) fn shard(self, n: usize) -> usize {
+        ((u128::from(self.1) * n as u128) >> 64) as usize
+    }
+}
+
 /// One key's slot: its identity, then its entry `T`, aligned to `A` (a
 /// [`Line32`] or [`Line64`]), so that no slot straddles two cache lines.
 #[derive(Debug)]
@@ -66,6 +74,9 @@ impl<T, A> Table<T, A> {
 
     /// Stores `entry`; true when the key is new.
     pub(super) fn insert(&mut self, id: KeyId, entry: T) -> bool {
+        if self.0.len() == self.0.capacity() {
+            self.rebuild_if_worn();
+        }
         match self.0.entry(id.0, |s| s.id == id, |s| s.id.0) {
             Entry::Occupied(mut held) => {
                 held.get_mut().entry = entry;
@@ -86,8 +97,77 @@ impl<T, A> Table<T, A> {
         self.0.retain(|s| keep(&s.entry));
     }
 
+    /// Removes the entries that `keep` rejects among buckets `from..`, at
+    /// most `n` of them; returns how many buckets it looked at (0 once
+    /// `from` is past the end). Removing moves no other entry, so a cursor
+    /// over bucket indices sees every entry that stays put.
+    pub(super) fn reclaim(
+        &mut self,
+        from: usize,
+        n: usize,
+        mut keep: impl FnMut(&T) -> bool,
+    ) -> usize {
+        let end = from.saturating_add(n).min(self.0.num_buckets());
+        for i in from..end {
+            if let Ok(held) = self.0.get_bucket_entry(i)
+                && !keep(&held.get().entry)
+            {
+                held.remove();
+            }
+        }
+        end.saturating_sub(from)
+    }
+
+    /// The next insert would resize: if removed entries' tombstones are what
+    /// filled the table (it holds at most 7/8 of what its buckets can), it
+    /// is rebuilt at the same size instead of doubling. (hashbrown would
+    /// double a table more than half full, tombstones or not.)
+    fn rebuild_if_worn(&mut self) {
+        let buckets = self.0.num_buckets();
+        let full = bucket_capacity(buckets);
+        if buckets > 0 && self.0.len() <= full / 8 * 7 {
+            let old = std::mem::replace(&mut self.0, HashTable::with_capacity(full));
+            for slot in old {
+                self.0.insert_unique(slot.id.0, slot, |s| s.id.0);
+            }
+        }
+    }
+
+    /// Gives memory back when the table holds under an eighth of what it
+    /// could: shrinks it to twice its entries.
+    pub(super) fn shrink_if_sparse(&mut self) {
+        if self.0.num_buckets() > 64 && self.0.len() * 8 < self.0.capacity() {
+            self.0.shrink_to(self.0.len() * 2, |s| s.id.0);
+        }
+    }
+
+    /// Buckets allocated (an empty table has none, whatever hashbrown says).
+    #[cfg(test)]
+    pub(super) fn num_buckets(&self) -> usize {
+        if self.0.capacity() == 0 {
+            0
+        } else {
+            self.0.num_buckets()
+        }
+    }
+
+    /// Whether one more key would resize (or rebuild) the table.
+    pub(super) fn is_full(&self) -> bool {
+        self.0.len() == self.0.capacity()
+    }
+
     pub(super) fn len(&self) -> usize {
         self.0.len()
+    }
+}
+
+/// How many entries hashbrown lets `buckets` hold: 7/8 of them, or all but
+/// one below 8 (its `bucket_mask_to_capacity`).
+fn bucket_capacity(buckets: usize) -> usize {
+    if buckets < 8 {
+        buckets.saturating_sub(1)
+    } else {
+        buckets / 8 * 7
     }
 }
 

@@ -6,7 +6,8 @@ use tokio::time::Instant;
 
 use self::{
     algorithms::{Checked, Entry, Now, Packed},
-    ids::{KeyId, Line32, Line64, Secret, Table},
+    ids::{KeyId, Secret, Table},
+    shards::Shards,
 };
 use super::{BoxFuture, LimitCheck, LimitState, Store};
 use crate::{Algorithm, Error, Quota};
@@ -14,6 +15,7 @@ use crate::{Algorithm, Error, Quota};
 mod algorithms;
 mod ids;
 mod lease;
+mod shards;
 
 /// Counters in process memory: the default when no Redis is configured.
 ///
@@ -21,12 +23,39 @@ mod lease;
 /// [`Algorithm`](crate::Algorithm) (same formulas, windows, expiries and cost
 /// rules, all or nothing across limits, never over-admits under concurrency),
 /// with time from its own monotonic clock. But each process counts alone,
-/// so replicas do not share a limit. Memory stays bounded: expired windows are
-/// reclaimed whenever the map has doubled since the last sweep, so it holds at
-/// most about twice the keys that are live at once, at 32 bytes per key (64
-/// for a sliding window; plus the table's slack) whatever the key's length:
-/// a key is held as its 128-bit SipHash under a secret of the store's, not
-/// as its bytes.
+/// so replicas do not share a limit.
+///
+/// # Memory: at most `max_keys` keys
+///
+/// A key is held as its 128-bit SipHash under a secret of the store's, not
+/// as its bytes, so it costs the same whatever its length: a 32-byte slot
+/// for a fixed window or GCRA, 64 for a sliding window, in tables kept at
+/// most 3/4 full: about 43 and 86 bytes a key when the store is full.
+/// The store holds at most [`max_keys`](Self::max_keys) keys,
+/// [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) (1,000,000: about 45 MB of
+/// fixed windows, 90 MB of sliding ones) unless set with
+/// [`with_max_keys`](Self::with_max_keys). Expired windows are reclaimed a
+/// little at a time, as new keys arrive, and their memory is reused; no
+/// request pays for sweeping or resizing the whole map, only one shard of a
+/// few thousand keys at most.
+///
+/// # When it is full
+///
+/// A key it already holds is decided as usual, exactly. A **new** key that
+/// arrives when its share of the store is full, after expired entries there
+/// are reclaimed, is **denied**: an ordinary denial (a 429 from the layers,
+/// with `remaining` 0), whose [`retry_after`](crate::Decision::retry_after)
+/// is the time until the soonest entry of that share expires (at least
+/// 250 ms apart between sweeps), never an error. It is counted
+/// (`ratelimit_store_full_total`, with the `metrics` feature) and logged at
+/// `warn`, at most every 10 seconds. Refusing newcomers is deliberate: the
+/// alternative, evicting a held counter, would reset a live client's limit,
+/// so a flood of made-up keys could lift the limit of the clients it evicts.
+/// Refusing lifts no limit; at worst, new clients wait while a flood holds
+/// the store, so size `max_keys` above the clients live in one window. The
+/// keys are spread over shards of about 3,000 by their keyed hash, each with
+/// its share of `max_keys`, so under a flood the first refusals come a
+/// little before `max_keys` (at about 94% of a million).
 ///
 /// Clones share the same counters.
 ///
@@ -40,6 +69,18 @@ mod lease;
 /// let b = Limiter::builder(Quota::per_minute(1)).store(store).build().unwrap();
 /// assert!(a.check("k", 1).await?.is_allowed());
 /// assert!(!b.check("k", 1).await?.is_allowed()); // same store, same counter
+///
+/// // Room for two keys: a third is denied until a window ends.
+/// let small = Limiter::builder(Quota::per_minute(5))
+///     .store(MemoryStore::with_max_keys(2))
+///     .build()
+///     .unwrap();
+/// assert!(small.check("a", 1).await?.is_allowed());
+/// assert!(small.check("b", 1).await?.is_allowed());
+/// let third = small.check("c", 1).await?;
+/// assert!(!third.is_allowed());
+/// assert!(third.retry_after() <= Some(std::time::Duration::from_secs(60)));
+/// assert!(small.check("a", 1).await?.is_allowed()); // held keys as ever
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -52,37 +93,47 @@ pub struct MemoryStore {
 
 impl Default for MemoryStore {
     fn default() -> Self {
+        Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
+    }
+}
+
+/// Every key's entry, by shard: see [`shards`].
+#[derive(Debug)]
+struct Counters {
+    shards: Shards,
+}
+
+impl MemoryStore {
+    /// The bound of [`new`](Self::new): a million keys, about 45 MB when
+    /// all are fixed windows or GCRA, 90 MB when all are sliding windows.
+    pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+    /// An empty store, for at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store for at most `max_keys` keys (at least 1; see "When it
+    /// is full" above). It takes memory as keys arrive, not up front.
+    pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
-            inner: Arc::default(),
+            inner: Arc::new(Mutex::new(Counters {
+                shards: Shards::new(max_keys),
+            })),
             secret: Secret::new(),
             epoch: Instant::now(),
             leases: lease::Leases::default(),
         }
     }
-}
 
-/// Every key's entry, in the table of its algorithm's size: see [`ids`].
-#[derive(Debug, Default)]
-struct Counters {
-    /// Fixed-window and GCRA keys: 32-byte slots, two to a cache line.
-    short: Table<Packed<2>, Line32>,
-    /// Sliding-window keys: 64-byte slots.
-    long: Table<Packed<4>, Line64>,
-    sweep_at: usize,
-}
-
-/// The smallest map size at which a sweep is considered.
-const MIN_SWEEP: usize = 1024;
-
-impl MemoryStore {
-    /// An empty store.
-    pub fn new() -> Self {
-        Self::default()
+    /// The most keys the store holds.
+    pub fn max_keys(&self) -> usize {
+        self.lock().shards.max_keys()
     }
 
     /// The number of keys held, live or not yet reclaimed.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().shards.len()
     }
 
     /// Whether no keys are held.
@@ -120,10 +171,19 @@ impl MemoryStore {
             .collect();
         let now = self.now();
         let mut counters = self.lock();
+        // The shards of the new keys this decision would store, so that two
+        // of them cannot both take a shard's last place.
+        let mut placed = Vec::new();
         let checked: Vec<_> = checks
             .iter()
             .zip(&ids)
-            .map(|(c, id)| counters.check(*id, c.quota, cost, now, false).0)
+            .map(|(c, id)| {
+                let (checked, new) = counters.check(*id, c.quota, cost, now, false, &placed);
+                if let Some(shard) = new {
+                    placed.push(shard);
+                }
+                checked
+            })
             .collect();
         let all = checks
             .iter()
@@ -134,7 +194,7 @@ impl MemoryStore {
             let spends = all && c.allowed;
             states.push(c.state(spends));
             if let (true, Some(entry)) = (spends, c.spent) {
-                counters.spend(id, entry, now);
+                counters.spend(id, entry);
             }
         }
         states
@@ -145,16 +205,15 @@ impl Counters {
     /// One limit, the common case: no intermediate vector, and one lookup
     /// for a held key. A lone limit spends when it admits, shadow or not.
     fn decide_one(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> LimitState {
-        let (c, new) = self.check(id, quota, cost, now, true);
-        if new {
-            self.sweep(now);
-        }
+        let (c, _) = self.check(id, quota, cost, now, true, &[]);
         c.state(c.allowed)
     }
 
     /// Checks `cost` against the key's live entry, if any, healing that
-    /// entry in place where the scripts would. With `spend`, an admitted
-    /// cost is stored at once; then says whether that stored a new key.
+    /// entry in place where the scripts would. A new key that would be
+    /// stored needs room in its shard (besides the new keys this decision
+    /// `placed` already), or it is refused. With `spend`, an admitted cost
+    /// is stored at once; without, says which shard a new key would go to.
     fn check(
         &mut self,
         id: KeyId,
@@ -162,35 +221,72 @@ impl Counters {
         cost: u64,
         now: Now,
         spend: bool,
-    ) -> (Checked, bool) {
-        match quota.algorithm() {
-            Algorithm::SlidingWindow => check_in(&mut self.long, id, quota, cost, now, spend),
-            _ => check_in(&mut self.short, id, quota, cost, now, spend),
-        }
-    }
-
-    /// Stores a spent entry (several limits' decision, once all admitted).
-    fn spend(&mut self, id: KeyId, entry: Entry, now: Now) {
-        let new = match entry {
-            Entry::Sliding { .. } => self.long.insert(id, Packed::pack(entry)),
-            Entry::Fixed { .. } | Entry::Gcra { .. } => self.short.insert(id, Packed::pack(entry)),
+        placed: &[usize],
+    ) -> (Checked, Option<usize>) {
+        let i = self.shards.index(id);
+        let shard = self.shards.get_mut(i);
+        let found = match quota.algorithm() {
+            Algorithm::SlidingWindow => check_in(&mut shard.long, id, quota, cost, now, spend),
+            _ => check_in(&mut shard.short, id, quota, cost, now, spend),
         };
-        if new {
-            self.sweep(now);
+        let c = match found {
+            Found::Held(c) => return (c, None),
+            Found::New(c) => c,
+        };
+        let Some(spent) = c.spent.filter(|_| c.allowed) else {
+            return (c, None);
+        };
+        let pending = placed.iter().filter(|&&p| p == i).count();
+        let long = matches!(spent, Entry::Sliding { .. });
+        if let Err(retry_ms) = self.shards.make_room(i, long, pending, now) {
+            return (refused(retry_ms), None);
+        }
+        if spend {
+            self.store(i, id, spent);
+            self.shards.inserted(i, spent.expires_ms());
+            return (c, None);
+        }
+        (c, Some(i))
+    }
+
+    /// Stores a spent entry (several limits' decision, once all admitted;
+    /// [`check`](Self::check) found room for it if it is new).
+    fn spend(&mut self, id: KeyId, entry: Entry) {
+        let i = self.shards.index(id);
+        if self.store(i, id, entry) {
+            self.shards.inserted(i, entry.expires_ms());
         }
     }
 
-    /// After a new key: sweeps expired windows once the tables have doubled.
-    fn sweep(&mut self, now: Now) {
-        if self.len() >= self.sweep_at {
-            self.short.retain(|e| e.expires_ms() > now.ms);
-            self.long.retain(|e| e.expires_ms() > now.ms);
-            self.sweep_at = (self.len() * 2).max(MIN_SWEEP);
+    /// Stores `entry` in shard `i`; true when the key is new.
+    fn store(&mut self, i: usize, id: KeyId, entry: Entry) -> bool {
+        let shard = self.shards.get_mut(i);
+        match entry {
+            Entry::Sliding { .. } => shard.long.insert(id, Packed::pack(entry)),
+            Entry::Fixed { .. } | Entry::Gcra { .. } => shard.short.insert(id, Packed::pack(entry)),
         }
     }
+}
 
-    fn len(&self) -> usize {
-        self.short.len() + self.long.len()
+/// What [`check_in`] found.
+enum Found {
+    /// The key is held: its entry healed in place, or spent with `spend`.
+    Held(Checked),
+    /// The key is not held: storing it would take a new slot.
+    New(Checked),
+}
+
+/// A new key refused by a full store: denied, with nothing left until
+/// `retry_ms`.
+fn refused(retry_ms: u64) -> Checked {
+    Checked {
+        allowed: false,
+        remaining: 0,
+        remaining_after: 0,
+        reset_ms: retry_ms,
+        reset_after_ms: retry_ms,
+        retry_ms,
+        spent: None,
     }
 }
 
@@ -202,14 +298,9 @@ fn check_in<const N: usize, A>(
     cost: u64,
     now: Now,
     spend: bool,
-) -> (Checked, bool) {
+) -> Found {
     let Some(held) = table.get_mut(id) else {
-        let c = algorithms::check(None, quota, cost, now);
-        let new = match (spend && c.allowed, c.spent) {
-            (true, Some(spent)) => table.insert(id, Packed::pack(spent)),
-            _ => false,
-        };
-        return (c, new);
+        return Found::New(algorithms::check(None, quota, cost, now));
     };
     let live = held.expires_ms() > now.ms;
     let mut entry = held.unpack(quota);
@@ -220,7 +311,7 @@ fn check_in<const N: usize, A>(
         _ if live => *held = Packed::pack(entry),
         _ => {}
     }
-    (c, false)
+    Found::Held(c)
 }
 
 impl Store for MemoryStore {
@@ -251,20 +342,123 @@ mod tests {
         store.decide_now(vec![check], cost)[0]
     }
 
+    fn buckets(store: &MemoryStore) -> usize {
+        store.lock().shards.buckets()
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn windows_expire_and_memory_is_reclaimed() {
+    async fn windows_expire_and_memory_is_reused() {
         let store = MemoryStore::new();
         for i in 0..5000 {
             assert!(one(&store, &format!("k{i}"), "1/1s", 1).allowed);
         }
         assert!(!one(&store, "k1", "1/1s", 1).allowed);
+        let grown = buckets(&store);
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert!(one(&store, "k1", "1/1s", 1).allowed);
         for i in 0..5000 {
-            one(&store, &format!("n{i}"), "1/1s", 1);
+            assert!(one(&store, &format!("n{i}"), "1/1s", 1).allowed);
         }
-        // The 5000 expired "k" windows were swept when the map doubled.
-        assert!(store.len() <= 5001 + MIN_SWEEP, "{}", store.len());
+        // The expired "k" windows were reclaimed as the "n" keys came, and
+        // their slots reused: tables grew only where a shard (of about 15
+        // keys here) drew more "n" keys than it had held "k" keys.
+        assert!(store.len() <= 5001 + 500, "{}", store.len());
+        assert!(
+            buckets(&store) <= grown * 5 / 4,
+            "{} vs {grown}",
+            buckets(&store)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_entries_are_reclaimed_a_little_at_a_time() {
+        let store = MemoryStore::with_max_keys(20_000);
+        for i in 0..10_000 {
+            one(&store, &format!("k{i}"), "1/1s", 1);
+        }
+        let grown = buckets(&store);
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        // One new key pays for a few dozen buckets, not for the table.
+        one(&store, "n", "1/1s", 1);
+        let len = store.len();
+        assert!((10_001 - 32..=10_000).contains(&len), "{len}");
+        for i in 0..10_000 {
+            assert!(one(&store, &format!("n{i}"), "1/1s", 1).allowed);
+            assert!(store.len() <= 10_001 + 2000, "{}", store.len());
+        }
+        assert_eq!(buckets(&store), grown);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_store_refuses_new_keys_and_decides_held_ones() {
+        let store = MemoryStore::with_max_keys(100);
+        for i in 0..100 {
+            assert!(one(&store, &format!("k{i}"), "2/10s", 1).allowed);
+        }
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let s = one(&store, "new", "2/10s", 1);
+        // Denied until the soonest window ends, not an error, not a lift.
+        assert_eq!((s.allowed, s.remaining, s.retry_ms), (false, 0, 6000));
+        // A peek stores nothing, so it needs no room.
+        assert_eq!(one(&store, "new", "2/10s", 0).remaining, 2);
+        // Held keys are decided exactly as ever.
+        let s = one(&store, "k7", "2/10s", 1);
+        assert_eq!((s.allowed, s.remaining), (true, 0));
+        assert!(!one(&store, "k7", "2/10s", 1).allowed);
+        assert_eq!(store.len(), 100);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        for i in 0..100 {
+            assert!(one(&store, &format!("n{i}"), "2/10s", 1).allowed);
+        }
+        assert!(!one(&store, "late", "2/10s", 1).allowed);
+        assert_eq!(store.len(), 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_store_says_when_its_soonest_window_ends() {
+        let store = MemoryStore::with_max_keys(2);
+        one(&store, "a", "1/100ms", 1);
+        one(&store, "b", "1/10s", 1);
+        let s = one(&store, "c", "1/10s", 1);
+        assert_eq!((s.allowed, s.retry_ms, s.reset_ms), (false, 100, 100));
+        tokio::time::advance(Duration::from_millis(60)).await;
+        assert_eq!(one(&store, "c", "1/10s", 1).retry_ms, 40);
+        tokio::time::advance(Duration::from_millis(40)).await;
+        assert!(one(&store, "c", "1/10s", 1).allowed);
+        // "a"'s window was the soonest known; past it, the next sweep (250
+        // ms after the first) is when the shard learns its new soonest.
+        assert_eq!(one(&store, "d", "1/10s", 1).retry_ms, 150);
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(one(&store, "d", "1/10s", 1).retry_ms, 9750);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_new_keys_of_one_decision_cannot_share_the_last_place() {
+        let store = MemoryStore::with_max_keys(1);
+        let check = |key: &str| LimitCheck {
+            key: key.into(),
+            quota: "5/1s".parse().unwrap(),
+            shadow: false,
+        };
+        let states = store.decide_now(vec![check("a"), check("b")], 1);
+        assert!(states[0].allowed && !states[1].allowed, "{states:?}");
+        // All or nothing: "a" was not stored either.
+        assert!(store.is_empty());
+        assert!(store.decide_now(vec![check("a")], 1)[0].allowed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn churn_at_capacity_never_doubles_the_table() {
+        let store = MemoryStore::with_max_keys(3072);
+        for round in 0..20 {
+            for i in 0..3072 {
+                let key = format!("r{round}k{i}");
+                assert!(one(&store, &key, "1/1s", 1).allowed, "{key}");
+            }
+            assert!(store.len() <= 3072);
+            tokio::time::advance(Duration::from_millis(1001)).await;
+        }
+        assert_eq!(buckets(&store), 4096);
     }
 
     #[tokio::test(start_paused = true)]

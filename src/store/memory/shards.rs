@@ -1,0 +1,257 @@
+//! The store's bound, and how it reclaims expired entries: [`Shards`].
+//!
+//! The keys are spread over shards of at most [`SHARD_KEYS`] keys each, by
+//! their keyed hash (so a client cannot aim at one shard). A shard's two
+//! tables (see [`ids`](super::ids)) only ever grow, shrink, rebuild or get
+//! swept one shard at a time, so no request pays for the whole map: at most
+//! a few thousand slots of work, and usually none.
+//!
+//! Expired entries are reclaimed two ways:
+//! - a cursor walks every table's buckets, [`RECLAIM_BUCKETS`] of them each
+//!   time a key is new (stored or refused), and removes what has expired.
+//!   A pass over all buckets takes about twice as many new keys as the
+//!   tables hold, so ended windows are reused rather than grown past;
+//! - a shard that is full sweeps itself whole before it refuses a key, if
+//!   an entry of its may have expired, at most every [`SWEEP_GAP_MS`].
+//!
+//! A full shard refuses new keys; its keys already held are decided as
+//! ever. See [`MemoryStore`](super::MemoryStore) for why.
+
+use super::{
+    algorithms::{Now, Packed},
+    ids::{KeyId, Line32, Line64, Table},
+};
+
+/// The most keys a shard holds: 3/4 of the 4,096-bucket table that holds
+/// them all (32 or 64 bytes a bucket), so the table is never doubled for
+/// the last few and has room for tombstones between rebuilds.
+const SHARD_KEYS: usize = 3072;
+
+/// Buckets the cursor looks at for each new key.
+const RECLAIM_BUCKETS: usize = 32;
+
+/// The least time between two whole-shard sweeps of one full shard.
+const SWEEP_GAP_MS: u64 = 250;
+
+/// The least time between two warnings that the store is full.
+const WARN_GAP_MS: u64 = 10_000;
+
+/// One shard's keys, by algorithm size.
+#[derive(Debug, Default)]
+pub(super) struct Shard {
+    /// Fixed-window and GCRA keys: 32-byte slots, two to a cache line.
+    pub(super) short: Table<Packed<2>, Line32>,
+    /// Sliding-window keys: 64-byte slots.
+    pub(super) long: Table<Packed<4>, Line64>,
+    /// No entry held expires before this (ms): exact after a sweep, lowered
+    /// by every new key. An entry whose expiry is shortened in place (an
+    /// over-long window healed) may end sooner; the cursor reclaims it.
+    soonest_ms: u64,
+    /// No whole-shard sweep before this (ms).
+    sweep_after_ms: u64,
+}
+
+impl Shard {
+    fn len(&self) -> usize {
+        self.short.len() + self.long.len()
+    }
+
+    /// Removes every expired entry and learns the soonest expiry left.
+    fn sweep(&mut self, now: Now) {
+        let mut soonest = u64::MAX;
+        let mut live = |expires_ms: u64| {
+            let keep = expires_ms > now.ms;
+            if keep {
+                soonest = soonest.min(expires_ms);
+            }
+            keep
+        };
+        self.short.retain(|e| live(e.expires_ms()));
+        self.long.retain(|e| live(e.expires_ms()));
+        self.soonest_ms = soonest;
+        self.sweep_after_ms = now.ms + SWEEP_GAP_MS;
+    }
+}
+
+/// Where the reclaiming cursor is.
+#[derive(Debug, Default)]
+struct Cursor {
+    shard: usize,
+    long: bool,
+    bucket: usize,
+}
+
+/// Every shard, the bound, the cursor, and the full store's count.
+#[derive(Debug)]
+pub(super) struct Shards {
+    shards: Box<[Shard]>,
+    max_keys: usize,
+    cursor: Cursor,
+    /// Keys refused since the last warning, and when the next may be given.
+    refused: u64,
+    warn_after_ms: u64,
+}
+
+impl Shards {
+    /// Room for `max_keys` keys (at least 1), in shards of at most
+    /// [`SHARD_KEYS`]; their capacities add up to `max_keys` exactly.
+    pub(super) fn new(max_keys: usize) -> Self {
+        let max_keys = max_keys.max(1);
+        let n = max_keys.div_ceil(SHARD_KEYS);
+        Self {
+            shards: (0..n).map(|_| Shard::default()).collect(),
+            max_keys,
+            cursor: Cursor::default(),
+            refused: 0,
+            warn_after_ms: 0,
+        }
+    }
+
+    pub(super) fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// The shard of `id`.
+    pub(super) fn index(&self, id: KeyId) -> usize {
+        id.shard(self.shards.len())
+    }
+
+    pub(super) fn get_mut(&mut self, i: usize) -> &mut Shard {
+        &mut self.shards[i]
+    }
+
+    /// How many keys shard `i` may hold.
+    fn capacity(&self, i: usize) -> usize {
+        let n = self.shards.len();
+        self.max_keys / n + usize::from(i < self.max_keys % n)
+    }
+
+    /// Keys held, live or not yet reclaimed.
+    pub(super) fn len(&self) -> usize {
+        self.shards.iter().map(Shard::len).sum()
+    }
+
+    /// Buckets of every table, for tests of their growth.
+    #[cfg(test)]
+    pub(super) fn buckets(&self) -> usize {
+        let n = self.shards.iter();
+        n.map(|s| s.short.num_buckets() + s.long.num_buckets())
+            .sum()
+    }
+
+    /// Before a new key goes into shard `i` (into its `long` table or its
+    /// short one, where this decision already placed `pending` new keys):
+    /// reclaims a little, then says whether it fits; if not, in how many
+    /// milliseconds the shard may have room. A shard that is full, or whose
+    /// table would grow, is first swept if it may hold expired entries, so
+    /// that tables grow for live keys only.
+    pub(super) fn make_room(
+        &mut self,
+        i: usize,
+        long: bool,
+        pending: usize,
+        now: Now,
+    ) -> Result<(), u64> {
+        self.reclaim_step(now);
+        let cap = self.capacity(i);
+        let shard = &mut self.shards[i];
+        let fits = |s: &Shard| s.len() + pending < cap;
+        let grows = |s: &Shard| {
+            if long {
+                s.long.is_full()
+            } else {
+                s.short.is_full()
+            }
+        };
+        if fits(shard) && !grows(shard) {
+            return Ok(());
+        }
+        if now.ms >= shard.soonest_ms.max(shard.sweep_after_ms) {
+            shard.sweep(now);
+        }
+        if fits(shard) {
+            return Ok(());
+        }
+        // The soonest expiry, or if it has passed (and the sweep waits for
+        // its gap), the next sweep; the cursor may free room sooner.
+        let free_at = match shard.soonest_ms {
+            u64::MAX => now.ms + SWEEP_GAP_MS,
+            soonest if soonest > now.ms => soonest,
+            _ => shard.sweep_after_ms,
+        };
+        self.refused(now);
+        Err(free_at.saturating_sub(now.ms).max(1))
+    }
+
+    /// A new key went into shard `i`, expiring at `expires_ms`.
+    pub(super) fn inserted(&mut self, i: usize, expires_ms: u64) {
+        let shard = &mut self.shards[i];
+        shard.soonest_ms = shard.soonest_ms.min(expires_ms);
+    }
+
+    /// Counts a refused key, and warns at most every [`WARN_GAP_MS`].
+    fn refused(&mut self, now: Now) {
+        crate::metrics::store_full();
+        self.refused += 1;
+        if now.ms >= self.warn_after_ms {
+            tracing::warn!(
+                max_keys = self.max_keys,
+                refused = self.refused,
+                "in-memory rate-limit store full: new keys are denied until held windows end \
+                 (keys already held are decided as usual); raise its max_keys \
+                 (RATE_LIMIT_MEMORY_MAX_KEYS in the examples) if these are real clients"
+            );
+            self.refused = 0;
+            self.warn_after_ms = now.ms + WARN_GAP_MS;
+        }
+    }
+
+    /// Moves the cursor over [`RECLAIM_BUCKETS`] buckets, removing expired
+    /// entries; gives a table memory back when the cursor leaves it sparse.
+    fn reclaim_step(&mut self, now: Now) {
+        let live = |e: &Packed<2>| e.expires_ms() > now.ms;
+        let live_long = |e: &Packed<4>| e.expires_ms() > now.ms;
+        let n = self.shards.len();
+        let mut budget = RECLAIM_BUCKETS;
+        // Empty tables cost a step each: a bounded number of them.
+        for _ in 0..8 {
+            let c = &mut self.cursor;
+            let shard = &mut self.shards[c.shard];
+            let seen = if c.long {
+                shard.long.reclaim(c.bucket, budget, live_long)
+            } else {
+                shard.short.reclaim(c.bucket, budget, live)
+            };
+            c.bucket += seen;
+            budget -= seen;
+            if budget == 0 {
+                return;
+            }
+            // Past this table's end.
+            if c.long {
+                shard.long.shrink_if_sparse();
+                c.shard = (c.shard + 1) % n;
+            } else {
+                shard.short.shrink_if_sparse();
+            }
+            c.long = !c.long;
+            c.bucket = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_capacities_add_up_to_max_keys() {
+        for max in [1, 2, 100, 3072, 3073, 1_000_000, 1_000_003] {
+            let s = Shards::new(max);
+            let total: usize = (0..s.shards.len()).map(|i| s.capacity(i)).sum();
+            assert_eq!(total, max);
+            assert!((0..s.shards.len()).all(|i| s.capacity(i) <= SHARD_KEYS));
+        }
+        assert_eq!(Shards::new(0).max_keys(), 1);
+    }
+}
