@@ -438,3 +438,38 @@ async fn gcra_script_refuses_a_quota_it_cannot_count_exactly() {
         .unwrap();
     assert_eq!(admitted_in(&reply), 142);
 }
+
+/// The memory store over a long run on tokio's paused clock (its clock),
+/// stepping to 1 µs before and exactly at each instant exact GCRA first fits
+/// the next request: every decision is exact rational GCRA's, computed here
+/// in integers (the TAT times the limit, in µs).
+#[tokio::test(start_paused = true)]
+async fn gcra_memory_store_matches_exact_gcra_on_a_held_clock() {
+    for (text, burst) in [("999/1ms", 10), ("3/1s", 3), ("7/1h", 7), ("1000/1ms", 5)] {
+        let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
+        let limiter = Limiter::builder(q)
+            .store(MemoryStore::new())
+            .build()
+            .unwrap();
+        let (limit, window_us) = (u128::from(q.limit()), u128::from(q.window_ms()) * 1000);
+        let cap = u128::from(burst) * window_us;
+        let (mut tat_l, mut now) = (0_u128, 0_u128);
+        let mut admits = 0;
+        for step in 0..600 {
+            // The first whole µs at which one more unit fits, or 1 µs before.
+            let fits_at = (tat_l + window_us).saturating_sub(cap).div_ceil(limit);
+            let at = (fits_at - u128::from(step % 2 == 0 && fits_at > 0)).max(now);
+            tokio::time::advance(Duration::from_micros((at - now) as u64)).await;
+            now = at;
+            let ahead = tat_l.max(now * limit) - now * limit;
+            let exact = ahead + window_us <= cap;
+            let d = limiter.check("k", 1).await.unwrap();
+            assert_eq!(d.is_allowed(), exact, "{text}: step {step} at {now} µs");
+            if exact {
+                tat_l = now * limit + ahead + window_us;
+                admits += 1;
+            }
+        }
+        assert!(admits >= 300, "{text}: {admits}");
+    }
+}
