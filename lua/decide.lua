@@ -26,7 +26,8 @@
 --     algorithm  1 fixed window, 2 sliding window, 3 GCRA
 --     limit      >= 1, units per window
 --     window_ms  >= 1
---     burst      GCRA burst >= 1 (0 for the other algorithms)
+--     burst      GCRA burst >= 1 (0 for the other algorithms); a GCRA limit
+--                must be one Quota::gcra accepts (see gcra.lua's header)
 --     shadow     1 if the limit only observes (dry run), else 0
 --
 -- Reply: one MessagePack array (cmsgpack.pack) of integers, flat, per
@@ -73,8 +74,11 @@ for r = 1, requests do
       burst = whole(ARGV[arg + 3], 0),
       shadow = whole(ARGV[arg + 4], 0),
     }
+    if l.algorithm == 3 and l.limit and l.window and l.burst then
+      l.shape = gcra.shape(l.limit, l.window, l.burst)
+    end
     if not l.key or not l.algorithm or l.algorithm > 3 or not l.limit or not l.window
-      or not l.burst or (l.algorithm == 3 and l.burst < 1) or not l.shadow or l.shadow > 1 then
+      or not l.burst or (l.algorithm == 3 and not l.shape) or not l.shadow or l.shadow > 1 then
       return bad('request ' .. r .. ', limit ' .. i .. ': bad key, algorithm, limit, window_ms, burst or shadow')
     end
     limits[i] = l
@@ -112,7 +116,7 @@ local function decide(request, reply)
       st = sliding_window.check(l.key, l.limit, l.window, cost, now_ms)
     else
       clock()
-      st = gcra.check(l.key, l.limit, l.window, l.burst, cost, now_us)
+      st = gcra.check(l.key, l.shape, cost, now_us)
     end
     states[i] = st
     all = all and (st.allowed or l.shadow == 1)

@@ -2,23 +2,33 @@
 -- kept as one timestamp (see lib.lua for how modules become the decide
 -- script).
 --
+-- Exact: every value is an integer below 2^53, so Lua's doubles hold it
+-- exactly. The emission interval window_ms * 1000 / limit microseconds is
+-- the fraction step / per_us in lowest terms, and time is counted in units
+-- of 1/per_us microsecond: a unit costs step of them, the bucket holds
+-- cap = burst * step. Quota::gcra (and gcra.shape here) accepts a quota only
+-- if cap <= 2^52; then every sum below stays <= 2^53.
+--
 -- Key     a string "{prefix}:gcra:{policy}:..." holding the theoretical
---         arrival time (TAT) in Redis-time microseconds; it expires (PX,
---         integer ms) when the bucket is full again, so an idle key vanishes.
--- Args    limit, window_ms, burst, cost, now_us (from Redis TIME).
---         interval = window_ms * 1000 / limit microseconds per unit;
---         capacity = burst * interval.
---         Exact when the interval is a whole number of microseconds (every
---         value an integer); otherwise a fraction's rounding is allowed half
---         a microsecond, less than one interval, so it never admits an extra
---         unit.
--- Result  allowed when max(TAT, now) + cost * interval - now <= capacity;
+--         arrival time (TAT) as "a:b": a whole Redis-time microseconds plus
+--         b/per_us of one (0 <= b < per_us), both plain decimals. It expires
+--         (PX, integer ms) when the bucket is full again, so an idle key
+--         vanishes. The format before exact GCRA, a float of microseconds
+--         ("1763912345678901.5"), is still read, rounded up to the next
+--         whole microsecond (b = 0): later, never earlier.
+-- Args    shape = gcra.shape(limit, window_ms, burst), cost, now_us (from
+--         Redis TIME).
+-- Result  ahead = how far the TAT runs ahead of now, clamped to [0, cap];
+--         allowed when cost <= burst and ahead + cost * step <= cap;
 --         remaining = units that would still fit now; retry = the exact wait
---         until cost fits; reset = the wait until the bucket is full.
+--         until cost fits (for a cost above the burst, which never fits: the
+--         wait until the bucket is full); reset = the wait until the bucket
+--         is full. Waits are in ms, rounded up.
 --
 -- A TAT further ahead than the capacity (a burst lowered since, or a corrupt
--- value) is clamped to now + capacity instead of being obeyed. A value that
--- is not a number >= 0, or of the wrong type, is deleted; any other error is
+-- value) is clamped to now + cap instead of being obeyed; a remainder b >=
+-- per_us (a limit changed since) rounds the TAT up to a + 1. A value that is
+-- neither format, or of the wrong type, is deleted; any other error is
 -- raised (lib.lua's corruption). check only reads (but for deleting a corrupt
 -- value); commit writes the spend (SET PX) and undo heals a missing or
 -- over-long TTL, so the spend is the first write and a Redis that refuses
@@ -26,39 +36,114 @@
 
 local gcra = {}
 
-function gcra.check(key, limit, window, burst, cost, now)
-  local interval = window * 1000 / limit
-  local capacity = burst * interval
-  -- Rounding slack, in microseconds. None when the interval is a whole number
-  -- of microseconds: every value is then an integer below 2^53, exact. Half
-  -- a microsecond otherwise, for the rounding of fractions: less than any
-  -- interval (> 1 us), so a full bucket never fits one more unit.
-  local slack = 0
-  if (window * 1000) % limit ~= 0 then
-    slack = 0.5
+-- Quotient and remainder of whole numbers a >= 0 and b >= 1, exact when
+-- a + b <= 2^53: the float quotient is off by at most one, and corrected.
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q, r = q - 1, r + b
+  elseif r >= b then
+    q, r = q + 1, r - b
   end
-  -- How far the key runs ahead of now, in microseconds. Relative values keep
-  -- the arithmetic exact enough; absolute ones are ~10^15.
+  return q, r
+end
+
+local function ceil_div(a, b)
+  local q, r = divmod(a, b)
+  if r > 0 then
+    q = q + 1
+  end
+  return q
+end
+
+-- The GCRA units of a quota (see the header), or nil if it cannot be
+-- decided exactly (too fast, or cap above 2^52): what Quota::gcra rejects.
+function gcra.shape(limit, window, burst)
+  local span = window * 1000
+  if burst < 1 or span > 2^52 or limit > span then
+    return nil
+  end
+  local a, b = span, limit
+  while b > 0 do
+    local _, r = divmod(a, b)
+    a, b = b, r
+  end
+  local step, per_us = span / a, limit / a
+  local cap = burst * step
+  if cap > 2^52 then
+    return nil
+  end
+  return { burst = burst, step = step, per_us = per_us, cap = cap,
+    cap_us = divmod(cap, per_us) }
+end
+
+-- The TAT stored at key as (a, b), or nil when there is none; a value in
+-- neither format is deleted (see the header).
+local function read_tat(key)
+  local raw = read_string(key)
+  if raw == nil then
+    return nil
+  end
+  local colon = string.find(raw, ':', 1, true)
+  if colon then
+    local a, b = whole(string.sub(raw, 1, colon - 1), 0), whole(string.sub(raw, colon + 1), 0)
+    if a and b then
+      return a, b
+    end
+  else
+    local n = tonumber(raw)
+    if n ~= nil and n >= 0 and n == n then
+      return math.ceil(n), 0
+    end
+  end
+  redis.call('DEL', key)
+  return nil
+end
+
+function gcra.check(key, s, cost, now)
+  local step, per_us, cap = s.step, s.per_us, s.cap
+  -- Microseconds of units of 1/per_us, to ms, rounded up.
+  local function ms(x)
+    return ceil_div(ceil_div(x, per_us), 1000)
+  end
   local ahead = 0
-  local tat = read_number(key, false)
-  if tat ~= nil then
-    ahead = math.min(math.max(tat - now, 0), capacity)
+  local a, b = read_tat(key)
+  if a ~= nil then
+    if b >= per_us then
+      a, b = a + 1, 0
+    end
+    local d = a - now
+    if d > s.cap_us then
+      ahead = cap
+    elseif d >= 0 then
+      ahead = math.min(d * per_us + b, cap)
+    end
   end
   local ttl = redis.call('PTTL', key)
-  local after = ahead + cost * interval
-  local st = { key = key, at = now + after, after = after, ahead = ahead }
+  local room = cap - ahead
+  local st = { key = key, now = now, per_us = per_us, ahead = ahead, after = ahead }
   -- A key without (a sane) TTL is healed by commit or undo, not here: the
   -- spend must be the first write (see the header).
-  st.heal = ttl == -1 or ttl > math.ceil(capacity / 1000)
-  st.allowed = after <= capacity + slack
-  local function fits(a)
-    return math.max(0, math.floor((capacity - a + slack) / interval))
+  st.heal = ttl == -1 or ttl > ms(cap)
+  st.allowed = cost <= s.burst and cost * step <= room
+  st.remaining = divmod(room, step)
+  st.remaining_after = 0
+  if st.allowed then
+    st.after = ahead + cost * step
+    st.remaining_after = divmod(cap - st.after, step)
   end
-  st.remaining = fits(ahead)
-  st.remaining_after = fits(after)
-  st.reset = math.ceil(ahead / 1000)
-  st.reset_after = math.ceil(after / 1000)
-  st.retry = math.max(1, math.ceil((after - capacity) / 1000))
+  st.reset = ms(ahead)
+  st.reset_after = ms(st.after)
+  st.ttl = math.max(1, st.reset_after)
+  st.retry = 0
+  if not st.allowed then
+    if cost <= s.burst then
+      st.retry = math.max(1, ms(cost * step - room))
+    else
+      st.retry = math.max(1, st.reset)
+    end
+  end
   return st
 end
 
@@ -66,7 +151,7 @@ end
 function gcra.undo(st)
   if st.heal then
     if st.ahead > 0 then
-      redis.call('PEXPIRE', st.key, int(math.max(1, math.ceil(st.ahead / 1000))))
+      redis.call('PEXPIRE', st.key, int(math.max(1, st.reset)))
     else
       redis.call('DEL', st.key)
     end
@@ -75,8 +160,8 @@ end
 
 function gcra.commit(st, cost)
   if cost > 0 then
-    local ttl = math.max(1, math.ceil(st.after / 1000))
-    redis.call('SET', st.key, string.format('%.17g', st.at), 'PX', int(ttl))
+    local q, r = divmod(st.after, st.per_us)
+    redis.call('SET', st.key, int(st.now + q) .. ':' .. int(r), 'PX', int(st.ttl))
   else
     gcra.undo(st)
   end

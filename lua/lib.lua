@@ -48,26 +48,18 @@ local function corruption(reply)
   error(reply)
 end
 
--- The number stored at key (GET), or nil when there is none. A value of the
--- wrong type, or one that is not a number >= 0, is corrupt: it is deleted
--- and reads as nil, rather than wedging the key. Any other error is raised
--- (see corruption).
-local function read_number(key, integer)
+-- The string stored at key (GET), or nil when there is none. A value of the
+-- wrong type is corrupt: it is deleted and reads as nil, rather than wedging
+-- the key. Any other error is raised (see corruption). The caller parses the
+-- string, and deletes it if it is not what it wrote.
+local function read_string(key)
   local raw = redis.pcall('GET', key)
   if type(raw) == 'table' then
     corruption(raw)
     redis.call('DEL', key)
     return nil
   end
-  if not raw then
-    return nil
-  end
-  local n = tonumber(raw)
-  if n == nil or n < 0 or n ~= n or (integer and n ~= math.floor(n)) then
-    redis.call('DEL', key)
-    return nil
-  end
-  return n
+  return raw or nil
 end
 
 -- An integer argument for redis.call, as a string: how Redis formats a Lua

@@ -26,13 +26,20 @@
 //! the exact wait until its cost fits; `t` is when the bucket will be full
 //! again. The emission interval must be at least 1 µs (`limit` per
 //! millisecond of window ≤ 1000), which [`Quota::gcra`](crate::Quota::gcra)
-//! checks. Time is whole microseconds (Redis `TIME`). When the interval is a
-//! whole number of microseconds (`window` divisible by `limit`, as in
-//! `1000/1ms` or `100/1s`), GCRA is exact: at one instant a key gets exactly
-//! `burst` units, then exactly one per interval. Otherwise (`3/1s`) the
-//! interval is a fraction, and a unit may be admitted up to half a
-//! microsecond early, the room left for rounding; never an extra unit at one
-//! instant.
+//! checks. Time is whole microseconds (Redis `TIME`), and GCRA is exact at
+//! every quota it accepts, whole intervals (`1000/1ms`, `100/1s`) or
+//! fractional ones (`3/1s`, 333 333⅓ µs): at one instant a key gets exactly
+//! `burst` units, and a unit is admitted exactly when exact rational GCRA
+//! admits it, never a fraction of a microsecond early. It counts in whole
+//! numbers (Redis's Lua has only doubles, exact up to `2^53`): time in units
+//! of `1/per_us` µs, where `step / per_us` is the interval in lowest terms,
+//! so the bucket is `burst × step` of them, which must be at most
+//! [`MAX_GCRA_CAPACITY`](crate::quota::MAX_GCRA_CAPACITY) (`2^52`).
+//! [`Quota::gcra`](crate::Quota::gcra) rejects a quota above it with
+//! [`QuotaError::GcraTooPrecise`](crate::QuotaError::GcraTooPrecise); only a
+//! limit sharing few factors with the window and a large burst get there
+//! (`1/366d` takes a burst of up to 142, `999983/1d` up to 52 124,
+//! `1000000/1d` up to 52 billion).
 
 /// How a quota counts; see the [module docs](self).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

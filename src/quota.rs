@@ -32,6 +32,17 @@ pub const MAX_LIMIT: u64 = 1 << 50;
 /// The longest window a quota accepts: 366 days.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 60 * 60);
 
+/// The largest GCRA capacity, in the exact units GCRA counts in: `2^52`.
+///
+/// GCRA decides in whole numbers, in Lua as in Rust: the emission interval
+/// `window / limit` is the fraction `step / per_us` of microseconds in lowest
+/// terms (`step = window_µs / gcd(window_µs, limit)`), time counts in units
+/// of `1/per_us` µs, and a full bucket is `burst × step` of them. Lua's
+/// numbers are doubles, exact up to `2^53`; with the capacity at most `2^52`,
+/// every sum the script forms stays within that. [`Quota::gcra`] rejects a
+/// quota above it with [`QuotaError::GcraTooPrecise`].
+pub const MAX_GCRA_CAPACITY: u64 = 1 << 52;
+
 /// A rate: at most `limit` units per `window`.
 ///
 /// Windows are whole milliseconds, from 1 ms to [`MAX_WINDOW`]; limits are
@@ -94,6 +105,19 @@ pub enum QuotaError {
         "GCRA quota {0} emits more than one unit per microsecond; use a longer window or a lower count"
     )]
     GcraTooFast(String),
+    /// A GCRA quota whose bucket, counted exactly, exceeds
+    /// [`MAX_GCRA_CAPACITY`].
+    #[error(
+        "GCRA quota {quota} with burst {burst} is too large to count exactly: burst × window in µs / gcd(window in µs, count) = {capacity} exceeds 2^52; lower the burst or the window, or use a count that divides the window in µs"
+    )]
+    GcraTooPrecise {
+        /// The quota, as text.
+        quota: String,
+        /// The burst asked for.
+        burst: u64,
+        /// `burst × step`, the capacity in exact units.
+        capacity: u128,
+    },
     /// The window's unit was not one of `ms`, `s`, `m`, `h`, `d`.
     #[error("unknown time unit {unit:?} in rate limit {text:?}: use one of ms, s, m, h, d")]
     UnknownUnit {
@@ -207,8 +231,27 @@ impl Quota {
     /// The same rate as GCRA: `limit` units per window on average, one every
     /// `window / limit`, and up to `burst` at once.
     ///
-    /// Fails if `burst` is 0 or above [`MAX_LIMIT`], or if units would be
-    /// emitted faster than one per microsecond.
+    /// Fails if `burst` is 0 or above [`MAX_LIMIT`], if units would be
+    /// emitted faster than one per microsecond, or if the bucket is too
+    /// large to count exactly: `burst × window_µs / gcd(window_µs, limit)`
+    /// above [`MAX_GCRA_CAPACITY`] (`2^52`). That bound only bites when the
+    /// limit shares few factors with the window in microseconds: `1000000/1d`
+    /// (one unit per 86.4 ms) takes a burst of up to 52 billion, while
+    /// `999983/1d` (999983 is prime) takes at most 52 124, and `1/366d` at
+    /// most 142.
+    ///
+    /// ```
+    /// # use redis_ratelimit::{Quota, QuotaError};
+    /// let q: Quota = "1000000/1d".parse()?;
+    /// assert!(q.gcra(q.limit()).is_ok());
+    /// let prime: Quota = "999983/1d".parse()?;
+    /// assert!(prime.gcra(52_124).is_ok());
+    /// assert!(prime.gcra(52_125).is_err());
+    /// let err = prime.gcra(prime.limit()).unwrap_err();
+    /// assert!(matches!(err, QuotaError::GcraTooPrecise { .. }));
+    /// assert!(err.to_string().contains("lower the burst or the window"));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
     pub fn gcra(self, burst: u64) -> Result<Self, QuotaError> {
         if burst == 0 || burst > MAX_LIMIT {
             return Err(QuotaError::BadBurst(burst));
@@ -216,10 +259,31 @@ impl Quota {
         if self.limit > self.window_ms.saturating_mul(1000) {
             return Err(QuotaError::GcraTooFast(self.to_string()));
         }
+        let (step, _) = self.gcra_units();
+        let capacity = u128::from(burst) * u128::from(step);
+        if capacity > u128::from(MAX_GCRA_CAPACITY) {
+            return Err(QuotaError::GcraTooPrecise {
+                quota: self.to_string(),
+                burst,
+                capacity,
+            });
+        }
         Ok(Self {
             algorithm: Algorithm::Gcra { burst },
             ..self
         })
+    }
+
+    /// GCRA's exact units (see [`MAX_GCRA_CAPACITY`]): the emission interval
+    /// `window_µs / limit` in lowest terms, `(step, per_us)`. A unit costs
+    /// `step`; one microsecond is `per_us`.
+    pub(crate) fn gcra_units(&self) -> (u64, u64) {
+        let window_us = self.window_ms * 1000;
+        let (mut a, mut b) = (window_us, self.limit);
+        while b > 0 {
+            (a, b) = (b, a % b);
+        }
+        (window_us / a, self.limit / a)
     }
 
     /// The largest cost one request can ever be admitted with: the burst
@@ -347,6 +411,44 @@ mod tests {
         assert!(Quota::new(1, Duration::from_micros(1500)).is_err());
         assert!(Quota::new(1, Duration::from_millis(1)).is_ok());
         assert!(Quota::new(MAX_LIMIT + 1, Duration::from_secs(1)).is_err());
+    }
+
+    /// GCRA takes a quota only if it can count it exactly (a capacity in
+    /// units of 1/per_us µs of at most 2^52); common quotas all fit.
+    #[test]
+    fn gcra_rejects_only_what_it_cannot_count_exactly() {
+        let gcra = |s: &str, burst| q(s).unwrap().gcra(burst);
+        for s in [
+            "1000/1ms",
+            "100/1s",
+            "3/1s",
+            "7/1h",
+            "1000000/1d",
+            "999999/1d",
+        ] {
+            let quota = q(s).unwrap();
+            assert!(quota.gcra(quota.limit()).is_ok(), "{s}");
+        }
+        assert!(gcra("1/366d", 142).is_ok());
+        assert!(gcra("999983/1d", 52_124).is_ok());
+        assert!(gcra("1000000/1d", 52_124_995_687).is_ok());
+        assert!(gcra("31622399999999/366d", 142).is_ok());
+        for (s, burst) in [
+            ("1/366d", 143),
+            ("999983/1d", 52_125),
+            ("1000000/1d", 52_124_995_688),
+            ("999983/1d", 999_983),
+            ("31622399999999/366d", 143),
+        ] {
+            let err = gcra(s, burst).unwrap_err();
+            assert!(
+                matches!(err, QuotaError::GcraTooPrecise { burst: b, .. } if b == burst),
+                "{s}: {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains("lower the burst or the window"), "{msg}");
+            assert!(msg.contains(s), "{msg}");
+        }
     }
 
     #[test]

@@ -260,43 +260,216 @@ async fn memory_and_redis_agree_on_several_limits_at_once() {
     parity(&limits, &RedisServer::start()).await;
 }
 
-/// GCRA at the edges of what `Quota::gcra` accepts, in Redis: `2 * burst +
-/// 10` requests in one script call, so at one Redis instant, admit exactly
-/// `burst` (the bucket holds `burst` units and none refills within an
-/// instant). 1000/1ms with a burst of 10 once admitted all 30: its 1 µs
-/// tolerance let a clamped, full bucket fit one more unit each time. The
-/// memory store's twin is `gcra_admits_exactly_the_burst_at_every_edge_quota`
-/// in src/store/memory/algorithms.rs, where its clock can be held still.
+/// GCRA at the edges of what `Quota::gcra` accepts: whole intervals (1 µs
+/// at 1000/1ms), fractional ones (999/1ms is 1.001 µs, 3/1s 333 333.3 µs),
+/// the longest window, and bursts at the exact-arithmetic bound (`1/366d`
+/// with a burst of 142).
+const EDGES: [(&str, u64); 13] = [
+    ("1000/1ms", 10),
+    ("1000/1ms", 1),
+    ("999/1ms", 10),
+    ("999/1ms", 1),
+    ("1/1ms", 1),
+    ("7/1ms", 5),
+    ("3/1s", 3),
+    ("3/1s", 1),
+    ("7/1h", 7),
+    ("999983/1d", 100),
+    ("31622400000000/366d", 4),
+    ("31622399999999/366d", 3),
+    ("1/366d", 142),
+];
+
+/// `n` requests of cost 1 on `key` in one DECIDE_LUA call (one Redis
+/// instant), under `q`: the reply, per request allowed, then allowed,
+/// remaining, reset, retry.
+async fn decide_at_one_instant(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    q: Quota,
+    n: u64,
+) -> redis::RedisResult<support::Reply> {
+    let burst = q.capacity();
+    let decide = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    let mut script = decide.prepare_invoke();
+    script.arg(n);
+    for _ in 0..n {
+        script.key(key);
+        let request = [1, 1, 3, q.limit(), q.window_ms(), burst, 0];
+        script.arg(&request[..]);
+    }
+    script.invoke_async(conn).await
+}
+
+fn admitted_in(reply: &support::Reply) -> u64 {
+    reply.0.chunks(5).map(|r| r[0] as u64).sum()
+}
+
+/// GCRA in Redis: `2 * burst + 10` requests in one script call, so at one
+/// Redis instant, admit exactly `burst` (the bucket holds `burst` units and
+/// none refills within an instant), whether the interval is a whole number
+/// of microseconds or not. 1000/1ms with a burst of 10 once admitted all 30:
+/// its 1 µs tolerance let a clamped, full bucket fit one more unit each time.
+/// The memory store's twins are `gcra_admits_exactly_the_burst_at_every_edge_quota`
+/// and `gcra_matches_exact_rational_gcra_over_a_long_run` in
+/// src/store/memory/algorithms.rs, where its clock can be held still.
 #[tokio::test]
 async fn gcra_batch_at_one_instant_admits_exactly_the_burst_at_edge_quotas() {
-    const EDGES: [(&str, u64); 8] = [
-        ("1000/1ms", 10),
-        ("1000/1ms", 1),
-        ("999/1ms", 10),
-        ("1/1ms", 1),
-        ("7/1ms", 5),
-        ("3/1s", 3),
-        ("31622400000000/366d", 4),
-        ("1/366d", 1),
-    ];
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     for (i, (text, burst)) in EDGES.into_iter().enumerate() {
         let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
-        let n = 2 * burst + 10;
         let key = format!("edge{i}");
-        let decide = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
-        let mut script = decide.prepare_invoke();
-        script.arg(n);
-        for _ in 0..n {
-            script.key(&key);
-            let request = [1, 1, 3, q.limit(), q.window_ms(), burst, 0];
-            script.arg(&request[..]);
-        }
-        let reply: support::Reply = script.invoke_async(&mut conn).await.unwrap();
-        // Per request: allowed, then allowed, remaining, reset, retry.
-        let allowed: i64 = reply.0.chunks(5).map(|r| r[0]).sum();
-        assert_eq!(allowed, burst as i64, "{text} burst {burst}: {:?}", reply.0);
+        let reply = decide_at_one_instant(&mut conn, &key, q, 2 * burst + 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            admitted_in(&reply),
+            burst,
+            "{text} burst {burst}: {:?}",
+            reply.0
+        );
+        // The TAT is stored exactly: "a:b", b in units of 1/per_us µs.
+        let stored: String = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let (a, b) = stored.split_once(':').unwrap_or_else(|| panic!("{stored}"));
+        assert!(
+            a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok(),
+            "{stored}"
+        );
     }
     server.assert_every_key_has_ttl().await;
+}
+
+/// A TAT stored by the previous version, a float of microseconds, is read
+/// (rounded up to a whole microsecond), not reset, so a rolling deploy keeps
+/// every bucket; so is a remainder from another limit (rounded up). What is
+/// neither format is corrupt: deleted, and the key starts afresh.
+#[tokio::test]
+async fn gcra_reads_the_previous_float_format_and_resets_only_corrupt_values() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // 3/1s: one unit per 333 333 1/3 µs; a burst of 3 is 1 s.
+    let q = "3/1s".parse::<Quota>().unwrap().gcra(3).unwrap();
+    let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now = time.0 * 1_000_000 + time.1;
+    // Two units spent: the TAT 666 666 2/3 µs ahead, in every format that
+    // reads as (at most 1/3 µs later than) that.
+    let tat = now + 666_666;
+    for stored in [
+        format!("{tat}.66666667"),
+        format!("{tat}.5"),
+        format!("{}", tat + 1),
+        format!("{}:7", tat),
+        format!("{tat}:2"),
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg(&stored)
+            .arg("PX")
+            .arg(5000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let reply = decide_at_one_instant(&mut conn, "k", q, 3).await.unwrap();
+        assert_eq!(admitted_in(&reply), 1, "{stored}: {:?}", reply.0);
+        let now: String = redis::cmd("GET")
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let expected = match stored.as_str() {
+            s if s.ends_with(":2") => format!("{}:0", tat + 333_334),
+            _ => format!("{}:1", tat + 1 + 333_333),
+        };
+        assert_eq!(now, expected, "{stored}");
+    }
+    for corrupt in ["garbage", "1:x", "-5", ":", "1:2:3", "nan", "1:-1"] {
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg(corrupt)
+            .arg("PX")
+            .arg(5000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let reply = decide_at_one_instant(&mut conn, "k", q, 5).await.unwrap();
+        assert_eq!(admitted_in(&reply), 3, "{corrupt}: {:?}", reply.0);
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// The script refuses a GCRA quota it cannot count exactly (what
+/// `Quota::gcra` rejects: `1/366d` with a burst of 143) with an error, and
+/// writes nothing.
+#[tokio::test]
+async fn gcra_script_refuses_a_quota_it_cannot_count_exactly() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let q = "1/366d".parse::<Quota>().unwrap();
+    let err = q.gcra(143).unwrap_err();
+    assert!(
+        err.to_string().contains("lower the burst or the window"),
+        "{err}"
+    );
+    let ok = q.gcra(142).unwrap();
+    // The same arguments, with the burst one above the bound.
+    let decide = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    let mut script = decide.prepare_invoke();
+    script.arg(1).key("k");
+    script.arg(&[1, 1, 3, ok.limit(), ok.window_ms(), 143, 0][..]);
+    let res: redis::RedisResult<support::Reply> = script.invoke_async(&mut conn).await;
+    let e = res.unwrap_err();
+    assert!(
+        e.to_string().contains("decide: request 1, limit 1: bad"),
+        "{e}"
+    );
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+    let reply = decide_at_one_instant(&mut conn, "k", ok, 150)
+        .await
+        .unwrap();
+    assert_eq!(admitted_in(&reply), 142);
+}
+
+/// The memory store over a long run on tokio's paused clock (its clock),
+/// stepping to 1 µs before and exactly at each instant exact GCRA first fits
+/// the next request: every decision is exact rational GCRA's, computed here
+/// in integers (the TAT times the limit, in µs).
+#[tokio::test(start_paused = true)]
+async fn gcra_memory_store_matches_exact_gcra_on_a_held_clock() {
+    for (text, burst) in [("999/1ms", 10), ("3/1s", 3), ("7/1h", 7), ("1000/1ms", 5)] {
+        let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
+        let limiter = Limiter::builder(q)
+            .store(MemoryStore::new())
+            .build()
+            .unwrap();
+        let (limit, window_us) = (u128::from(q.limit()), u128::from(q.window_ms()) * 1000);
+        let cap = u128::from(burst) * window_us;
+        let (mut tat_l, mut now) = (0_u128, 0_u128);
+        let mut admits = 0;
+        for step in 0..600 {
+            // The first whole µs at which one more unit fits, or 1 µs before.
+            let fits_at = (tat_l + window_us).saturating_sub(cap).div_ceil(limit);
+            let at = (fits_at - u128::from(step % 2 == 0 && fits_at > 0)).max(now);
+            tokio::time::advance(Duration::from_micros((at - now) as u64)).await;
+            now = at;
+            let ahead = tat_l.max(now * limit) - now * limit;
+            let exact = ahead + window_us <= cap;
+            let d = limiter.check("k", 1).await.unwrap();
+            assert_eq!(d.is_allowed(), exact, "{text}: step {step} at {now} µs");
+            if exact {
+                tat_l = now * limit + ahead + window_us;
+                admits += 1;
+            }
+        }
+        assert!(admits >= 300, "{text}: {admits}");
+    }
 }

@@ -1,6 +1,7 @@
 //! The algorithms of `lua/fixed_window.lua`, `sliding_window.lua` and
 //! `gcra.lua`, in Rust, with the same formulas in the same order (so the same
-//! floating-point results) for [`MemoryStore`](super::MemoryStore).
+//! floating-point results; GCRA's are exact integers in both) for
+//! [`MemoryStore`](super::MemoryStore).
 
 use crate::{Algorithm, Quota, store::LimitState};
 
@@ -25,8 +26,11 @@ pub(super) enum Entry {
         p: u64,
         expires_ms: u64,
     },
+    /// The TAT is `expires_ms × 1000 − early / per_us` µs (see [`gcra`]):
+    /// the entry expires when its bucket is full, at the TAT rounded up to
+    /// a whole millisecond, and remembers how far before that the TAT falls.
     Gcra {
-        tat: f64,
+        early: u64,
         expires_ms: u64,
     },
 }
@@ -69,7 +73,7 @@ impl<const N: usize> Packed<N> {
                 expires_ms,
             },
             Algorithm::Gcra { .. } => Entry::Gcra {
-                tat: f64::from_bits(a),
+                early: a,
                 expires_ms,
             },
             _ => Entry::Fixed {
@@ -91,7 +95,7 @@ impl<const N: usize> Packed<N> {
                 p,
                 expires_ms,
             } => [expires_ms, s, c, p],
-            Entry::Gcra { tat, expires_ms } => [expires_ms, tat.to_bits(), 0, 0],
+            Entry::Gcra { early, expires_ms } => [expires_ms, early, 0, 0],
         };
         let mut packed = [0; N];
         packed.copy_from_slice(&words[..N]);
@@ -219,35 +223,50 @@ fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> C
     }
 }
 
+/// GCRA as `gcra.lua` decides it, in whole numbers: time in units of
+/// `1/per_us` µs, a unit costs `step` of them, the bucket holds `cap =
+/// burst × step` (at most [`MAX_GCRA_CAPACITY`](crate::quota::MAX_GCRA_CAPACITY),
+/// which [`Quota::gcra`] checks). Exact, so the script's answers to the
+/// same question are the same.
 fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) -> Checked {
-    let interval = q.window_ms() as f64 * 1000.0 / q.limit() as f64;
-    let capacity = burst as f64 * interval;
-    // Rounding slack in microseconds, as in `gcra.lua`: none for a whole
-    // interval (exact integers), half a microsecond for a fraction, less
-    // than any interval (> 1 µs), so a full bucket never fits another unit.
-    let slack = if (q.window_ms() * 1000).is_multiple_of(q.limit()) {
-        0.0
-    } else {
-        0.5
-    };
-    let now_us = now.us as f64;
+    let (step, per_us) = q.gcra_units();
+    let cap = burst * step;
+    let per_ms = 1000 * u128::from(per_us);
+    let now_l = u128::from(now.us) * u128::from(per_us);
+    // µs in units of 1/per_us, to ms, rounded up.
+    let ms = |x: u64| x.div_ceil(per_us).div_ceil(1000);
     let ahead = match entry {
-        Some(&mut Entry::Gcra { tat, .. }) => (tat - now_us).max(0.0).min(capacity),
-        _ => 0.0,
+        Some(&mut Entry::Gcra { early, expires_ms }) => {
+            // An `early` from another limit rounds the TAT up, never down.
+            let early = u128::from(early).min(per_ms - 1);
+            let tat_l = u128::from(expires_ms) * per_ms - early;
+            tat_l.saturating_sub(now_l).min(u128::from(cap)) as u64
+        }
+        _ => 0,
     };
-    let after = ahead + cost as f64 * interval;
-    let fits = |a: f64| ((capacity - a + slack) / interval).floor().max(0.0) as u64;
-    let ms = |us: f64| (us / 1000.0).ceil() as u64;
+    let room = cap - ahead;
+    let allowed = cost <= burst && cost * step <= room;
+    let after = if allowed { ahead + cost * step } else { ahead };
+    let retry_ms = match (allowed, cost <= burst) {
+        (true, _) => 0,
+        (false, true) => ms(cost * step - room).max(1),
+        // Never fits: the wait until the bucket is full.
+        (false, false) => ms(ahead).max(1),
+    };
     Checked {
-        allowed: after <= capacity + slack,
-        remaining: fits(ahead),
-        remaining_after: fits(after),
+        allowed,
+        remaining: room / step,
+        remaining_after: if allowed { (cap - after) / step } else { 0 },
         reset_ms: ms(ahead),
         reset_after_ms: ms(after),
-        retry_ms: ms(after - capacity).max(1),
-        spent: (cost > 0).then(|| Entry::Gcra {
-            tat: now_us + after,
-            expires_ms: now.ms + ms(after).max(1),
+        retry_ms,
+        spent: (allowed && cost > 0).then(|| {
+            let tat_l = now_l + u128::from(after);
+            let expires_ms = tat_l.div_ceil(per_ms);
+            Entry::Gcra {
+                early: (expires_ms * per_ms - tat_l) as u64,
+                expires_ms: expires_ms as u64,
+            }
         }),
     }
 }
@@ -257,17 +276,24 @@ mod tests {
     use super::*;
 
     /// GCRA quotas at the edges of what [`Quota::gcra`] accepts: one unit per
-    /// microsecond, just slower, whole and fractional intervals, the longest
-    /// window.
-    const EDGES: [(&str, u64); 8] = [
+    /// microsecond, just slower, whole and fractional intervals (999/1ms is
+    /// 1.001 µs, 3/1s 333 333.3 µs), the longest window, and the largest
+    /// burst × window the exact arithmetic takes (`1/366d` with the burst at
+    /// the bound).
+    const EDGES: [(&str, u64); 13] = [
         ("1000/1ms", 10),
         ("1000/1ms", 1),
         ("999/1ms", 10),
+        ("999/1ms", 1),
         ("1/1ms", 1),
         ("7/1ms", 5),
         ("3/1s", 3),
+        ("3/1s", 1),
+        ("7/1h", 7),
+        ("999983/1d", 52_124),
         ("31622400000000/366d", 4),
-        ("1/366d", 1),
+        ("31622399999999/366d", 3),
+        ("1/366d", 142),
     ];
 
     /// `n` requests of cost 1 at one instant, each spending what it
@@ -276,7 +302,8 @@ mod tests {
         let now = Now { us, ms: us / 1000 };
         let mut count = 0;
         for _ in 0..n {
-            let c = check(entry.as_mut(), q, 1, now);
+            let live = entry.as_ref().is_some_and(|e| e.expires_ms() > now.ms);
+            let c = check(entry.as_mut().filter(|_| live), q, 1, now);
             if c.allowed {
                 *entry = c.spent;
                 count += 1;
@@ -285,17 +312,64 @@ mod tests {
         count
     }
 
+    impl Entry {
+        fn expires_ms(&self) -> u64 {
+            Packed::<2>::pack(*self).expires_ms()
+        }
+    }
+
+    /// Exact GCRA, in rationals: the TAT times the limit, in µs (so every
+    /// value is an integer). Admits `cost` at `now` iff
+    /// `max(TAT, now) + cost × window / limit − now <= burst × window / limit`.
+    struct Exact {
+        tat_l: u128,
+        limit: u128,
+        window_us: u128,
+        burst: u128,
+    }
+
+    impl Exact {
+        fn new(q: Quota, burst: u64) -> Self {
+            Self {
+                tat_l: 0,
+                limit: q.limit().into(),
+                window_us: u128::from(q.window_ms()) * 1000,
+                burst: burst.into(),
+            }
+        }
+
+        /// (allowed, remaining before the spend), spending if allowed.
+        fn decide(&mut self, now_us: u64, cost: u64) -> (bool, u64) {
+            let now_l = u128::from(now_us) * self.limit;
+            let ahead = self.tat_l.max(now_l) - now_l;
+            let cap = self.burst * self.window_us;
+            let remaining = ((cap - ahead) / self.window_us) as u64;
+            let after = ahead + u128::from(cost) * self.window_us;
+            let allowed = after <= cap;
+            if allowed {
+                self.tat_l = now_l + after;
+            }
+            (allowed, remaining)
+        }
+
+        /// The first whole µs at which `cost` fits.
+        fn fits_at(&self, cost: u64) -> u64 {
+            let need = self.tat_l + u128::from(cost) * self.window_us;
+            let cap = self.burst * self.window_us;
+            need.saturating_sub(cap).div_ceil(self.limit) as u64
+        }
+    }
+
     /// At one instant a bucket admits exactly its burst, however fast the
     /// rate (1000/1ms once admitted everything: its 1 µs tolerance let a
-    /// clamped, full bucket fit one more unit each time). Later, a whole
-    /// interval refills exactly one unit; a fractional one at least one, at
-    /// most half a microsecond early, and never another at the same instant.
+    /// clamped, full bucket fit one more unit each time), and whether the
+    /// interval is a whole number of microseconds or not. One interval
+    /// later, rounded up to a whole microsecond, exactly one more.
     #[test]
     fn gcra_admits_exactly_the_burst_at_every_edge_quota() {
         for (text, burst) in EDGES {
             let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
             let window_us = q.window_ms() * 1000;
-            let whole = window_us.is_multiple_of(q.limit());
             let context = format!("{text} burst {burst}");
             let t0 = 1_000_000_000_000;
             let mut entry = None;
@@ -305,16 +379,57 @@ mod tests {
                 "{context}"
             );
             let later = t0 + window_us.div_ceil(q.limit());
-            let refilled = admitted(&mut entry, q, 5, later);
-            match whole {
-                true => assert_eq!(refilled, 1, "{context}, one interval later"),
-                false => assert!((1..=2).contains(&refilled), "{context}: {refilled}"),
-            }
+            assert_eq!(
+                admitted(&mut entry, q, 5, later - 1),
+                0,
+                "{context}, 1 µs early"
+            );
             assert_eq!(
                 admitted(&mut entry, q, 5, later),
-                0,
-                "{context}, same instant"
+                1,
+                "{context}, one interval later"
             );
+        }
+    }
+
+    /// Over a long run, at instants chosen to land just before and just at
+    /// the exact moment a cost fits (where any rounding shows), and at
+    /// pseudo-random ones, every decision and `remaining` is exact GCRA's.
+    #[test]
+    fn gcra_matches_exact_rational_gcra_over_a_long_run() {
+        for (text, burst) in EDGES {
+            let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
+            let mut exact = Exact::new(q, burst);
+            let mut entry: Option<Entry> = None;
+            let mut now = 1_700_000_000_000_000_u64;
+            let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+            let mut admits = 0;
+            for step in 0..3000 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let cost = 1 + seed % burst.min(3);
+                now = match step % 3 {
+                    0 => now.max(exact.fits_at(cost).saturating_sub(1)),
+                    1 => now.max(exact.fits_at(cost)),
+                    _ => now + seed % (q.window_ms() * 1000 / q.limit() + 2),
+                };
+                let at = Now {
+                    us: now,
+                    ms: now / 1000,
+                };
+                let live = entry.as_ref().is_some_and(|e| e.expires_ms() > at.ms);
+                let c = check(entry.as_mut().filter(|_| live), q, cost, at);
+                let (allowed, remaining) = exact.decide(now, cost);
+                let context = format!("{text} burst {burst}, step {step} at {now}, cost {cost}");
+                assert_eq!(c.allowed, allowed, "{context}");
+                assert_eq!(c.remaining, remaining, "{context}");
+                if c.allowed {
+                    entry = c.spent;
+                    admits += 1;
+                }
+            }
+            assert!(admits >= 1000, "{text}: only {admits} admitted");
         }
     }
 }
