@@ -12,8 +12,10 @@
 -- Key     a string "{prefix}:gcra:{policy}:..." holding the theoretical
 --         arrival time (TAT) as "a:b": a whole Redis-time microseconds plus
 --         b/per_us of one (0 <= b < per_us), both plain decimals. It expires
---         (PX, integer ms) when the bucket is full again, so an idle key
---         vanishes. The format before exact GCRA, a float of microseconds
+--         (PX, integer ms) when the bucket is full again, plus one ms, so
+--         an idle key vanishes, but never before its TAT: Redis counts PX
+--         from its own millisecond clock, which can run up to 1 ms behind
+--         TIME's microseconds (and, in a script, from the script's start). The format before exact GCRA, a float of microseconds
 --         ("1763912345678901.5"), is still read, rounded up to the next
 --         whole microsecond (b = 0): later, never earlier.
 -- Args    shape = gcra.shape(limit, window_ms, burst), cost, now_us (from
@@ -125,7 +127,7 @@ function gcra.check(key, s, cost, now)
   local st = { key = key, now = now, per_us = per_us, ahead = ahead, after = ahead }
   -- A key without (a sane) TTL is healed by commit or undo, not here: the
   -- spend must be the first write (see the header).
-  st.heal = ttl == -1 or ttl > ms(cap)
+  st.heal = ttl == -1 or ttl > ms(cap) + 1
   st.allowed = cost <= s.burst and cost * step <= room
   st.remaining = divmod(room, step)
   st.remaining_after = 0
@@ -135,7 +137,7 @@ function gcra.check(key, s, cost, now)
   end
   st.reset = ms(ahead)
   st.reset_after = ms(st.after)
-  st.ttl = math.max(1, st.reset_after)
+  st.ttl = st.reset_after + 1
   st.retry = 0
   if not st.allowed then
     if cost <= s.burst then
@@ -151,7 +153,7 @@ end
 function gcra.undo(st)
   if st.heal then
     if st.ahead > 0 then
-      redis.call('PEXPIRE', st.key, int(math.max(1, st.reset)))
+      redis.call('PEXPIRE', st.key, int(st.reset + 1))
     else
       redis.call('DEL', st.key)
     end

@@ -473,3 +473,41 @@ async fn gcra_memory_store_matches_exact_gcra_on_a_held_clock() {
         assert!(admits >= 300, "{text}: {admits}");
     }
 }
+
+/// A GCRA key must outlive its TAT: once it is gone the bucket reads as
+/// full, so a key that vanished early would admit early. Redis counts `PX`
+/// from its millisecond clock, up to 1 ms behind `TIME`'s microseconds, so a
+/// `PX` of the TAT's distance rounded up could still end before the TAT.
+/// Spends on many keys land at every sub-millisecond phase; each key's
+/// `PEXPIRETIME` must be at or after its stored TAT.
+#[tokio::test]
+async fn gcra_keys_never_expire_before_their_tat() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    // Fractional intervals, with TATs long enough ahead to read back.
+    for text in ["3/1s", "7/1s"] {
+        let q = text.parse::<Quota>().unwrap().gcra(3).unwrap();
+        for i in 0..200 {
+            let key = format!("{text}:{i}");
+            let reply = decide_at_one_instant(&mut conn, &key, q, 1).await.unwrap();
+            assert_eq!(admitted_in(&reply), 1, "{key}");
+            let stored: String = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let (whole, part) = stored.split_once(':').expect("a:b");
+            let tat_us = whole.parse::<u64>().unwrap() + u64::from(part != "0");
+            let expires_ms: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(expires_ms > 0, "{key}: PEXPIRETIME {expires_ms}");
+            assert!(
+                expires_ms as u64 * 1000 >= tat_us,
+                "{key}: expires at {expires_ms} ms, before its TAT {tat_us} µs ({stored})"
+            );
+        }
+    }
+}
