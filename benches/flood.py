@@ -3,6 +3,7 @@
 
     python3 benches/flood.py                   # p99: flood vs one key, 5 rounds
     python3 benches/flood.py --rss             # RSS: bytes per key, two floods
+    python3 benches/flood.py --growth --rate 20000   # p99 while the store grows to 1M keys
     python3 benches/flood.py --binary /tmp/old-axum --rss   # another build
 
 Latency: two example servers (`examples/axum.rs`, in-memory store, keyed by
@@ -70,11 +71,44 @@ def latency(args):
                 print(f"round {rnd + 1} {name:8} {r['rps']:7.0f} req/s  p99 {r['p99']:6.2f} ms"
                       f"  max {r['max']:7.2f} ms  non-2xx {r['non2xx']}", file=sys.stderr)
         print(f"flood server: RSS {rss_mb(fpid):.0f} MB at the end", file=sys.stderr)
-    print(f"| run | req/s offered | p99 median (range) ms | max median (range) ms |")
+    report(rows, args.rate)
+
+
+def growth(args):
+    """p99 while the store grows: F starts empty (room for 2M keys) and each
+    of its cells sends new keys only, so its table grows through `--fill`
+    keys over the rounds, every resize and reclaim on some request's time;
+    O answers one key. Both paced at the same rate, interleaved."""
+    env = dict(KEYED, RATE_LIMIT="1000000000/1h", RATE_LIMIT_MEMORY_MAX_KEYS="2000000")
+    rate_delay = args.connections * 1000 / args.rate
+    rows = {"flood, growing": [], "one key": []}
+    with procs.serving(args.binary, env, "/tmp/flood-F.log") as (fport, startup, fpid), \
+            procs.serving(args.binary, env, "/tmp/flood-O.log") as (oport, _, _):
+        print(startup, file=sys.stderr)
+        sent, rnd = 0, 0
+        while sent < args.fill:
+            rnd += 1
+            cells = [("flood, growing", fport, ("fresh", 0)), ("one key", oport, ("cycle", 1))]
+            random.shuffle(cells)
+            for name, port, script in cells:
+                r = wrk.paced(f"http://127.0.0.1:{port}/", args.seconds, args.connections, 1,
+                              script, rate_delay)
+                rows[name].append(r)
+                if port == fport:
+                    sent += r["requests"]
+                print(f"round {rnd} {name:14} {r['rps']:7.0f} req/s  p99 {r['p99']:6.2f} ms"
+                      f"  max {r['max']:7.2f} ms  non-2xx {r['non2xx']}  (F holds ~{sent} keys)",
+                      file=sys.stderr)
+        print(f"flood server: {sent} new keys, RSS {rss_mb(fpid):.0f} MB", file=sys.stderr)
+    report(rows, args.rate)
+
+
+def report(rows, rate):
+    print("| run | req/s offered | p99 median (range) ms | max median (range) ms |")
     print("|---|---|---|---|")
     for name, rs in rows.items():
         p99, mx = [r["p99"] for r in rs], [r["max"] for r in rs]
-        print(f"| {name} | {args.rate} | {statistics.median(p99):.2f} ({min(p99):.2f}–{max(p99):.2f})"
+        print(f"| {name} | {rate} | {statistics.median(p99):.2f} ({min(p99):.2f}–{max(p99):.2f})"
               f" | {statistics.median(mx):.1f} ({min(mx):.1f}–{max(mx):.1f}) |")
 
 
@@ -110,11 +144,18 @@ def main():
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--fill", type=int, default=1_000_000, help="new keys sent before measuring")
     ap.add_argument("--rss", action="store_true", help="measure memory instead of latency")
+    ap.add_argument("--growth", action="store_true",
+                    help="p99 while an empty store grows through --fill new keys")
     args = ap.parse_args()
     procs.require("wrk")
     if not os.environ.get("FLOOD_NO_BUILD") and args.binary.startswith(ROOT):
         subprocess.run(["cargo", "build", "--release", "--example", "axum"], cwd=ROOT, check=True)
-    rss(args) if args.rss else latency(args)
+    if args.rss:
+        rss(args)
+    elif args.growth:
+        growth(args)
+    else:
+        latency(args)
 
 
 if __name__ == "__main__":
