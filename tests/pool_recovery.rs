@@ -6,41 +6,15 @@
 
 mod support;
 
-use std::{
-    convert::Infallible,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use http::{Request, Response, StatusCode};
-use redis_ratelimit::{Limiter, OnStoreError, RateLimitLayer, key::Global};
-use support::RedisServer;
-use tower::{Service, ServiceExt, service_fn};
-
-type Svc = tower::util::BoxCloneService<Request<()>, Response<String>, Infallible>;
-
-/// The layer around a handler answering "ok", in process.
-fn service(limiter: &Limiter, policy: OnStoreError) -> Svc {
-    let layer = RateLimitLayer::new(limiter.clone(), Global).on_store_error(policy);
-    let svc = tower::ServiceBuilder::new()
-        .layer(layer)
-        .service(service_fn(|_req: Request<()>| async {
-            Ok::<_, Infallible>(Response::new("ok".to_owned()))
-        }));
-    tower::util::BoxCloneService::new(svc)
-}
-
-async fn call(svc: &Svc) -> Response<String> {
-    let req = Request::get("/").body(()).unwrap();
-    let mut svc = svc.clone();
-    svc.ready().await.unwrap().call(req).await.unwrap()
-}
-
-/// Whether the limiter decided the request (it carries rate-limit headers,
-/// admitted or denied), rather than the store-error policy.
-fn decided(res: &Response<String>) -> bool {
-    res.headers().contains_key("ratelimit")
-}
+use http::StatusCode;
+use redis_ratelimit::{Limiter, OnStoreError};
+use support::{
+    RedisServer,
+    inproc::{call, decided, service},
+};
 
 /// Kill -9, restart on the same port: the limiter decides again within 2 s
 /// of the restart, every connection of the pool works again, and a key is

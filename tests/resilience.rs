@@ -3,39 +3,17 @@
 
 mod support;
 
-use std::{
-    convert::Infallible,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use http::{Request, Response, StatusCode};
-use redis_ratelimit::{Breaker, Error, Limiter, OnStoreError, RateLimitLayer, key::Global};
+use http::StatusCode;
+use redis_ratelimit::{Breaker, Error, Limiter, OnStoreError};
 use support::{
     RedisServer,
     http::Caller,
+    inproc::{call, service},
     scenarios::by_key,
     servers::{app, spawn_axum},
 };
-use tower::{Service, ServiceExt, service_fn};
-
-type Svc = tower::util::BoxCloneService<Request<()>, Response<String>, Infallible>;
-
-/// The layer around a handler answering "ok", in process (no sockets), so
-/// that a thousand requests measure the limiter rather than the network.
-fn service(limiter: &Limiter, policy: OnStoreError) -> Svc {
-    let layer = RateLimitLayer::new(limiter.clone(), Global).on_store_error(policy);
-    let svc = tower::ServiceBuilder::new()
-        .layer(layer)
-        .service(service_fn(|_req: Request<()>| async {
-            Ok::<_, Infallible>(Response::new("ok".to_owned()))
-        }));
-    tower::util::BoxCloneService::new(svc)
-}
-
-async fn call(svc: &mut Svc) -> Response<String> {
-    let req = Request::get("/").body(()).unwrap();
-    svc.ready().await.unwrap().call(req).await.unwrap()
-}
 
 fn breaker_limiter(store: redis_ratelimit::RedisStore) -> Limiter {
     Limiter::builder("1000/1m".parse().unwrap())
@@ -56,11 +34,11 @@ fn breaker_limiter(store: redis_ratelimit::RedisStore) -> Limiter {
 async fn breaker_scenario(frozen: bool) {
     let mut server = RedisServer::start();
     let limiter = breaker_limiter(server.store().await);
-    let (mut allow, mut deny) = (
+    let (allow, deny) = (
         service(&limiter, OnStoreError::Allow),
         service(&limiter, OnStoreError::Deny),
     );
-    let res = call(&mut allow).await;
+    let res = call(&allow).await;
     assert!(res.headers().contains_key("ratelimit"), "{res:?}");
 
     if frozen {
@@ -69,7 +47,7 @@ async fn breaker_scenario(frozen: bool) {
         server.kill();
     }
     for _ in 0..3 {
-        let res = call(&mut allow).await;
+        let res = call(&allow).await;
         assert_eq!(res.status(), StatusCode::OK);
         assert!(!res.headers().contains_key("ratelimit"), "{res:?}");
     }
@@ -77,7 +55,7 @@ async fn breaker_scenario(frozen: bool) {
     assert!(matches!(err, Error::CircuitOpen), "breaker not open: {err}");
 
     let started = Instant::now();
-    for (svc, status) in [(&mut allow, 200), (&mut deny, 503)] {
+    for (svc, status) in [(&allow, 200), (&deny, 503)] {
         for _ in 0..1000 {
             assert_eq!(call(svc).await.status().as_u16(), status);
         }
@@ -92,7 +70,7 @@ async fn breaker_scenario(frozen: bool) {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let res = call(&mut allow).await;
+        let res = call(&allow).await;
         if res.headers().contains_key("ratelimit") {
             break;
         }

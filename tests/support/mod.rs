@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod http;
+pub mod inproc;
 pub mod lease;
 pub mod refusal;
 pub mod scenarios;
