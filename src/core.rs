@@ -10,6 +10,7 @@ use crate::{
     headers::{self, HeaderSink},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
+    respond::Format,
 };
 
 /// What the middleware does with a request once its check is done.
@@ -99,11 +100,12 @@ impl<K, R, L> Core<K, R, L> {
 
     /// The response for a rejection, with the rate-limit headers when the
     /// quota or the concurrency limit denied it.
-    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
+    /// `format` is what the request's headers ask for ([`Format::negotiate`]).
+    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection, format: Format) -> Res
     where
         R: Respond<Res>,
     {
-        let mut res = self.respond.respond(&rejection);
+        let mut res = self.respond.respond_as(&rejection, format);
         match &rejection {
             Rejection::Denied(d) => headers::write(d, &mut res, self.legacy_headers),
             Rejection::Busy(busy) => busy.write_headers(&mut res),

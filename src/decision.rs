@@ -53,9 +53,9 @@ pub struct LimitDecision<'a> {
     state: LimitState,
 }
 
-impl LimitDecision<'_> {
+impl<'a> LimitDecision<'a> {
     /// The limit's name.
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &'a str {
         self.name
     }
 
