@@ -47,6 +47,11 @@ async fn actix_requests_without_a_key_are_refused() {
 }
 
 #[tokio::test]
+async fn actix_partition_key_is_opt_in_stable_and_opaque() {
+    scenarios::partition_key(&Actix, &Backend::redis().await).await;
+}
+
+#[tokio::test]
 async fn actix_default_answers_have_text_or_problem_details_bodies() {
     scenarios::default_answers(&Actix, &Backend::redis().await).await;
 }

@@ -78,6 +78,11 @@ async fn axum_legacy_headers_carry_limit_remaining_and_reset() {
 }
 
 #[tokio::test]
+async fn axum_partition_key_is_opt_in_stable_and_opaque() {
+    scenarios::partition_key(&Axum, &Backend::redis().await).await;
+}
+
+#[tokio::test]
 async fn axum_default_answers_have_text_or_problem_details_bodies() {
     scenarios::default_answers(&Axum, &Backend::redis().await).await;
 }

@@ -65,6 +65,23 @@ impl Reply {
         assert_eq!(self.body, body, "{self:?}");
     }
 
+    /// The `pk` byte sequence of `RateLimit`, if it has one.
+    pub fn pk(&self) -> Option<Vec<u8>> {
+        let v = self
+            .header("ratelimit")
+            .unwrap_or_else(|| panic!("no ratelimit: {self:?}"));
+        let list = sfv::Parser::new(v).parse::<sfv::List>().unwrap();
+        let Some(sfv::ListEntry::Item(item)) = list.first() else {
+            panic!("{v:?}")
+        };
+        let pk = item.params.get("pk")?;
+        Some(
+            pk.as_byte_sequence()
+                .expect("pk is a byte sequence")
+                .to_vec(),
+        )
+    }
+
     pub fn has_ratelimit_headers(&self) -> bool {
         ["ratelimit", "ratelimit-policy", "retry-after"]
             .iter()

@@ -303,3 +303,49 @@ pub async fn parity_sequence(s: &impl Serve, b: &Backend) -> Vec<Reply> {
     replies.extend(a.get_n(&url, 1).await);
     replies
 }
+
+/// `pk` on `RateLimit`: absent by default; with `partition_key(true)` the
+/// same for one client on every answer (200 and 429), different for another
+/// client, and never the key itself; with one `partition_key_secret`, the
+/// same on two servers (replicas).
+pub async fn partition_key(s: &impl Serve, b: &Backend) {
+    let plain = s.serve(by_key(b.limiter("2/1m"))).await;
+    let res = Caller::with_key(Some("alice"))
+        .get(&plain)
+        .await
+        .expect(200, &log(b));
+    assert_eq!(res.pk(), None, "{res:?}");
+
+    let url = s.serve(by_key(b.limiter("2/1m")).partition_key(true)).await;
+    let (alice, bob) = (
+        Caller::with_key(Some("alice")),
+        Caller::with_key(Some("bob")),
+    );
+    let replies = alice.get_n(&url, 3).await;
+    assert_eq!(replies[2].status, 429, "{:?}", replies[2]);
+    let pk = replies[0].pk().expect("pk with partition_key(true)");
+    assert_eq!(pk.len(), 8);
+    for res in &replies {
+        assert_eq!(
+            res.pk().as_ref(),
+            Some(&pk),
+            "stable for one client: {res:?}"
+        );
+        assert!(
+            !res.header("ratelimit").unwrap().contains("alice"),
+            "{res:?}"
+        );
+    }
+    let bobs = bob.get(&url).await.expect(200, &log(b)).pk().unwrap();
+    assert_ne!(bobs, pk, "another client, another partition");
+    let again = s.serve(by_key(b.limiter("2/1m")).partition_key(true)).await;
+    let res = bob.get(&again).await.expect(200, &log(b));
+    assert_ne!(res.pk().unwrap(), bobs, "a fresh random secret per layer");
+
+    let replica = || by_key(b.limiter("100/1m")).partition_key_secret("shared secret");
+    let (one, two) = (s.serve(replica()).await, s.serve(replica()).await);
+    let at_one = alice.get(&one).await.expect(200, &log(b)).pk();
+    let at_two = alice.get(&two).await.expect(200, &log(b)).pk();
+    assert_eq!(at_one, at_two, "replicas with one secret agree");
+    assert!(at_one.is_some());
+}
