@@ -60,7 +60,7 @@ use crate::{
     core::{Core, Verdict},
     headers::HeaderSink,
     key::{KeyExtractor, RequestInfo},
-    respond::DefaultResponse,
+    respond::{DefaultResponse, Format, problem},
 };
 
 pub use crate::RateLimitLayer as RateLimit;
@@ -105,10 +105,18 @@ impl<B> HeaderSink for HttpResponse<B> {
 
 impl Respond<HttpResponse> for DefaultResponse {
     fn respond(&self, rejection: &Rejection) -> HttpResponse {
-        // Same status code as under tower, through the number: http 0.2's type.
+        self.respond_as(rejection, Format::Text)
+    }
+
+    /// The same status and body as under tower.
+    fn respond_as(&self, rejection: &Rejection, format: Format) -> HttpResponse {
+        // The status through the number: actix-web uses http 0.2's type.
         let status = actix_web::http::StatusCode::from_u16(rejection.status().as_u16())
             .unwrap_or(actix_web::http::StatusCode::TOO_MANY_REQUESTS);
-        HttpResponse::new(status)
+        let body = problem::body(rejection, format);
+        HttpResponse::build(status)
+            .insert_header((actix_header::CONTENT_TYPE, body.content_type))
+            .body(body.text)
     }
 }
 
@@ -158,7 +166,8 @@ pub(crate) fn answer<B, K, R, L>(
 where
     R: Respond<HttpResponse>,
 {
-    req.into_response(core.reject::<HttpResponse>(rejection))
+    let format = Format::negotiate(|name| req.header_values(name));
+    req.into_response(core.reject::<HttpResponse>(rejection, format))
         .map_into_right_body()
 }
 

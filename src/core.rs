@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use crate::{
     Decision, Error, Limiter, OnStoreError, Rejection, Respond,
-    headers::{self, HeaderSink},
+    headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
+    respond::Format,
 };
 
 /// What the middleware does with a request once its check is done.
@@ -34,6 +35,8 @@ pub(crate) struct Core<K, R, L = Limiter> {
     pub(crate) respond: R,
     pub(crate) on_error: OnStoreError,
     pub(crate) legacy_headers: bool,
+    /// Writes the draft's `pk` on `RateLimit`, hashed with these keys.
+    pub(crate) partition_keys: Option<PartitionKeys>,
     logs: Logs,
 }
 
@@ -45,6 +48,7 @@ impl<K: Clone, R: Clone, L: Clone> Clone for Core<K, R, L> {
             respond: self.respond.clone(),
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
+            partition_keys: self.partition_keys.clone(),
             logs: Logs::default(),
         }
     }
@@ -58,6 +62,7 @@ impl<K, R, L> Core<K, R, L> {
             respond,
             on_error: OnStoreError::default(),
             legacy_headers: false,
+            partition_keys: None,
             logs: Logs::default(),
         }
     }
@@ -70,6 +75,7 @@ impl<K, R, L> Core<K, R, L> {
             respond: self.respond,
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
+            partition_keys: self.partition_keys,
             logs: self.logs,
         }
     }
@@ -82,6 +88,7 @@ impl<K, R, L> Core<K, R, L> {
             respond,
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
+            partition_keys: self.partition_keys,
             logs: self.logs,
         }
     }
@@ -99,11 +106,12 @@ impl<K, R, L> Core<K, R, L> {
 
     /// The response for a rejection, with the rate-limit headers when the
     /// quota or the concurrency limit denied it.
-    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
+    /// `format` is what the request's headers ask for ([`Format::negotiate`]).
+    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection, format: Format) -> Res
     where
         R: Respond<Res>,
     {
-        let mut res = self.respond.respond(&rejection);
+        let mut res = self.respond.respond_as(&rejection, format);
         match &rejection {
             Rejection::Denied(d) => headers::write(d, &mut res, self.legacy_headers),
             Rejection::Busy(busy) => busy.write_headers(&mut res),
@@ -138,7 +146,8 @@ impl<K, R> Core<K, R> {
         let cost = self.extractor.cost(req);
         if self.extractor.key_count() == 1 {
             let key = self.key(req)?;
-            return Ok(self.limiter.decide(&[key.as_bytes()], cost));
+            let deciding = self.limiter.decide(&[key.as_bytes()], cost);
+            return Ok(self.partitioned(deciding, &[key.as_bytes()]));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
         if let Err(e) = self.extractor.extract_all(req, &mut keys) {
@@ -146,7 +155,15 @@ impl<K, R> Core<K, R> {
             return Err(Rejection::KeyUnavailable(e));
         }
         let keys: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
-        Ok(self.limiter.decide(&keys, cost))
+        Ok(self.partitioned(self.limiter.decide(&keys, cost), &keys))
+    }
+
+    /// With `pk` on: the check, carrying the partition keys of `keys`.
+    fn partitioned(&self, deciding: Deciding, keys: &[&[u8]]) -> Deciding {
+        match &self.partition_keys {
+            None => deciding,
+            Some(pk) => deciding.partitioned(keys.iter().map(|k| pk.hash(k)).collect()),
+        }
     }
 
     /// Applies the store-error policy to a finished check.

@@ -9,6 +9,10 @@ use crate::{Quota, headers::Policies, store::LimitState};
 /// One state per limit; a lone limit's is held inline, without allocating.
 pub(crate) type States = SmallVec<[LimitState; 1]>;
 
+/// The `pk` partition key of each limit's client key (one for all limits
+/// when they share a key); empty unless the layer writes `pk`.
+pub(crate) type Partition = SmallVec<[u64; 1]>;
+
 /// The outcome of [`Limiter::check`](crate::Limiter::check).
 ///
 /// A limiter may hold several limits; the decision admits only if every one
@@ -42,6 +46,7 @@ pub struct Decision {
     states: States,
     binding: usize,
     policies: Arc<Policies>,
+    partition: Partition,
 }
 
 /// One limit's part in a [`Decision`]; see [`Decision::limits`].
@@ -53,9 +58,9 @@ pub struct LimitDecision<'a> {
     state: LimitState,
 }
 
-impl LimitDecision<'_> {
+impl<'a> LimitDecision<'a> {
     /// The limit's name.
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &'a str {
         self.name
     }
 
@@ -111,7 +116,19 @@ impl Decision {
             binding: binding.unwrap_or(0),
             states,
             policies,
+            partition: Partition::new(),
         }
+    }
+
+    /// The same decision, with the partition keys of its request's keys.
+    pub(crate) fn with_partition(self, partition: Partition) -> Self {
+        Self { partition, ..self }
+    }
+
+    /// The binding limit's partition key, when the layer writes `pk`.
+    pub(crate) fn partition_key(&self) -> Option<u64> {
+        let last = self.partition.len().checked_sub(1)?;
+        self.partition.get(self.binding.min(last)).copied()
     }
 
     /// The index of the binding limit.

@@ -16,6 +16,7 @@ use crate::{
     Decision, Error, Rejection, Respond,
     core::{Core, Verdict},
     limiter::Deciding,
+    respond::Format,
 };
 
 pin_project! {
@@ -49,6 +50,7 @@ pin_project! {
         },
         Answered {
             rejection: Option<Rejection>,
+            format: Format,
         },
     }
 }
@@ -99,14 +101,17 @@ where
                 },
                 core: core.clone(),
             },
-            Verdict::Reject(rejection) => Self::rejected(core, rejection),
+            Verdict::Reject(rejection) => {
+                Self::rejected(core, rejection, Format::of_headers(req.headers()))
+            }
         }
     }
 
-    pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection) -> Self {
+    pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection, format: Format) -> Self {
         Self {
             state: State::Answered {
                 rejection: Some(rejection),
+                format,
             },
             core: core.clone(),
         }
@@ -134,7 +139,9 @@ where
                             this.state.set(State::Calling { fut, decision });
                         }
                         Verdict::Reject(rejection) => {
-                            return Poll::Ready(Ok(this.core.reject(rejection)));
+                            let req = req.as_ref().expect("polled after completion");
+                            let format = Format::of_headers(req.headers());
+                            return Poll::Ready(Ok(this.core.reject(rejection, format)));
                         }
                     }
                 }
@@ -145,9 +152,9 @@ where
                     }
                     return Poll::Ready(Ok(res));
                 }
-                StateProj::Answered { rejection } => {
+                StateProj::Answered { rejection, format } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    return Poll::Ready(Ok(this.core.reject(rejection)));
+                    return Poll::Ready(Ok(this.core.reject(rejection, *format)));
                 }
             }
         }

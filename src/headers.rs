@@ -1,7 +1,7 @@
 //! Writing `Retry-After` and the IETF `RateLimit` / `RateLimit-Policy` headers.
 //!
 //! Values follow the structured-field form of the IETF httpapi draft
-//! "RateLimit header fields for HTTP":
+//! "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11):
 //!
 //! ```text
 //! RateLimit-Policy: "default";q=100;w=60
@@ -19,6 +19,13 @@
 //! * `Retry-After` is in whole seconds, rounded up from the longest wait
 //!   among the limits that denied, and never less than 1: a 300 ms wait says
 //!   `1`, never `0`.
+//!
+//! * With [`RateLimitLayer::partition_key`](crate::RateLimitLayer::partition_key),
+//!   `RateLimit` also carries the draft's `pk` partition key, a byte
+//!   sequence: `"default";r=42;t=17;pk=:3q2+7w5EZ1k=:`. It is a keyed hash
+//!   (SipHash-1-3, 8 bytes) of the binding limit's client key, so it reveals
+//!   nothing about the key yet stays the same for one client. The concurrency
+//!   layer does not write it.
 //!
 //! With [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers)
 //! the layer also writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
@@ -45,6 +52,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
 use crate::{Decision, Quota};
+
+mod partition;
+
+pub(crate) use self::partition::PartitionKeys;
 
 /// `RateLimit` (draft IETF structured field).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -187,6 +198,16 @@ fn t_secs(d: &Decision) -> u64 {
 /// `RateLimit` for a decision: the binding limit,
 /// `"<name>";r=<remaining>;t=<secs>`.
 pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
+    if let Some(pk) = d.partition_key() {
+        // Opt-in: `"<name>";r=<remaining>;t=<secs>;pk=:<8 bytes, base64>:`.
+        let pk = pk.to_be_bytes();
+        let params = [
+            ("r", RefBareItem::Integer(sf_int(d.remaining()))),
+            ("t", RefBareItem::Integer(sf_int(t_secs(d)))),
+            ("pk", RefBareItem::ByteSequence(&pk)),
+        ];
+        return sf_item(d.policy(), params);
+    }
     // The hot path: the prefix is built once by the sf serialiser; this only
     // appends two integers (sf integers: at most 15 digits), on the stack,
     // and copies the result once into the value.
@@ -332,6 +353,50 @@ mod tests {
                 assert_eq!(ratelimit_value(&d), slow);
             }
         }
+    }
+
+    #[test]
+    fn pk_is_an_opt_in_byte_sequence_of_the_binding_limits_key() {
+        let quota: Quota = "5/1m".parse().unwrap();
+        let limits = [("second".to_owned(), quota), ("day".to_owned(), quota)];
+        let policies = Arc::new(Policies::new(&limits));
+        let state = |remaining| LimitState {
+            allowed: true,
+            remaining,
+            reset_ms: 60_000,
+            retry_ms: 0,
+        };
+        let d = Decision::new(vec![state(4), state(2)], policies);
+        assert_eq!(ratelimit_value(&d), r#""day";r=2;t=60"#, "off by default");
+        let keys = PartitionKeys::from_secret(b"s");
+        let pks = smallvec::smallvec![keys.hash(b"ip"), keys.hash(b"user")];
+        let value = ratelimit_value(&d.clone().with_partition(pks));
+        let list = sfv::Parser::new(value.to_str().unwrap())
+            .parse::<sfv::List>()
+            .unwrap();
+        let sfv::ListEntry::Item(item) = &list[0] else {
+            panic!("{value:?}")
+        };
+        assert_eq!(
+            item.bare_item,
+            sfv::BareItem::String("day".to_owned().try_into().unwrap())
+        );
+        let pk = item.params.get("pk").unwrap().as_byte_sequence().unwrap();
+        assert_eq!(
+            pk,
+            keys.hash(b"user").to_be_bytes(),
+            "the binding limit's key"
+        );
+        assert!(
+            value
+                .to_str()
+                .unwrap()
+                .starts_with(r#""day";r=2;t=60;pk=:"#),
+            "{value:?}"
+        );
+        // One key for every limit.
+        let one = ratelimit_value(&d.with_partition(smallvec::smallvec![keys.hash(b"ip")]));
+        assert!(one.to_str().unwrap().contains(";pk=:"), "{one:?}");
     }
 
     #[test]

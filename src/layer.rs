@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::{DefaultResponse, Limiter, OnStoreError, RateLimit, core::Core, key};
+use crate::{
+    DefaultResponse, Limiter, OnStoreError, RateLimit, core::Core, headers::PartitionKeys, key,
+};
 
 /// Rate limits requests with a [`Limiter`], keyed by a
 /// [`KeyExtractor`](crate::key::KeyExtractor).
@@ -118,6 +120,40 @@ impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
         self.map(|c| c.legacy_headers = enabled)
+    }
+
+    /// Also write the draft's `pk` partition key on `RateLimit` (default:
+    /// off): `"default";r=4;t=60;pk=:3q2+7w5EZ1k=:`, a byte sequence that
+    /// names the client's quota partition without revealing its key. It is
+    /// a keyed hash (SipHash-1-3) of the client's key under a secret drawn at
+    /// random here, so it is stable for one client across requests to this
+    /// layer (and its clones) for the life of the process, and differs
+    /// between processes. Use
+    /// [`partition_key_secret`](Self::partition_key_secret) for a `pk` that
+    /// replicas agree on. With several limits, `pk` is the binding limit's
+    /// key's (see [`Decision`](crate::Decision)).
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Header};
+    ///
+    /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(60)), Header::new("x-api-key"))
+    ///     .partition_key(true);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn partition_key(self, enabled: bool) -> Self {
+        let keys = enabled.then(PartitionKeys::random);
+        self.map(|c| c.partition_keys = keys)
+    }
+
+    /// Write `pk` (see [`partition_key`](Self::partition_key)) hashed with a
+    /// key derived from `secret`, so that every replica configured with the
+    /// same secret gives a client the same `pk`. Keep the secret secret:
+    /// whoever has it can test guesses of a client's key against its `pk`.
+    #[must_use]
+    pub fn partition_key_secret(self, secret: impl AsRef<[u8]>) -> Self {
+        let keys = PartitionKeys::from_secret(secret.as_ref());
+        self.map(|c| c.partition_keys = Some(keys))
     }
 
     /// Makes each request spend `cost(request)` units instead of 1: say 5

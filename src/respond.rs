@@ -1,13 +1,35 @@
 //! What the middleware answers when it does not pass a request on:
 //! [`Rejection`], the [`Respond`] hook and the [`OnStoreError`] policy.
 //!
-//! | case | default status | rate-limit headers |
-//! |---|---|---|
-//! | [`Rejection::Denied`]: over the quota | 429 | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
-//! | [`Rejection::Busy`]: the key's concurrency limit is in flight | 429 | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
-//! | [`Rejection::KeyUnavailable`]: no key for the request | the [`KeyError`]'s (400, 500, ...) | none |
-//! | [`Rejection::StoreUnavailable`]: store failed, policy [`OnStoreError::Deny`] | 503 | none |
-//! | [`Rejection::CostExceedsLimit`]: a cost no window can hold | 429 | none (there is nothing to wait for) |
+//! | case | default status | default body (text) | rate-limit headers |
+//! |---|---|---|---|
+//! | [`Rejection::Denied`]: over the quota | 429 | `rate limit exceeded; retry in 12 s` | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
+//! | [`Rejection::Busy`]: the key's concurrency limit is in flight | 429 | `too many concurrent requests; retry in 1 s` | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
+//! | [`Rejection::KeyUnavailable`]: no key for the request | the [`KeyError`]'s (400, 500, ...) | `missing rate limit key: header x-api-key` (400), `rate limit key unavailable` (500) | none |
+//! | [`Rejection::StoreUnavailable`]: store failed, policy [`OnStoreError::Deny`] | 503 | `rate limit store unavailable` | none |
+//! | [`Rejection::CostExceedsLimit`]: a cost no window can hold | 429 | `request cost 9 exceeds the rate limit of 5` | none (there is nothing to wait for) |
+//!
+//! The bodies of [`DefaultResponse`] say what to do and nothing internal:
+//! never a store error, a key's value or a custom extractor's reason (those
+//! go to the logs). They are `text/plain; charset=utf-8`, unless the
+//! request's `Accept` prefers `application/problem+json` or
+//! `application/json` to `text/plain` ([`Format`]): then they are RFC 9457
+//! problem details, `application/problem+json`. A denial by quota (or by
+//! concurrency) uses the problem type of the IETF draft "RateLimit header
+//! fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11, section 5.1),
+//! with `violated-policies` naming the limits that denied (never a shadow
+//! limit):
+//!
+//! ```text
+//! {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+//!  "title":"Quota Exceeded","status":429,
+//!  "detail":"rate limit exceeded; retry in 12 s","violated-policies":["burst"]}
+//! ```
+//!
+//! Every other rejection is `about:blank` with the status's reason phrase as
+//! its title, e.g. `{"type":"about:blank","title":"Service
+//! Unavailable","status":503,"detail":"rate limit store unavailable"}`.
+//! The tower and actix adapters build the same bodies from the same code.
 //!
 //! The rate-limit headers are added after [`Respond::respond`] runs, so a
 //! custom response keeps them:
@@ -27,9 +49,16 @@
 //! # let _ = layer;
 //! ```
 
-use http::{Response, StatusCode};
+use std::any::Any;
+
+use http::{HeaderValue, Response, StatusCode, header::CONTENT_TYPE};
 
 use crate::{Decision, Error, concurrency::Busy, key::KeyError};
+
+mod format;
+pub(crate) mod problem;
+
+pub use self::format::{ACCEPT_MAX, Format};
 
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,16 +122,40 @@ impl Rejection {
 pub trait Respond<Res>: Send + Sync + 'static {
     /// The response to send. Rate-limit headers are added afterwards.
     fn respond(&self, rejection: &Rejection) -> Res;
+
+    /// The response for a request whose headers ask for `format`: what the
+    /// middleware calls. By default [`respond`](Self::respond), which
+    /// ignores the format.
+    fn respond_as(&self, rejection: &Rejection, format: Format) -> Res {
+        let _ = format;
+        self.respond(rejection)
+    }
 }
 
-/// The default answer: [`Rejection::status`] with an empty body.
+/// The default answer: [`Rejection::status`] with a short body in the
+/// [`Format`] the request asks for (see the [module docs](self)).
+///
+/// Under tower the body is written into `String`, `Vec<u8>`, `Bytes`,
+/// `http_body_util::Full<Bytes>` and `axum::body::Body` responses; any other
+/// body type (a boxed body, say) gets its `Default`, empty and without
+/// `Content-Type`. Use [`respond_with`](crate::RateLimitLayer::respond_with)
+/// for those.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultResponse;
 
-impl<B: Default> Respond<Response<B>> for DefaultResponse {
+impl<B: Default + Any> Respond<Response<B>> for DefaultResponse {
     fn respond(&self, rejection: &Rejection) -> Response<B> {
+        self.respond_as(rejection, Format::Text)
+    }
+
+    fn respond_as(&self, rejection: &Rejection, format: Format) -> Response<B> {
         let mut res = Response::new(B::default());
         *res.status_mut() = rejection.status();
+        let body = problem::body(rejection, format);
+        if problem::fill(res.body_mut(), body.text) {
+            let content_type = HeaderValue::from_static(body.content_type);
+            res.headers_mut().insert(CONTENT_TYPE, content_type);
+        }
         res
     }
 }

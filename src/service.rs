@@ -9,7 +9,7 @@ use std::{
 use http::{Request, Response, request::Parts};
 use tower_service::Service;
 
-use crate::{Respond, ResponseFuture, core::Core, key::KeyExtractor};
+use crate::{Respond, ResponseFuture, core::Core, key::KeyExtractor, respond::Format};
 
 /// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -54,7 +54,10 @@ where
         let (parts, body) = req.into_parts();
         let mut check = match self.core.start(&parts) {
             Ok(check) => check,
-            Err(rejection) => return ResponseFuture::rejected(&self.core, rejection),
+            Err(rejection) => {
+                let format = Format::of_headers(&parts.headers);
+                return ResponseFuture::rejected(&self.core, rejection, format);
+            }
         };
         let req = Request::from_parts(parts, body);
         match check.now() {

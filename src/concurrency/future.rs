@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Acquired, ConcurrencyLimiter, Lease, LeaseBody};
-use crate::{Error, Rejection, Respond, core::Core, store::BoxFuture};
+use crate::{Error, Rejection, Respond, core::Core, respond::Format, store::BoxFuture};
 
 pin_project! {
     /// Waits for a slot, then either answers the rejection or calls the inner
@@ -48,6 +48,7 @@ pin_project! {
         },
         Answered {
             rejection: Option<Rejection>,
+            format: Format,
         },
     }
 }
@@ -84,10 +85,12 @@ where
     pub(crate) fn rejected(
         core: &Arc<Core<K, R, ConcurrencyLimiter>>,
         rejection: Rejection,
+        format: Format,
     ) -> Self {
         Self {
             state: State::Answered {
                 rejection: Some(rejection),
+                format,
             },
             core: core.clone(),
         }
@@ -115,7 +118,9 @@ where
                             this.state.set(State::Calling { fut, lease });
                         }
                         Err(rejection) => {
-                            let res = this.core.reject::<Response<ResBody>>(rejection);
+                            let req = req.as_ref().expect("polled after completion");
+                            let format = Format::of_headers(req.headers());
+                            let res = this.core.reject::<Response<ResBody>>(rejection, format);
                             return Poll::Ready(Ok(res.map(|body| LeaseBody::new(body, None))));
                         }
                     }
@@ -129,9 +134,9 @@ where
                     }
                     return Poll::Ready(Ok(res.map(|body| LeaseBody::new(body, lease))));
                 }
-                StateProj::Answered { rejection } => {
+                StateProj::Answered { rejection, format } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    let res = this.core.reject::<Response<ResBody>>(rejection);
+                    let res = this.core.reject::<Response<ResBody>>(rejection, *format);
                     return Poll::Ready(Ok(res.map(|body| LeaseBody::new(body, None))));
                 }
             }

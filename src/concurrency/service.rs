@@ -10,7 +10,7 @@ use http::{Request, Response, request::Parts};
 use tower_service::Service;
 
 use super::{ConcurrencyLimiter, LeaseBody, ResponseFuture};
-use crate::{Respond, core::Core, key::KeyExtractor};
+use crate::{Respond, core::Core, key::KeyExtractor, respond::Format};
 
 /// The service made by [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
 ///
@@ -63,7 +63,10 @@ where
                 let req = Request::from_parts(parts, body);
                 ResponseFuture::acquiring(acquire, inner, req, self.core.clone())
             }
-            Err(rejection) => ResponseFuture::rejected(&self.core, rejection),
+            Err(rejection) => {
+                let format = Format::of_headers(&parts.headers);
+                ResponseFuture::rejected(&self.core, rejection, format)
+            }
         }
     }
 }

@@ -10,7 +10,11 @@ use std::{
 
 use super::Inner;
 use crate::{
-    Decision, Error, LimitState, breaker::Pass, decision::States, metrics, store::BoxFuture,
+    Decision, Error, LimitState,
+    breaker::Pass,
+    decision::{Partition, States},
+    metrics,
+    store::BoxFuture,
 };
 
 /// The future of [`Limiter::decide`](super::Limiter::decide).
@@ -30,6 +34,21 @@ impl Deciding {
         match self {
             Deciding::Ready(result) => result.take(),
             Deciding::Waiting(_) => None,
+        }
+    }
+}
+
+impl Deciding {
+    /// Attaches `partition` (the `pk` keys of the request's keys) to the
+    /// decision, however it comes.
+    pub(crate) fn partitioned(self, partition: Partition) -> Self {
+        match self {
+            Deciding::Ready(result) => {
+                Deciding::Ready(result.map(|r| r.map(|d| d.with_partition(partition))))
+            }
+            Deciding::Waiting(fut) => Deciding::Waiting(Box::pin(async move {
+                fut.await.map(|d| d.with_partition(partition))
+            })),
         }
     }
 }

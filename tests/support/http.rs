@@ -51,6 +51,37 @@ impl Reply {
             .unwrap_or_else(|| panic!("no integer {key}= in ratelimit: {v:?}"))
     }
 
+    /// The body as JSON, asserting that it is `application/problem+json`.
+    pub fn problem(&self) -> serde_json::Value {
+        let ct = self.header("content-type");
+        assert_eq!(ct, Some("application/problem+json"), "{self:?}");
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    /// Asserts a `text/plain` body.
+    pub fn expect_text(&self, body: &str) {
+        let ct = self.header("content-type");
+        assert_eq!(ct, Some("text/plain; charset=utf-8"), "{self:?}");
+        assert_eq!(self.body, body, "{self:?}");
+    }
+
+    /// The `pk` byte sequence of `RateLimit`, if it has one.
+    pub fn pk(&self) -> Option<Vec<u8>> {
+        let v = self
+            .header("ratelimit")
+            .unwrap_or_else(|| panic!("no ratelimit: {self:?}"));
+        let list = sfv::Parser::new(v).parse::<sfv::List>().unwrap();
+        let Some(sfv::ListEntry::Item(item)) = list.first() else {
+            panic!("{v:?}")
+        };
+        let pk = item.params.get("pk")?;
+        Some(
+            pk.as_byte_sequence()
+                .expect("pk is a byte sequence")
+                .to_vec(),
+        )
+    }
+
     pub fn has_ratelimit_headers(&self) -> bool {
         ["ratelimit", "ratelimit-policy", "retry-after"]
             .iter()
@@ -83,12 +114,24 @@ impl Reply {
 pub struct Caller {
     client: Client<HttpConnector, Empty<Bytes>>,
     api_key: Option<&'static str>,
+    accept: Option<&'static str>,
 }
 
 impl Caller {
     pub fn with_key(api_key: Option<&'static str>) -> Self {
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Self { client, api_key }
+        let accept = None;
+        Self {
+            client,
+            api_key,
+            accept,
+        }
+    }
+
+    /// The same caller, sending `Accept: accept`.
+    pub fn accepting(mut self, accept: &'static str) -> Self {
+        self.accept = Some(accept);
+        self
     }
 
     /// A caller whose requests come from `ip` (on Linux any 127.0.0.0/8
@@ -98,12 +141,19 @@ impl Caller {
         connector.set_local_address(Some(IpAddr::from(ip)));
         let mut builder = Client::builder(TokioExecutor::new());
         let client = builder.pool_max_idle_per_host(0).build(connector);
-        let api_key = None;
-        Self { client, api_key }
+        let (api_key, accept) = (None, None);
+        Self {
+            client,
+            api_key,
+            accept,
+        }
     }
 
     pub async fn get(&self, url: &str) -> Reply {
-        get(&self.client, url, self.api_key).await
+        let mut headers = Vec::new();
+        headers.extend(self.api_key.map(|k| ("x-api-key", k)));
+        headers.extend(self.accept.map(|a| ("accept", a)));
+        get_with(&self.client, url, &headers).await
     }
 
     /// `n` requests, one after another.
@@ -123,14 +173,25 @@ impl Caller {
 
 /// `GET url` with `client`, and an `x-api-key` header if given; fails the
 /// test after 30 s.
+#[allow(dead_code)]
 pub async fn get(
     client: &Client<HttpConnector, Empty<Bytes>>,
     url: &str,
     api_key: Option<&str>,
 ) -> Reply {
+    let headers: Vec<_> = api_key.map(|k| ("x-api-key", k)).into_iter().collect();
+    get_with(client, url, &headers).await
+}
+
+/// `GET url` with `client` and `headers`; fails the test after 30 s.
+pub async fn get_with(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
     let mut req = Request::get(url);
-    if let Some(key) = api_key {
-        req = req.header("x-api-key", key);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     let req = req.body(Empty::new()).unwrap();
     let exchange = async {

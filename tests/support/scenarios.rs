@@ -46,11 +46,12 @@ pub async fn exact_count(b: &Backend, url: &str, first: &Caller, other: &Caller)
     }
     for _ in 0..2 {
         let res = first.get(url).await.expect(429, &log(b));
-        assert_eq!(res.body, "", "the handler must not run");
         assert_eq!(res.header("ratelimit-policy"), Some(POLICY_5_PER_10S));
         assert_eq!(res.ratelimit("r"), 0, "{res:?}");
         let retry = res.int("retry-after");
         assert!((9..=10).contains(&retry), "{res:?}");
+        // The middleware's own short answer: the handler did not run.
+        res.expect_text(&format!("rate limit exceeded; retry in {retry} s"));
         assert_eq!(retry, res.ratelimit("t"), "{res:?}");
     }
     let res = other.get(url).await.expect(200, &log(b));
@@ -107,8 +108,85 @@ pub async fn missing_key_is_refused(s: &impl Serve, b: &Backend) {
     for res in Caller::with_key(None).get_n(&url, 3).await {
         let res = res.expect(400, &log(b));
         assert!(!res.has_ratelimit_headers(), "{res:?}");
-        assert_eq!(res.body, "", "the handler must not run");
+        res.expect_text("missing rate limit key: header x-api-key");
     }
+}
+
+/// The default answers' bodies, by `Accept`: text, or RFC 9457 problem
+/// details with the draft's `quota-exceeded` type and `violated-policies`
+/// naming only the limit that denied (of two), for 429, 400 and 503.
+pub async fn default_answers(s: &impl Serve, b: &Backend) {
+    let limiter = b
+        .builder("1/1m")
+        .name("burst")
+        .limit("daily", "100/1d".parse().unwrap());
+    let url = s.serve(by_key(limiter.build().unwrap())).await;
+    let text = Caller::with_key(Some("k"));
+    let json = Caller::with_key(Some("k")).accepting("text/html;q=0.9, application/json");
+    let problem = Caller::with_key(Some("k")).accepting("application/problem+json");
+    text.get(&url).await.expect(200, &log(b));
+
+    let res = text.get(&url).await.expect(429, &log(b));
+    let retry = res.int("retry-after");
+    res.expect_text(&format!("rate limit exceeded; retry in {retry} s"));
+    for caller in [&json, &problem] {
+        let res = caller.get(&url).await.expect(429, &log(b));
+        let retry = res.int("retry-after");
+        let p = res.problem();
+        let want = serde_json::json!({
+            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            "title": "Quota Exceeded",
+            "status": 429,
+            "detail": format!("rate limit exceeded; retry in {retry} s"),
+            "violated-policies": ["burst"],
+        });
+        assert_eq!(p, want, "{res:?}");
+        assert!(
+            res.header("ratelimit")
+                .unwrap()
+                .starts_with(r#""burst";r=0;"#)
+        );
+    }
+    let wildcard = Caller::with_key(Some("k")).accepting("*/*");
+    let res = wildcard.get(&url).await.expect(429, &log(b));
+    assert!(res.body.starts_with("rate limit exceeded"), "{res:?}");
+
+    let res = Caller::with_key(None).get(&url).await.expect(400, &log(b));
+    res.expect_text("missing rate limit key: header x-api-key");
+    let json = Caller::with_key(None).accepting("application/json");
+    let res = json.get(&url).await.expect(400, &log(b));
+    let want = serde_json::json!({
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": "missing rate limit key: header x-api-key",
+    });
+    assert_eq!(res.problem(), want, "{res:?}");
+
+    // A store with nothing listening, under OnStoreError::Deny: 503.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = RedisStore::connect_lazy(format!("redis://127.0.0.1:{port}")).unwrap();
+    let limiter = Limiter::builder("5/1m".parse().unwrap()).store(down);
+    let limiter = limiter.timeout(Duration::from_millis(300)).build().unwrap();
+    let url = s
+        .serve(by_key(limiter).on_store_error(OnStoreError::Deny))
+        .await;
+    let res = Caller::with_key(Some("k")).get(&url).await.expect(503, "");
+    res.expect_text("rate limit store unavailable");
+    let json = Caller::with_key(Some("k")).accepting("application/problem+json");
+    let res = json.get(&url).await.expect(503, "");
+    let want = serde_json::json!({
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "rate limit store unavailable",
+    });
+    assert_eq!(res.problem(), want, "{res:?}");
+    assert!(!res.has_ratelimit_headers(), "{res:?}");
 }
 
 /// 200 concurrent requests with one key over `urls` (servers limiting
@@ -224,4 +302,50 @@ pub async fn parity_sequence(s: &impl Serve, b: &Backend) -> Vec<Reply> {
     replies.push(none.get(&url).await);
     replies.extend(a.get_n(&url, 1).await);
     replies
+}
+
+/// `pk` on `RateLimit`: absent by default; with `partition_key(true)` the
+/// same for one client on every answer (200 and 429), different for another
+/// client, and never the key itself; with one `partition_key_secret`, the
+/// same on two servers (replicas).
+pub async fn partition_key(s: &impl Serve, b: &Backend) {
+    let plain = s.serve(by_key(b.limiter("2/1m"))).await;
+    let res = Caller::with_key(Some("alice"))
+        .get(&plain)
+        .await
+        .expect(200, &log(b));
+    assert_eq!(res.pk(), None, "{res:?}");
+
+    let url = s.serve(by_key(b.limiter("2/1m")).partition_key(true)).await;
+    let (alice, bob) = (
+        Caller::with_key(Some("alice")),
+        Caller::with_key(Some("bob")),
+    );
+    let replies = alice.get_n(&url, 3).await;
+    assert_eq!(replies[2].status, 429, "{:?}", replies[2]);
+    let pk = replies[0].pk().expect("pk with partition_key(true)");
+    assert_eq!(pk.len(), 8);
+    for res in &replies {
+        assert_eq!(
+            res.pk().as_ref(),
+            Some(&pk),
+            "stable for one client: {res:?}"
+        );
+        assert!(
+            !res.header("ratelimit").unwrap().contains("alice"),
+            "{res:?}"
+        );
+    }
+    let bobs = bob.get(&url).await.expect(200, &log(b)).pk().unwrap();
+    assert_ne!(bobs, pk, "another client, another partition");
+    let again = s.serve(by_key(b.limiter("2/1m")).partition_key(true)).await;
+    let res = bob.get(&again).await.expect(200, &log(b));
+    assert_ne!(res.pk().unwrap(), bobs, "a fresh random secret per layer");
+
+    let replica = || by_key(b.limiter("100/1m")).partition_key_secret("shared secret");
+    let (one, two) = (s.serve(replica()).await, s.serve(replica()).await);
+    let at_one = alice.get(&one).await.expect(200, &log(b)).pk();
+    let at_two = alice.get(&two).await.expect(200, &log(b)).pk();
+    assert_eq!(at_one, at_two, "replicas with one secret agree");
+    assert!(at_one.is_some());
 }

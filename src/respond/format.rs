@@ -1,0 +1,307 @@
+//! [`Format`]: the kind of body the client reads, decided once per rejected
+//! request from its headers.
+
+use http::{HeaderMap, HeaderName, HeaderValue, header::ACCEPT};
+
+/// The body format of the middleware's own answers, decided from the
+/// request's headers when a rejection is built (never on the allowed path).
+///
+/// Today that is `Accept` alone: [`ProblemJson`](Self::ProblemJson) when it
+/// prefers `application/problem+json` or `application/json` over
+/// `text/plain` (q-values count; a tie keeps text), else
+/// [`Text`](Self::Text). An `Accept` over [`ACCEPT_MAX`] bytes in total, or
+/// a malformed one, is ignored: the answer is text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Format {
+    /// `text/plain; charset=utf-8`: one short line.
+    #[default]
+    Text,
+    /// `application/problem+json` (RFC 9457).
+    ProblemJson,
+}
+
+/// `Accept`, with a `'static` borrow for [`Format::negotiate`]'s lookups.
+static ACCEPT_NAME: HeaderName = ACCEPT;
+
+/// The most bytes of `Accept` (all its lines together) that are read; a
+/// longer header is ignored.
+pub const ACCEPT_MAX: usize = 4096;
+
+impl Format {
+    /// The format for a request whose header `name` has the values
+    /// `header(name)`. Every request header a format depends on is read here,
+    /// so both the tower and the actix adapters decide alike.
+    pub(crate) fn negotiate<'a, I>(header: impl Fn(&'static HeaderName) -> I) -> Format
+    where
+        I: Iterator<Item = &'a [u8]>,
+    {
+        negotiate_accept(header(&ACCEPT_NAME))
+    }
+
+    /// [`negotiate`](Self::negotiate) over an `http` 1 header map.
+    pub(crate) fn of_headers(headers: &HeaderMap) -> Format {
+        Self::negotiate(|name| headers.get_all(name).iter().map(HeaderValue::as_bytes))
+    }
+}
+
+/// How well a media range matches one of the types we can answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Specificity {
+    None,
+    /// `*/*`
+    Any,
+    /// `type/*`
+    Type,
+    /// `type/subtype`
+    Exact,
+}
+
+/// The q-value (in thousandths) the client gives `ty/subtype`: the one of the
+/// most specific range that matches it (RFC 9110, section 12.5.1).
+#[derive(Debug, Clone, Copy)]
+struct Preference {
+    ty: &'static [u8],
+    subtype: &'static [u8],
+    best: Specificity,
+    q: u16,
+}
+
+impl Preference {
+    const fn new(ty: &'static [u8], subtype: &'static [u8]) -> Self {
+        Self {
+            ty,
+            subtype,
+            best: Specificity::None,
+            q: 0,
+        }
+    }
+
+    fn offer(&mut self, ty: &[u8], subtype: &[u8], q: u16) {
+        let spec = if ty == b"*" && subtype == b"*" {
+            Specificity::Any
+        } else if !ty.eq_ignore_ascii_case(self.ty) {
+            return;
+        } else if subtype == b"*" {
+            Specificity::Type
+        } else if subtype.eq_ignore_ascii_case(self.subtype) {
+            Specificity::Exact
+        } else {
+            return;
+        };
+        // The first of equally specific ranges wins.
+        if spec > self.best {
+            (self.best, self.q) = (spec, q);
+        }
+    }
+}
+
+/// `ProblemJson` when the `Accept` values prefer a JSON type to `text/plain`.
+fn negotiate_accept<'a>(values: impl Iterator<Item = &'a [u8]>) -> Format {
+    let mut text = Preference::new(b"text", b"plain");
+    let mut problem = Preference::new(b"application", b"problem+json");
+    let mut json = Preference::new(b"application", b"json");
+    let mut read = 0usize;
+    for value in values {
+        read = read.saturating_add(value.len());
+        if read > ACCEPT_MAX {
+            return Format::Text;
+        }
+        for range in value.split(|&b| b == b',') {
+            let Some((ty, subtype, q)) = media_range(range) else {
+                continue;
+            };
+            for pref in [&mut text, &mut problem, &mut json] {
+                pref.offer(ty, subtype, q);
+            }
+        }
+    }
+    let json_q = problem.q.max(json.q);
+    if json_q > text.q {
+        Format::ProblemJson
+    } else {
+        Format::Text
+    }
+}
+
+/// `type/subtype;params` with its q-value in thousandths (1000 without a
+/// `q`); `None` for an empty or malformed range, which is skipped.
+fn media_range(range: &[u8]) -> Option<(&[u8], &[u8], u16)> {
+    let mut parts = range.split(|&b| b == b';');
+    let media = parts.next()?.trim_ascii();
+    let slash = media.iter().position(|&b| b == b'/')?;
+    let (ty, subtype) = (&media[..slash], &media[slash + 1..]);
+    if !is_token(ty) || !is_token(subtype) || (ty == b"*" && subtype != b"*") {
+        return None;
+    }
+    let mut q = 1000;
+    for param in parts {
+        let param = param.trim_ascii();
+        let eq = param.iter().position(|&b| b == b'=')?;
+        let (name, value) = (param[..eq].trim_ascii(), param[eq + 1..].trim_ascii());
+        if name.eq_ignore_ascii_case(b"q") {
+            q = qvalue(value)?;
+            // Parameters after the weight are accept-extensions: ignored.
+            break;
+        }
+    }
+    Some((ty, subtype, q))
+}
+
+/// RFC 9110's `qvalue`: `0[.ddd]` or `1[.000]`, in thousandths.
+fn qvalue(v: &[u8]) -> Option<u16> {
+    let (int, frac) = match v.iter().position(|&b| b == b'.') {
+        Some(dot) => (&v[..dot], &v[dot + 1..]),
+        None => (v, &b""[..]),
+    };
+    if frac.len() > 3 || !frac.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut thousandths = 0u16;
+    for i in 0..3 {
+        thousandths = thousandths * 10 + frac.get(i).map_or(0, |d| u16::from(d - b'0'));
+    }
+    match int {
+        b"0" => Some(thousandths),
+        b"1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// An RFC 9110 `token`.
+fn is_token(s: &[u8]) -> bool {
+    !s.is_empty()
+        && s.iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(values: &[&str]) -> Format {
+        negotiate_accept(values.iter().map(|v| v.as_bytes()))
+    }
+
+    #[test]
+    fn no_accept_or_a_wildcard_is_text() {
+        assert_eq!(accept(&[]), Format::Text);
+        assert_eq!(accept(&["*/*"]), Format::Text);
+        assert_eq!(accept(&["text/html, */*;q=0.8"]), Format::Text);
+        assert_eq!(accept(&["text/*"]), Format::Text);
+    }
+
+    #[test]
+    fn json_types_are_problem_json() {
+        assert_eq!(accept(&["application/json"]), Format::ProblemJson);
+        assert_eq!(accept(&["application/problem+json"]), Format::ProblemJson);
+        assert_eq!(accept(&["APPLICATION/JSON"]), Format::ProblemJson);
+        assert_eq!(accept(&["application/*"]), Format::ProblemJson);
+        assert_eq!(
+            accept(&["text/html", "application/json;q=0.5"]),
+            Format::ProblemJson,
+            "text/plain is not acceptable, JSON is"
+        );
+    }
+
+    #[test]
+    fn q_values_decide() {
+        let cases = [
+            ("application/json;q=0.9, text/plain", Format::Text),
+            ("application/json, text/plain;q=0.9", Format::ProblemJson),
+            ("application/json;q=0.5, text/plain;q=0.5", Format::Text),
+            ("text/plain;q=0, */*", Format::ProblemJson),
+            ("application/json;q=0, */*", Format::Text),
+            (
+                "application/json ; Q=1.000 ; ext=1, text/plain;q=0.999",
+                Format::ProblemJson,
+            ),
+            ("*/*;q=0.1, application/*;q=0.2", Format::ProblemJson),
+            ("application/problem+json;q=0.001", Format::ProblemJson),
+            ("application/json;q=0", Format::Text),
+        ];
+        for (value, want) in cases {
+            assert_eq!(accept(&[value]), want, "{value}");
+        }
+    }
+
+    #[test]
+    fn the_most_specific_range_wins() {
+        // application/json is refused outright although application/* is fine.
+        let v = "application/json;q=0, application/*;q=0.5, text/plain;q=0.4";
+        assert_eq!(accept(&[v]), Format::ProblemJson, "via problem+json");
+        let v =
+            "application/json;q=0, application/problem+json;q=0, application/*, text/plain;q=0.1";
+        assert_eq!(accept(&[v]), Format::Text);
+    }
+
+    #[test]
+    fn malformed_ranges_are_skipped() {
+        for bad in [
+            "application/json;q=2",
+            "application/json;q=1.5",
+            "application/json;q=0.0001",
+            "application/json;q=",
+            "application/json;q=-1",
+            "application/json;q=abc",
+            "application/json;noequals",
+            "application",
+            "/json",
+            "*/json",
+            "appli cation/json",
+            "application/json/x",
+            "\u{e9}/json",
+        ] {
+            assert_eq!(accept(&[bad]), Format::Text, "{bad}");
+        }
+        assert_eq!(
+            accept(&["application/json;q=7, application/json;q=0.3"]),
+            Format::ProblemJson,
+            "a bad range does not poison the rest"
+        );
+    }
+
+    #[test]
+    fn qvalue_grammar() {
+        assert_eq!(qvalue(b"1"), Some(1000));
+        assert_eq!(qvalue(b"1."), Some(1000));
+        assert_eq!(qvalue(b"1.000"), Some(1000));
+        assert_eq!(qvalue(b"0.5"), Some(500));
+        assert_eq!(qvalue(b"0.05"), Some(50));
+        assert_eq!(qvalue(b"0.123"), Some(123));
+        assert_eq!(qvalue(b"0"), Some(0));
+        for bad in [&b"1.001"[..], b"2", b"0.1234", b"", b".5", b"00.5", b"0.5 "] {
+            assert_eq!(qvalue(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn hostile_accept_headers_are_ignored_without_panicking() {
+        let long = format!("application/json, {}", "a/b;".repeat(ACCEPT_MAX));
+        assert_eq!(accept(&[&long]), Format::Text, "over the cap: ignored");
+        let many = vec!["text/html"; ACCEPT_MAX / 4];
+        let mut lines = many.clone();
+        lines.push("application/json");
+        assert_eq!(accept(&lines), Format::Text, "the cap spans lines");
+        for junk in [
+            &b"\xff\xfe/\x00;q=\xff"[..],
+            b";;;,,,",
+            b"=,=;=/=",
+            b"application/json;q=0.;q=1",
+            b"application/json;=;q=1",
+        ] {
+            let _ = negotiate_accept([junk].into_iter());
+        }
+        let within = format!("{}application/json", " ".repeat(ACCEPT_MAX - 16));
+        assert_eq!(accept(&[&within]), Format::ProblemJson, "at the cap: read");
+    }
+
+    #[test]
+    fn headers_are_read_from_a_header_map() {
+        let mut h = HeaderMap::new();
+        assert_eq!(Format::of_headers(&h), Format::Text);
+        h.append(ACCEPT, HeaderValue::from_static("text/html"));
+        h.append(ACCEPT, HeaderValue::from_static("application/json;q=0.5"));
+        assert_eq!(Format::of_headers(&h), Format::ProblemJson);
+    }
+}
