@@ -99,11 +99,26 @@ impl<K, R, L> Core<K, R, L> {
 
     /// The response for a rejection, with the rate-limit headers when the
     /// quota or the concurrency limit denied it.
+    /// (The actix adapter's; the tower ones use [`reject_call`](Self::reject_call).)
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
     pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection) -> Res
     where
         R: Respond<Res>,
     {
-        let mut res = self.respond.respond(&rejection);
+        self.reject_call(rejection, false)
+    }
+
+    /// [`reject`](Self::reject), answering a gRPC call (`grpc`) with
+    /// [`Respond::respond_grpc`].
+    pub(crate) fn reject_call<Res: HeaderSink>(&self, rejection: Rejection, grpc: bool) -> Res
+    where
+        R: Respond<Res>,
+    {
+        let mut res = if grpc {
+            self.respond.respond_grpc(&rejection)
+        } else {
+            self.respond.respond(&rejection)
+        };
         match &rejection {
             Rejection::Denied(d) => headers::write(d, &mut res, self.legacy_headers),
             Rejection::Busy(busy) => busy.write_headers(&mut res),

@@ -16,6 +16,7 @@ use crate::{
     Decision, Error, Rejection, Respond,
     core::{Core, Verdict},
     limiter::Deciding,
+    respond,
 };
 
 pin_project! {
@@ -49,6 +50,7 @@ pin_project! {
         },
         Answered {
             rejection: Option<Rejection>,
+            grpc: bool,
         },
     }
 }
@@ -99,14 +101,18 @@ where
                 },
                 core: core.clone(),
             },
-            Verdict::Reject(rejection) => Self::rejected(core, rejection),
+            Verdict::Reject(rejection) => {
+                Self::rejected(core, rejection, respond::is_grpc(req.headers()))
+            }
         }
     }
 
-    pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection) -> Self {
+    /// The future of a rejected request; `grpc`: it is a gRPC call.
+    pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection, grpc: bool) -> Self {
         Self {
             state: State::Answered {
                 rejection: Some(rejection),
+                grpc,
             },
             core: core.clone(),
         }
@@ -134,7 +140,8 @@ where
                             this.state.set(State::Calling { fut, decision });
                         }
                         Verdict::Reject(rejection) => {
-                            return Poll::Ready(Ok(this.core.reject(rejection)));
+                            let grpc = req.as_ref().is_some_and(|r| respond::is_grpc(r.headers()));
+                            return Poll::Ready(Ok(this.core.reject_call(rejection, grpc)));
                         }
                     }
                 }
@@ -145,9 +152,9 @@ where
                     }
                     return Poll::Ready(Ok(res));
                 }
-                StateProj::Answered { rejection } => {
+                StateProj::Answered { rejection, grpc } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    return Poll::Ready(Ok(this.core.reject(rejection)));
+                    return Poll::Ready(Ok(this.core.reject_call(rejection, *grpc)));
                 }
             }
         }

@@ -31,6 +31,11 @@ use http::{Response, StatusCode};
 
 use crate::{Decision, Error, concurrency::Busy, key::KeyError};
 
+mod grpc;
+
+pub use grpc::GrpcResponse;
+pub(crate) use grpc::is_grpc;
+
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -93,9 +98,18 @@ impl Rejection {
 pub trait Respond<Res>: Send + Sync + 'static {
     /// The response to send. Rate-limit headers are added afterwards.
     fn respond(&self, rejection: &Rejection) -> Res;
+
+    /// The response to a gRPC call (`content-type: application/grpc...`).
+    /// By default [`respond`](Self::respond)'s; [`DefaultResponse`]
+    /// answers with a gRPC status instead ([`GrpcResponse`]).
+    fn respond_grpc(&self, rejection: &Rejection) -> Res {
+        self.respond(rejection)
+    }
 }
 
-/// The default answer: [`Rejection::status`] with an empty body.
+/// The default answer: [`Rejection::status`] with an empty body; a gRPC
+/// call gets [`GrpcResponse`]'s trailers-only answer with
+/// [`Rejection::grpc_code`] instead.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultResponse;
 
@@ -104,6 +118,10 @@ impl<B: Default> Respond<Response<B>> for DefaultResponse {
         let mut res = Response::new(B::default());
         *res.status_mut() = rejection.status();
         res
+    }
+
+    fn respond_grpc(&self, rejection: &Rejection) -> Response<B> {
+        GrpcResponse.respond(rejection)
     }
 }
 

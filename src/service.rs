@@ -54,7 +54,10 @@ where
         let (parts, body) = req.into_parts();
         let mut check = match self.core.start(&parts) {
             Ok(check) => check,
-            Err(rejection) => return ResponseFuture::rejected(&self.core, rejection),
+            Err(rejection) => {
+                let grpc = crate::respond::is_grpc(&parts.headers);
+                return ResponseFuture::rejected(&self.core, rejection, grpc);
+            }
         };
         let req = Request::from_parts(parts, body);
         match check.now() {

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{Acquired, ConcurrencyLimiter, Lease, LeaseBody};
-use crate::{Error, Rejection, Respond, core::Core, store::BoxFuture};
+use crate::{Error, Rejection, Respond, core::Core, respond, store::BoxFuture};
 
 pin_project! {
     /// Waits for a slot, then either answers the rejection or calls the inner
@@ -48,6 +48,7 @@ pin_project! {
         },
         Answered {
             rejection: Option<Rejection>,
+            grpc: bool,
         },
     }
 }
@@ -81,13 +82,16 @@ where
         }
     }
 
+    /// The future of a rejected request; `grpc`: it is a gRPC call.
     pub(crate) fn rejected(
         core: &Arc<Core<K, R, ConcurrencyLimiter>>,
         rejection: Rejection,
+        grpc: bool,
     ) -> Self {
         Self {
             state: State::Answered {
                 rejection: Some(rejection),
+                grpc,
             },
             core: core.clone(),
         }
@@ -115,7 +119,8 @@ where
                             this.state.set(State::Calling { fut, lease });
                         }
                         Err(rejection) => {
-                            let res = this.core.reject::<Response<ResBody>>(rejection);
+                            let grpc = req.as_ref().is_some_and(|r| respond::is_grpc(r.headers()));
+                            let res = this.core.reject_call::<Response<ResBody>>(rejection, grpc);
                             return Poll::Ready(Ok(res.map(|body| LeaseBody::new(body, None))));
                         }
                     }
@@ -129,9 +134,9 @@ where
                     }
                     return Poll::Ready(Ok(res.map(|body| LeaseBody::new(body, lease))));
                 }
-                StateProj::Answered { rejection } => {
+                StateProj::Answered { rejection, grpc } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    let res = this.core.reject::<Response<ResBody>>(rejection);
+                    let res = this.core.reject_call::<Response<ResBody>>(rejection, *grpc);
                     return Poll::Ready(Ok(res.map(|body| LeaseBody::new(body, None))));
                 }
             }

@@ -63,7 +63,10 @@ where
                 let req = Request::from_parts(parts, body);
                 ResponseFuture::acquiring(acquire, inner, req, self.core.clone())
             }
-            Err(rejection) => ResponseFuture::rejected(&self.core, rejection),
+            Err(rejection) => {
+                let grpc = crate::respond::is_grpc(&parts.headers);
+                ResponseFuture::rejected(&self.core, rejection, grpc)
+            }
         }
     }
 }
