@@ -9,7 +9,7 @@
 //! ```text
 //! cargo run --example tonic --features tonic                 # in memory, 100/1s per IP
 //! BIND=[::]:50051 REDIS_URL=redis://127.0.0.1:6379 RATE_LIMIT=5/10s cargo run --example tonic --features tonic
-//! grpcurl -plaintext 127.0.0.1:3000 grpc.health.v1.Health/Check   # needs reflection off: -import-path/-proto
+//! grpc-health-probe -addr=127.0.0.1:3000            # or any client of grpc.health.v1.Health/Check
 //! ```
 
 #[path = "support/mod.rs"]
