@@ -55,6 +55,8 @@ mod client_ip;
 mod forwarded;
 mod grouping;
 pub mod proxies;
+#[cfg(feature = "tonic")]
+mod tonic;
 mod warnings;
 
 pub use client_ip::ClientIp;
@@ -229,11 +231,13 @@ pub enum KeyError {
     /// The server never told the request its peer address. Answered with 500
     /// and logged once: the server is misconfigured (axum needs
     /// `into_make_service_with_connect_info::<SocketAddr>()`; hyper servers
-    /// must insert the `SocketAddr` into the request extensions).
+    /// must insert the `SocketAddr` into the request extensions; tonic's
+    /// server needs the `tonic` feature).
     #[error(
         "no peer address on the request: serve axum with \
-         `into_make_service_with_connect_info::<SocketAddr>()`, or insert the \
-         peer `SocketAddr` into the request extensions in a hyper server"
+         `into_make_service_with_connect_info::<SocketAddr>()`, insert the \
+         peer `SocketAddr` into the request extensions in a hyper server, or \
+         enable the `tonic` feature under tonic's server"
     )]
     NoPeerAddr,
     /// A custom extractor refused the request with this status and reason.
@@ -276,8 +280,9 @@ pub trait RequestInfo {
 }
 
 impl RequestInfo for Parts {
-    /// A `SocketAddr` request extension (insert one in a hyper server) or,
-    /// with the `axum` feature, axum's `ConnectInfo<SocketAddr>`.
+    /// A `SocketAddr` request extension (insert one in a hyper server),
+    /// with the `axum` feature axum's `ConnectInfo<SocketAddr>`, and with
+    /// the `tonic` feature tonic's `TcpConnectInfo`.
     fn peer_addr(&self) -> Option<SocketAddr> {
         if let Some(addr) = self.extensions.get::<SocketAddr>() {
             return Some(*addr);
@@ -288,6 +293,10 @@ impl RequestInfo for Parts {
             .get::<axum::extract::ConnectInfo<SocketAddr>>()
         {
             return Some(info.0);
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(addr) = tonic::peer_addr(&self.extensions) {
+            return Some(addr);
         }
         None
     }
@@ -466,8 +475,10 @@ where
 /// Keys by the peer's IP address (the port is dropped), IPv6 by /64.
 ///
 /// Under tower it reads a `SocketAddr` request extension (insert one in a
-/// hyper server) or, with the `axum` feature (on by default), axum's
-/// `ConnectInfo<SocketAddr>`; under actix, the connection's peer address.
+/// hyper server), with the `axum` feature (on by default) axum's
+/// `ConnectInfo<SocketAddr>`, and with the `tonic` feature the
+/// `TcpConnectInfo` of `tonic::transport::Server`; under actix, the
+/// connection's peer address.
 /// Behind a proxy every request comes from the proxy's address: use
 /// [`ClientIp`] there instead (see [`proxies`]).
 ///

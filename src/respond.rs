@@ -56,9 +56,11 @@ use http::{HeaderValue, Response, StatusCode, header::CONTENT_TYPE};
 use crate::{Decision, Error, concurrency::Busy, key::KeyError};
 
 mod format;
+mod grpc;
 pub(crate) mod problem;
 
 pub use self::format::{ACCEPT_MAX, Format};
+pub use self::grpc::GrpcResponse;
 
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -123,9 +125,9 @@ pub trait Respond<Res>: Send + Sync + 'static {
     /// The response to send. Rate-limit headers are added afterwards.
     fn respond(&self, rejection: &Rejection) -> Res;
 
-    /// The response for a request whose headers ask for `format`: what the
-    /// middleware calls. By default [`respond`](Self::respond), which
-    /// ignores the format.
+    /// The response for a request whose headers ask for `format` (a gRPC
+    /// call is [`Format::Grpc`]): what the middleware calls. By default
+    /// [`respond`](Self::respond), which ignores the format.
     fn respond_as(&self, rejection: &Rejection, format: Format) -> Res {
         let _ = format;
         self.respond(rejection)
@@ -133,7 +135,9 @@ pub trait Respond<Res>: Send + Sync + 'static {
 }
 
 /// The default answer: [`Rejection::status`] with a short body in the
-/// [`Format`] the request asks for (see the [module docs](self)).
+/// [`Format`] the request asks for (see the [module docs](self)); a gRPC
+/// call gets [`GrpcResponse`]'s trailers-only answer with
+/// [`Rejection::grpc_code`] instead.
 ///
 /// Under tower the body is written into `String`, `Vec<u8>`, `Bytes`,
 /// `http_body_util::Full<Bytes>` and `axum::body::Body` responses; any other
@@ -149,6 +153,9 @@ impl<B: Default + Any> Respond<Response<B>> for DefaultResponse {
     }
 
     fn respond_as(&self, rejection: &Rejection, format: Format) -> Response<B> {
+        if format == Format::Grpc {
+            return GrpcResponse.respond(rejection);
+        }
         let mut res = Response::new(B::default());
         *res.status_mut() = rejection.status();
         let body = problem::body(rejection, format);

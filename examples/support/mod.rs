@@ -1,4 +1,4 @@
-//! What the example servers (`axum.rs`, `hyper.rs`, `actix.rs`) share: configuration from
+//! What the example servers (`axum.rs`, `hyper.rs`, `actix.rs`, `tonic.rs`) share: configuration from
 //! the environment, the rate-limit layer it describes, the listener, logging
 //! and shutdown. Each example only builds its own server around [`setup`].
 //!

@@ -1,12 +1,16 @@
 //! [`Format`]: the kind of body the client reads, decided once per rejected
 //! request from its headers.
 
-use http::{HeaderMap, HeaderName, HeaderValue, header::ACCEPT};
+use http::{
+    HeaderMap, HeaderName, HeaderValue,
+    header::{ACCEPT, CONTENT_TYPE},
+};
 
 /// The body format of the middleware's own answers, decided from the
 /// request's headers when a rejection is built (never on the allowed path).
 ///
-/// Today that is `Accept` alone: [`ProblemJson`](Self::ProblemJson) when it
+/// A gRPC `content-type` is [`Grpc`](Self::Grpc). Otherwise `Accept`
+/// decides: [`ProblemJson`](Self::ProblemJson) when it
 /// prefers `application/problem+json` or `application/json` over
 /// `text/plain` (q-values count; a tie keeps text), else
 /// [`Text`](Self::Text). An `Accept` over [`ACCEPT_MAX`] bytes in total, or
@@ -19,10 +23,16 @@ pub enum Format {
     Text,
     /// `application/problem+json` (RFC 9457).
     ProblemJson,
+    /// A gRPC call (`content-type: application/grpc`, `application/grpc+..`):
+    /// a trailers-only gRPC status ([`GrpcResponse`](super::GrpcResponse)),
+    /// whatever `Accept` says.
+    Grpc,
 }
 
-/// `Accept`, with a `'static` borrow for [`Format::negotiate`]'s lookups.
+/// `Accept` and `Content-Type`, with a `'static` borrow for
+/// [`Format::negotiate`]'s lookups.
 static ACCEPT_NAME: HeaderName = ACCEPT;
+static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
 
 /// The most bytes of `Accept` (all its lines together) that are read; a
 /// longer header is ignored.
@@ -36,6 +46,12 @@ impl Format {
     where
         I: Iterator<Item = &'a [u8]>,
     {
+        if header(&CONTENT_TYPE_NAME)
+            .next()
+            .is_some_and(super::grpc::is_grpc_content_type)
+        {
+            return Format::Grpc;
+        }
         negotiate_accept(header(&ACCEPT_NAME))
     }
 

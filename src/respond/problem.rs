@@ -35,7 +35,9 @@ pub(crate) fn body(rejection: &Rejection, format: Format) -> Body {
             content_type: PROBLEM_JSON,
             text: problem_json(rejection, &detail),
         },
-        Format::Text => Body {
+        // A gRPC call's answer has no body (GrpcResponse); where a body is
+        // written anyway (actix), it is the text.
+        Format::Text | Format::Grpc => Body {
             content_type: TEXT,
             text: detail,
         },

@@ -1,0 +1,143 @@
+//! gRPC end to end: `tonic::transport::Server` with the layer in front of the
+//! standard health service, called by tonic-health's generated client.
+//! Rejected calls are gRPC statuses (not HTTP errors that a gRPC client
+//! maps to a retryable `UNAVAILABLE`), and `PeerIp` reads tonic's connect
+//! info.
+
+mod support;
+
+use std::time::Duration;
+
+use http::request::Parts;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use redis_ratelimit::{
+    Limiter, OnStoreError, Quota, RateLimitLayer,
+    key::{Global, KeyExtractor, PeerIp},
+};
+use support::RedisServer;
+use tokio::net::TcpListener;
+use tonic::{
+    Code, Status,
+    transport::{Channel, Server, server::TcpIncoming},
+};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+/// Serves the health service behind `layer` on an ephemeral port (HTTP/1
+/// accepted too, for plain HTTP requests); its address.
+async fn spawn<K: KeyExtractor<Parts> + Clone>(layer: RateLimitLayer<K>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let server = Server::builder()
+        .accept_http1(true)
+        .layer(layer)
+        .add_service(health)
+        .serve_with_incoming(TcpIncoming::from(listener));
+    tokio::spawn(server);
+    url
+}
+
+async fn client(url: &str) -> HealthClient<Channel> {
+    let channel = Channel::from_shared(url.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+}
+
+async fn check(client: &mut HealthClient<Channel>) -> Result<ServingStatus, Status> {
+    let res = client.check(HealthCheckRequest::default()).await?;
+    Ok(res.into_inner().status())
+}
+
+fn metadata_u64(status: &Status, name: &str) -> u64 {
+    let value = status.metadata().get(name);
+    let value = value.unwrap_or_else(|| panic!("no {name} in {status:?}"));
+    value.to_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn over_the_limit_a_call_is_resource_exhausted_with_a_retry_hint() {
+    let redis = RedisServer::start();
+    let limiter = Limiter::builder(Quota::per_minute(3))
+        .store(redis.store().await)
+        .build()
+        .unwrap();
+    // PeerIp: reads tonic's TcpConnectInfo (no Code::Internal).
+    let url = spawn(RateLimitLayer::new(limiter, PeerIp)).await;
+    let mut client = client(&url).await;
+    for i in 0..3 {
+        let status = check(&mut client).await.map_err(|s| s.code());
+        assert_eq!(status, Ok(ServingStatus::Serving), "call {i}");
+    }
+    let status = check(&mut client).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(status.message(), "rate limit exceeded");
+    let retry_after = metadata_u64(&status, "retry-after");
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let pushback = metadata_u64(&status, "grpc-retry-pushback-ms");
+    assert!((1..=60_000).contains(&pushback), "{pushback}");
+    assert!(status.metadata().get("ratelimit").is_some(), "{status:?}");
+    assert!(status.metadata().get("ratelimit-policy").is_some());
+    redis.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn store_failure_under_deny_is_unavailable() {
+    let mut redis = RedisServer::start();
+    let limiter = Limiter::builder(Quota::per_minute(100))
+        .store(redis.store().await)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(limiter, PeerIp).on_store_error(OnStoreError::Deny);
+    let url = spawn(layer).await;
+    let mut client = client(&url).await;
+    assert_eq!(check(&mut client).await.ok(), Some(ServingStatus::Serving));
+    redis.kill();
+    let status = check(&mut client).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(status.message(), "rate limit store unavailable");
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_none());
+}
+
+/// One server, one limit, two protocols: the gRPC call is answered as gRPC,
+/// the plain HTTP request with its 429.
+#[tokio::test]
+async fn a_mixed_server_answers_each_protocol_in_its_own_terms() {
+    let url = spawn(RateLimitLayer::new(
+        Limiter::new(Quota::per_minute(1)),
+        Global,
+    ))
+    .await;
+    let mut client = client(&url).await;
+    assert_eq!(check(&mut client).await.ok(), Some(ServingStatus::Serving));
+
+    let http = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let res = http.get(url.parse().unwrap()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        res.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    assert!(res.headers().get("grpc-status").is_none());
+    assert!(
+        res.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .is_empty()
+    );
+
+    let status = check(&mut client).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}
