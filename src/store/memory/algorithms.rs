@@ -312,12 +312,6 @@ mod tests {
         count
     }
 
-    impl Entry {
-        fn expires_ms(&self) -> u64 {
-            Packed::<2>::pack(*self).expires_ms()
-        }
-    }
-
     /// Exact GCRA, in rationals: the TAT times the limit, in µs (so every
     /// value is an integer). Admits `cost` at `now` iff
     /// `max(TAT, now) + cost × window / limit − now <= burst × window / limit`.
