@@ -63,10 +63,10 @@ impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
     /// `.layer(..)`:
     ///
     /// ```compile_fail
-    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key};
+    /// use redis_ratelimit::{Key, KeyError, Limiter, Quota, RateLimitLayer, key};
     ///
     /// struct OtherRequest;
-    /// let by_other = key::from_fn(|_: &OtherRequest| Ok("k".into()));
+    /// let by_other = key::from_fn(|_: &OtherRequest| Ok::<_, KeyError>(Key::from("k")));
     /// let _ = RateLimitLayer::new(Limiter::new(Quota::per_second(1)), by_other);
     /// ```
     pub fn new(limiter: Limiter, extractor: K) -> Self {
