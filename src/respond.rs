@@ -92,7 +92,9 @@ impl Rejection {
 
 /// Builds the response of type `Res` for a [`Rejection`]: `http::Response<B>`
 /// under tower, `actix_web::HttpResponse` under actix. Implemented by
-/// [`DefaultResponse`] and by every `Fn(&Rejection) -> Res` closure.
+/// [`DefaultResponse`], by [`FromFn`] (what `respond_with` makes of a
+/// closure) and by every `Fn(&Rejection) -> Res` closure. Give an
+/// implementation to a layer's `responder(..)`.
 pub trait Respond<Res>: Send + Sync + 'static {
     /// The response to send. Rate-limit headers are added afterwards.
     fn respond(&self, rejection: &Rejection) -> Res;
