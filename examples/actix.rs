@@ -14,6 +14,7 @@ mod support;
 use std::process::ExitCode;
 
 use actix_web::{App, HttpServer, web};
+use redis_ratelimit::actix::RateLimitMiddleware;
 
 fn main() -> ExitCode {
     support::init_tracing();
@@ -30,7 +31,8 @@ async fn serve() -> Result<(), support::Error> {
     let support::Setup { listener, layer } = support::setup().await?;
     let listener = listener.into_std()?;
     // actix-web stops on ctrl-c by itself, finishing open requests.
-    let server = match layer {
+    // The tower layer's configuration, served as actix middleware.
+    let server = match layer.map(RateLimitMiddleware::from) {
         Some(layer) => HttpServer::new(move || App::new().wrap(layer.clone()).configure(routes))
             .listen(listener)?
             .run(),

@@ -1,31 +1,35 @@
 //! actix-web 4 middleware (the `actix` feature): the same limiter, keys,
 //! store-error policy, headers and 429 as the tower layer.
 //!
-//! [`RateLimitLayer`](crate::RateLimitLayer) is itself an actix [`Transform`], so the one
-//! configuration type serves both frameworks: register it with `App::wrap`
-//! or `Scope::wrap`. It is re-exported here as [`RateLimit`] for readers who
-//! look for actix middleware under an actix name; it is the same type.
+//! [`RateLimitMiddleware`] is what you register with `App::wrap` or
+//! `Scope::wrap` (an actix [`Transform`]); it makes a
+//! [`RateLimitMiddlewareService`] per worker. Its builder methods are
+//! [`RateLimitLayer`](crate::RateLimitLayer)'s, over actix types: `cost` and
+//! [`from_fn`](crate::key::from_fn) closures get the `&ServiceRequest`, and
+//! `respond_with` closures return an [`HttpResponse`].
 //!
 //! * Keys: [`PeerIp`](struct@crate::key::PeerIp) reads the connection's peer
 //!   address, [`Header`](crate::key::Header) and
 //!   [`Global`](crate::key::Global) work as under tower, and a
 //!   [`from_fn`](crate::key::from_fn) closure gets the `&ServiceRequest`.
 //!   A request without a key gets the same answer as under tower (see
-//!   [`key`](crate::key)).
+//!   [`key`]).
 //! * Responses: a passed request keeps the inner service's body; the
 //!   middleware's own answers (429 and the rest) are the right side of
 //!   [`EitherBody`]. A custom answer is a `Fn(&Rejection) -> HttpResponse`
-//!   given to [`RateLimitLayer::respond_with`](crate::RateLimitLayer::respond_with).
+//!   given to [`RateLimitMiddleware::respond_with`].
 //!
 //! ```no_run
-//! use actix_web::{App, HttpServer, web};
-//! use redis_ratelimit::{Limiter, Quota, RedisStore, actix::RateLimit, key::PeerIp};
+//! use actix_web::{App, HttpResponse, HttpServer, web};
+//! use redis_ratelimit::{Limiter, Quota, RedisStore, actix::RateLimitMiddleware, key::PeerIp};
 //!
 //! fn main() -> std::io::Result<()> {
 //!     actix_web::rt::System::new().block_on(async {
 //!         let store = RedisStore::connect("redis://127.0.0.1:6379").await.map_err(std::io::Error::other)?;
 //!         let limiter = Limiter::builder(Quota::per_minute(100)).store(store).build().unwrap();
-//!         let limit = RateLimit::new(limiter, PeerIp);
+//!         let limit = RateLimitMiddleware::new(limiter, PeerIp)
+//!             .cost(|req| if req.path() == "/search" { 5 } else { 1 })
+//!             .respond_with(|_| HttpResponse::TooManyRequests().body("slow down"));
 //!         HttpServer::new(move || {
 //!             App::new()
 //!                 .wrap(limit.clone())
@@ -56,14 +60,155 @@ use actix_web::{
 use http::{HeaderName, HeaderValue};
 
 use crate::{
-    Rejection, Respond,
+    Limiter, OnStoreError, Rejection, Respond,
     core::{Core, Verdict},
     headers::HeaderSink,
-    key::{KeyExtractor, RequestInfo},
+    headers::PartitionKeys,
+    key::{self, KeyExtractor, RequestInfo},
     respond::{DefaultResponse, Format, problem},
 };
 
-pub use crate::RateLimitLayer as RateLimit;
+/// The actix middleware, renamed [`RateLimitMiddleware`]: the old name read
+/// like the tower service.
+#[deprecated(note = "renamed `RateLimitMiddleware`")]
+pub type RateLimit<K, R = DefaultResponse> = RateLimitMiddleware<K, R>;
+
+/// Rate limits an actix-web app or scope with a [`Limiter`], keyed by a
+/// [`KeyExtractor`] of actix's `ServiceRequest`: register it with
+/// `App::wrap` or `Scope::wrap`.
+///
+/// The actix counterpart of [`RateLimitLayer`](crate::RateLimitLayer), with
+/// the same builder methods. Clones, and every service they make, share one
+/// `Arc` of state, so they count against the same limiter.
+#[derive(Debug)]
+pub struct RateLimitMiddleware<K, R = DefaultResponse> {
+    core: Arc<Core<K, R>>,
+}
+
+impl<K, R> Clone for RateLimitMiddleware<K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<K: KeyExtractor<ServiceRequest>> RateLimitMiddleware<K> {
+    /// Limits with `limiter`, keying requests with `extractor`.
+    pub fn new(limiter: Limiter, extractor: K) -> Self {
+        Self {
+            core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
+        }
+    }
+}
+
+/// Serves a tower layer's configuration under actix, sharing its state: the
+/// limiter, keys (which must also key a `ServiceRequest`, as the built-in
+/// extractors do), store-error policy, headers and responder.
+impl<K: KeyExtractor<ServiceRequest>, R> From<crate::RateLimitLayer<K, R>>
+    for RateLimitMiddleware<K, R>
+{
+    fn from(layer: crate::RateLimitLayer<K, R>) -> Self {
+        Self {
+            core: layer.into_core(),
+        }
+    }
+}
+
+impl<T: key::KeyTuple> RateLimitMiddleware<key::Each<T>>
+where
+    key::Each<T>: KeyExtractor<ServiceRequest>,
+{
+    /// Keys each of the limiter's limits with its own extractor, in order,
+    /// as [`RateLimitLayer::each`](crate::RateLimitLayer::each) does.
+    ///
+    /// # Panics
+    /// If the tuple's length is not the limiter's number of limits.
+    pub fn each(limiter: Limiter, extractors: T) -> Self {
+        let limits = limiter.limits().count();
+        assert_eq!(
+            T::LEN,
+            limits,
+            "RateLimitMiddleware::each got {} extractors for a limiter with {limits} limits; \
+             give one per limit, in order",
+            T::LEN
+        );
+        Self::new(limiter, key::each(extractors))
+    }
+}
+
+impl<K, R> RateLimitMiddleware<K, R> {
+    fn map(self, f: impl FnOnce(&mut Core<K, R>)) -> Self {
+        let mut core = Arc::unwrap_or_clone(self.core);
+        f(&mut core);
+        Self {
+            core: Arc::new(core),
+        }
+    }
+
+    /// What to do when the store fails or times out (default: allow).
+    #[must_use]
+    pub fn on_store_error(self, policy: OnStoreError) -> Self {
+        self.map(|c| c.on_error = policy)
+    }
+
+    /// Also send the `X-RateLimit-*` headers (default: off); see
+    /// [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers).
+    #[must_use]
+    pub fn legacy_headers(self, enabled: bool) -> Self {
+        self.map(|c| c.legacy_headers = enabled)
+    }
+
+    /// Also write the draft's `pk` partition key on `RateLimit`; see
+    /// [`RateLimitLayer::partition_key`](crate::RateLimitLayer::partition_key).
+    #[must_use]
+    pub fn partition_key(self, enabled: bool) -> Self {
+        let keys = enabled.then(PartitionKeys::random);
+        self.map(|c| c.partition_keys = keys)
+    }
+
+    /// Write `pk` hashed with a key derived from `secret`, so replicas
+    /// agree; see
+    /// [`RateLimitLayer::partition_key_secret`](crate::RateLimitLayer::partition_key_secret).
+    #[must_use]
+    pub fn partition_key_secret(self, secret: impl AsRef<[u8]>) -> Self {
+        let keys = PartitionKeys::from_secret(secret.as_ref());
+        self.map(|c| c.partition_keys = Some(keys))
+    }
+
+    /// Makes each request spend `cost(request)` units instead of 1; see
+    /// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost).
+    #[must_use]
+    pub fn cost<F>(self, cost: F) -> RateLimitMiddleware<key::WithCost<K, F>, R>
+    where
+        F: Fn(&ServiceRequest) -> u64 + Send + Sync + 'static,
+    {
+        let core = Arc::unwrap_or_clone(self.core);
+        let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
+        RateLimitMiddleware {
+            core: Arc::new(core),
+        }
+    }
+
+    /// Builds rejections with a `Fn(&Rejection) -> HttpResponse` closure.
+    /// Rate-limit headers are added to what it returns.
+    #[must_use]
+    pub fn respond_with<F>(self, respond: F) -> RateLimitMiddleware<K, F>
+    where
+        F: Fn(&Rejection) -> HttpResponse + Send + Sync + 'static,
+    {
+        self.responder(respond)
+    }
+
+    /// Builds rejections with a [`Respond`] implementation.
+    #[must_use]
+    pub fn responder<R2>(self, respond: R2) -> RateLimitMiddleware<K, R2> {
+        let core = Arc::unwrap_or_clone(self.core);
+        RateLimitMiddleware {
+            core: Arc::new(core.with_respond(respond)),
+        }
+    }
+}
 
 impl RequestInfo for ServiceRequest {
     /// The connection's peer address, as actix-web records it.
@@ -120,7 +265,7 @@ impl Respond<HttpResponse> for DefaultResponse {
     }
 }
 
-impl<S, B, K, R> Transform<S, ServiceRequest> for crate::RateLimitLayer<K, R>
+impl<S, B, K, R> Transform<S, ServiceRequest> for RateLimitMiddleware<K, R>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
     B: MessageBody + 'static,
@@ -129,30 +274,30 @@ where
 {
     type Response = ServiceResponse<EitherBody<B>>;
     type Error = S::Error;
-    type Transform = RateLimitMiddleware<S, K, R>;
+    type Transform = RateLimitMiddlewareService<S, K, R>;
     type InitError = ();
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(RateLimitMiddleware {
+        ready(Ok(RateLimitMiddlewareService {
             service: Rc::new(service),
-            core: self.core().clone(),
+            core: self.core.clone(),
         }))
     }
 }
 
-/// The actix-web middleware service made by the [`RateLimit`] transform.
+/// The actix-web service made by [`RateLimitMiddleware`].
 ///
 /// Readiness is the inner service's; a rejection is a response, never an
 /// error, and errors are the inner service's own.
-pub struct RateLimitMiddleware<S, K, R> {
+pub struct RateLimitMiddlewareService<S, K, R> {
     service: Rc<S>,
     core: Arc<Core<K, R>>,
 }
 
-impl<S, K, R> fmt::Debug for RateLimitMiddleware<S, K, R> {
+impl<S, K, R> fmt::Debug for RateLimitMiddlewareService<S, K, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitMiddleware")
+        f.debug_struct("RateLimitMiddlewareService")
             .finish_non_exhaustive()
     }
 }
@@ -171,11 +316,11 @@ where
         .map_into_right_body()
 }
 
-/// The boxed future of [`RateLimitMiddleware`].
+/// The boxed future of [`RateLimitMiddlewareService`].
 pub type MiddlewareFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<ServiceResponse<EitherBody<B>>, E>>>>;
 
-impl<S, B, K, R> Service<ServiceRequest> for RateLimitMiddleware<S, K, R>
+impl<S, B, K, R> Service<ServiceRequest> for RateLimitMiddlewareService<S, K, R>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
     B: MessageBody + 'static,

@@ -1,7 +1,10 @@
 //! The framework-neutral middleware core, shared by the tower and actix
 //! adapters: derive a key, start the check, turn its result into a verdict.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, AtomicU64, Ordering},
+};
 
 use std::time::Instant;
 
@@ -28,11 +31,15 @@ pub(crate) enum Verdict {
 /// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) for the
 /// concurrency layer. Keys, responses, headers on rejections and the
 /// store-error policy are shared by both.
+///
+/// The extractor and the responder sit behind their own `Arc`s, so a layer
+/// can be reconfigured (its by-value builder methods) without `K: Clone` or
+/// `R: Clone`, even when it has been cloned already.
 #[derive(Debug)]
 pub(crate) struct Core<K, R, L = Limiter> {
     pub(crate) limiter: L,
-    pub(crate) extractor: K,
-    pub(crate) respond: R,
+    pub(crate) extractor: Arc<K>,
+    pub(crate) respond: Arc<R>,
     pub(crate) on_error: OnStoreError,
     pub(crate) legacy_headers: bool,
     /// Writes the draft's `pk` on `RateLimit`, hashed with these keys.
@@ -40,7 +47,7 @@ pub(crate) struct Core<K, R, L = Limiter> {
     logs: Logs,
 }
 
-impl<K: Clone, R: Clone, L: Clone> Clone for Core<K, R, L> {
+impl<K, R, L: Clone> Clone for Core<K, R, L> {
     fn clone(&self) -> Self {
         Self {
             limiter: self.limiter.clone(),
@@ -58,8 +65,8 @@ impl<K, R, L> Core<K, R, L> {
     pub(crate) fn new(limiter: L, extractor: K, respond: R) -> Self {
         Self {
             limiter,
-            extractor,
-            respond,
+            extractor: Arc::new(extractor),
+            respond: Arc::new(respond),
             on_error: OnStoreError::default(),
             legacy_headers: false,
             partition_keys: None,
@@ -68,10 +75,10 @@ impl<K, R, L> Core<K, R, L> {
     }
 
     /// Wraps the extractor, keeping everything else.
-    pub(crate) fn map_extractor<K2>(self, f: impl FnOnce(K) -> K2) -> Core<K2, R, L> {
+    pub(crate) fn map_extractor<K2>(self, f: impl FnOnce(Arc<K>) -> K2) -> Core<K2, R, L> {
         Core {
             limiter: self.limiter,
-            extractor: f(self.extractor),
+            extractor: Arc::new(f(self.extractor)),
             respond: self.respond,
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
@@ -85,7 +92,7 @@ impl<K, R, L> Core<K, R, L> {
         Core {
             limiter: self.limiter,
             extractor: self.extractor,
-            respond,
+            respond: Arc::new(respond),
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
             partition_keys: self.partition_keys,

@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the response future of [`RateLimit`](crate::RateLimit).
+//! [`ResponseFuture`]: the response future of [`RateLimitService`](crate::RateLimitService).
 
 use std::{
     fmt,

@@ -429,16 +429,26 @@ tuple_key_extractor!(4; A, B, C, D);
 
 /// An extractor with a cost function; see
 /// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost).
-#[derive(Clone)]
 pub struct WithCost<K, F> {
-    keys: K,
+    keys: std::sync::Arc<K>,
     cost: F,
 }
 
 impl<K, F> WithCost<K, F> {
     /// Keys with `keys`; each request spends `cost(request)` units.
     pub fn new(keys: K, cost: F) -> Self {
+        Self::shared(std::sync::Arc::new(keys), cost)
+    }
+
+    /// Keys with an extractor a layer already holds, without cloning it.
+    pub(crate) fn shared(keys: std::sync::Arc<K>, cost: F) -> Self {
         Self { keys, cost }
+    }
+}
+
+impl<K, F: Clone> Clone for WithCost<K, F> {
+    fn clone(&self) -> Self {
+        Self::shared(self.keys.clone(), self.cost.clone())
     }
 }
 

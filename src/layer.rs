@@ -2,10 +2,15 @@
 
 use std::sync::Arc;
 
+use http::{Response, request::Parts};
 use tower_layer::Layer;
 
 use crate::{
-    DefaultResponse, Limiter, OnStoreError, RateLimit, core::Core, headers::PartitionKeys, key,
+    DefaultResponse, Limiter, OnStoreError, RateLimitService, Rejection,
+    core::Core,
+    headers::PartitionKeys,
+    key::{self, KeyExtractor},
+    respond,
 };
 
 /// Rate limits requests with a [`Limiter`], keyed by a
@@ -50,8 +55,21 @@ impl<K, R> Clone for RateLimitLayer<K, R> {
     }
 }
 
-impl<K> RateLimitLayer<K> {
-    /// Limits with `limiter`, keying requests with `extractor`.
+impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
+    /// Limits with `limiter`, keying requests with `extractor`: any
+    /// [`KeyExtractor`] of `http::request::Parts` (for actix-web, see
+    /// [`actix::RateLimitMiddleware`](crate::actix)).
+    ///
+    /// An extractor for another request type is refused here, not later at
+    /// `.layer(..)`:
+    ///
+    /// ```compile_fail
+    /// use redis_ratelimit::{Key, KeyError, Limiter, Quota, RateLimitLayer, key};
+    ///
+    /// struct OtherRequest;
+    /// let by_other = key::from_fn(|_: &OtherRequest| Ok::<_, KeyError>(Key::from("k")));
+    /// let _ = RateLimitLayer::new(Limiter::new(Quota::per_second(1)), by_other);
+    /// ```
     pub fn new(limiter: Limiter, extractor: K) -> Self {
         Self {
             core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
@@ -59,7 +77,10 @@ impl<K> RateLimitLayer<K> {
     }
 }
 
-impl<T: key::KeyTuple> RateLimitLayer<key::Each<T>> {
+impl<T: key::KeyTuple> RateLimitLayer<key::Each<T>>
+where
+    key::Each<T>: KeyExtractor<Parts>,
+{
     /// Limits with `limiter`, keying each of its limits with its own
     /// extractor, in order: say `(PeerIp, Header::new("x-api-key"), Global)`
     /// for limits per IP, per API key and in total.
@@ -93,14 +114,12 @@ impl<T: key::KeyTuple> RateLimitLayer<key::Each<T>> {
 }
 
 impl<K, R> RateLimitLayer<K, R> {
-    /// The state shared by every service (tower or actix) the layer makes.
-    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
-    pub(crate) fn core(&self) -> &Arc<Core<K, R>> {
-        &self.core
+    /// The state shared by every service the layer makes.
+    #[cfg(feature = "actix")]
+    pub(crate) fn into_core(self) -> Arc<Core<K, R>> {
+        self.core
     }
-}
 
-impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     fn map(self, f: impl FnOnce(&mut Core<K, R>)) -> Self {
         let mut core = Arc::unwrap_or_clone(self.core);
         f(&mut core);
@@ -157,8 +176,8 @@ impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     }
 
     /// Makes each request spend `cost(request)` units instead of 1: say 5
-    /// for `/search` and 1 for everything else. `cost` gets
-    /// `&http::request::Parts` under tower and `&ServiceRequest` under actix.
+    /// for `/search` and 1 for everything else. `cost` gets the request's
+    /// `&http::request::Parts`.
     ///
     /// A cost of 0 lets the request through without spending. A cost above a
     /// limit's [capacity](crate::Quota::capacity) could never be admitted:
@@ -169,23 +188,54 @@ impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
     /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Header};
     ///
     /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), Header::new("x-api-key"))
-    ///     .cost(|p: &http::request::Parts| if p.uri.path() == "/search" { 5 } else { 1 });
+    ///     .cost(|p| if p.uri.path() == "/search" { 5 } else { 1 });
     /// # let _ = layer;
     /// ```
     #[must_use]
-    pub fn cost<F>(self, cost: F) -> RateLimitLayer<key::WithCost<K, F>, R> {
+    pub fn cost<F>(self, cost: F) -> RateLimitLayer<key::WithCost<K, F>, R>
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
         let core = Arc::unwrap_or_clone(self.core);
-        let core = core.map_extractor(|keys| key::WithCost::new(keys, cost));
+        let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
         RateLimitLayer {
             core: Arc::new(core),
         }
     }
 
-    /// Builds rejections with `respond`: a [`Respond`](crate::Respond)
-    /// implementation or a `Fn(&Rejection) -> http::Response<B>` closure (under
-    /// actix, `Fn(&Rejection) -> actix_web::HttpResponse`).
+    /// Builds rejections with a closure: `Fn(&Rejection) -> http::Response<B>`
+    /// for any body `B` that converts [`Into`] the service's response body,
+    /// so `Response<String>` fits axum's `Body`. The argument needs no type
+    /// annotation. Rate-limit headers are added to what it returns.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, response::{IntoResponse, Response}, routing::get};
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
+    ///
+    /// let limiter = Limiter::new(Quota::per_second(10));
+    /// let short: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(RateLimitLayer::new(limiter.clone(), Global)
+    ///         .respond_with(|r| (r.status(), "slow down").into_response()));
+    /// let built: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(RateLimitLayer::new(limiter, Global).respond_with(|r| {
+    ///         Response::builder().status(r.status()).body(Body::from("slow down")).unwrap()
+    ///     }));
+    /// # let _ = (short, built);
+    /// ```
     #[must_use]
-    pub fn respond_with<R2>(self, respond: R2) -> RateLimitLayer<K, R2> {
+    pub fn respond_with<F, B>(self, respond: F) -> RateLimitLayer<K, respond::FromFn<F>>
+    where
+        F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+    {
+        self.responder(respond::FromFn::new(respond))
+    }
+
+    /// Builds rejections with a [`Respond`](crate::Respond) implementation
+    /// (for a closure, [`respond_with`](Self::respond_with) infers more).
+    #[must_use]
+    pub fn responder<R2>(self, respond: R2) -> RateLimitLayer<K, R2> {
         let core = Arc::unwrap_or_clone(self.core);
         RateLimitLayer {
             core: Arc::new(core.with_respond(respond)),
@@ -194,9 +244,9 @@ impl<K: Clone, R: Clone> RateLimitLayer<K, R> {
 }
 
 impl<S, K, R> Layer<S> for RateLimitLayer<K, R> {
-    type Service = RateLimit<S, K, R>;
+    type Service = RateLimitService<S, K, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.core.clone())
+        RateLimitService::new(inner, self.core.clone())
     }
 }

@@ -29,18 +29,29 @@ pub mod store;
 pub use crate::{
     algorithm::Algorithm,
     breaker::Breaker,
-    concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+    concurrency::{ConcurrencyLimiter, InFlightLimitLayer},
     decision::{Decision, LimitDecision},
     error::{ConfigError, Error},
     future::ResponseFuture,
+    key::{Key, KeyError, KeyExtractor},
     keyspace::RAW_KEY_MAX,
     layer::RateLimitLayer,
     limiter::{DEFAULT_DENY_CACHE, DEFAULT_TIMEOUT, Limiter, LimiterBuilder},
     quota::{Quota, QuotaError},
     respond::{DefaultResponse, OnStoreError, Rejection, Respond},
-    service::RateLimit,
+    service::RateLimitService,
     store::{LimitCheck, LimitState, MemoryStore, RedisStore, Store},
 };
+
+/// The tower service, renamed [`RateLimitService`] so it does not clash with
+/// `tower::limit::RateLimit`.
+#[deprecated(note = "renamed `RateLimitService`")]
+pub type RateLimit<S, K, R> = RateLimitService<S, K, R>;
+
+/// The concurrency layer, renamed [`InFlightLimitLayer`] so it does not clash
+/// with `tower::limit::ConcurrencyLimitLayer`.
+#[deprecated(note = "renamed `InFlightLimitLayer`")]
+pub type ConcurrencyLimitLayer<K, R = DefaultResponse> = InFlightLimitLayer<K, R>;
 
 /// The README's code blocks, compiled as doc-tests.
 #[cfg(doctest)]

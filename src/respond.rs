@@ -35,18 +35,21 @@
 //! custom response keeps them:
 //!
 //! ```
-//! use http::{Response, StatusCode};
-//! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, Rejection, key::Global};
+//! use axum::{Router, routing::get};
+//! use http::Response;
+//! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
 //!
 //! let layer = RateLimitLayer::new(Limiter::new(Quota::per_second(10)), Global)
-//!     .respond_with(|r: &Rejection| {
+//!     .respond_with(|r| {
 //!         Response::builder()
 //!             .status(r.status())
 //!             .header("content-type", "application/json")
 //!             .body(format!(r#"{{"error":"{}"}}"#, r.status().as_u16()))
 //!             .unwrap()
 //!     });
-//! # let _ = layer;
+//! // The `String` body converts into axum's `Body`.
+//! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+//! # let _ = app;
 //! ```
 
 use std::any::Any;
@@ -82,7 +85,7 @@ pub enum Rejection {
     /// The key is over its quota.
     Denied(Decision),
     /// The key already has its limit of requests in flight (the
-    /// [`ConcurrencyLimitLayer`](crate::concurrency::ConcurrencyLimitLayer)).
+    /// [`InFlightLimitLayer`](crate::concurrency::InFlightLimitLayer)).
     Busy(Busy),
     /// No key could be derived for the request.
     KeyUnavailable(KeyError),
@@ -120,7 +123,9 @@ impl Rejection {
 
 /// Builds the response of type `Res` for a [`Rejection`]: `http::Response<B>`
 /// under tower, `actix_web::HttpResponse` under actix. Implemented by
-/// [`DefaultResponse`] and by every `Fn(&Rejection) -> Res` closure.
+/// [`DefaultResponse`], by [`FromFn`] (what `respond_with` makes of a
+/// closure) and by every `Fn(&Rejection) -> Res` closure. Give an
+/// implementation to a layer's `responder(..)`.
 pub trait Respond<Res>: Send + Sync + 'static {
     /// The response to send. Rate-limit headers are added afterwards.
     fn respond(&self, rejection: &Rejection) -> Res;
@@ -173,5 +178,36 @@ where
 {
     fn respond(&self, rejection: &Rejection) -> Res {
         self(rejection)
+    }
+}
+
+/// A `Fn(&Rejection) -> http::Response<B>` closure as a [`Respond`] for any
+/// response body that `B` converts [`Into`]: made by
+/// [`RateLimitLayer::respond_with`](crate::RateLimitLayer::respond_with), so
+/// a closure returning `Response<String>` (or axum's `Response`) fits a
+/// service whose body is axum's `Body`, hyper's, or anything `From<B>`.
+#[derive(Clone, Copy)]
+pub struct FromFn<F>(F);
+
+impl<F> FromFn<F> {
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self(f)
+    }
+}
+
+impl<F> std::fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FromFn(..)")
+    }
+}
+
+impl<F, B, ResBody> Respond<Response<ResBody>> for FromFn<F>
+where
+    F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+    B: Into<ResBody>,
+{
+    fn respond(&self, rejection: &Rejection) -> Response<ResBody> {
+        (self.0)(rejection).map(Into::into)
     }
 }

@@ -1,4 +1,4 @@
-//! [`RateLimit`]: the tower service.
+//! [`RateLimitService`]: the tower service.
 
 use std::{
     mem,
@@ -16,12 +16,12 @@ use crate::{Respond, ResponseFuture, core::Core, key::KeyExtractor, respond::For
 /// `poll_ready` forwards to the inner service; a rejection is a response,
 /// never backpressure, and errors are the inner service's own.
 #[derive(Debug)]
-pub struct RateLimit<S, K, R> {
+pub struct RateLimitService<S, K, R> {
     inner: S,
     core: Arc<Core<K, R>>,
 }
 
-impl<S: Clone, K, R> Clone for RateLimit<S, K, R> {
+impl<S: Clone, K, R> Clone for RateLimitService<S, K, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -30,13 +30,13 @@ impl<S: Clone, K, R> Clone for RateLimit<S, K, R> {
     }
 }
 
-impl<S, K, R> RateLimit<S, K, R> {
+impl<S, K, R> RateLimitService<S, K, R> {
     pub(crate) fn new(inner: S, core: Arc<Core<K, R>>) -> Self {
         Self { inner, core }
     }
 }
 
-impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, R>
+impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S, K, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<Parts>,

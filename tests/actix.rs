@@ -6,7 +6,7 @@ mod support;
 
 use actix_web::{App, HttpResponse, dev::ServiceRequest, web};
 use redis_ratelimit::{
-    RateLimitLayer, Rejection,
+    actix::RateLimitMiddleware,
     key::{self, Key, PeerIp},
 };
 use support::{
@@ -79,7 +79,7 @@ async fn actix_redis_killed_and_restarted() {
 #[tokio::test]
 async fn actix_keyed_by_peer_ip() {
     let b = Backend::redis().await;
-    let layer = RateLimitLayer::new(b.limiter("5/10s"), PeerIp);
+    let layer = RateLimitMiddleware::new(b.limiter("5/10s"), PeerIp);
     let url = spawn_actix(move || {
         App::new()
             .wrap(layer.clone())
@@ -96,13 +96,13 @@ async fn actix_scope_wrap_limits_only_the_scope_with_a_closure_key_and_custom_bo
     let b = Backend::redis().await;
     // Keyed by path: every caller shares the /api count.
     let by_path = key::from_fn(|req: &ServiceRequest| Ok(Key::from(req.path().to_owned())));
-    let json = |r: &Rejection| {
+    // The responder's argument needs no type: the middleware's bound says it.
+    let layer = RateLimitMiddleware::new(b.limiter("2/1m"), by_path).respond_with(|r| {
         let status = actix_web::http::StatusCode::from_u16(r.status().as_u16()).unwrap();
         HttpResponse::build(status)
             .content_type("application/json")
             .body(JSON)
-    };
-    let layer = RateLimitLayer::new(b.limiter("2/1m"), by_path).respond_with(json);
+    });
     let url = spawn_actix(move || {
         App::new()
             .service(

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use axum::{Router, routing::get};
 use futures_util::future::join_all;
+#[cfg(feature = "actix")]
+use redis_ratelimit::concurrency::actix::InFlightLimitMiddleware;
 use redis_ratelimit::{
     OnStoreError,
-    concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+    concurrency::{ConcurrencyLimiter, InFlightLimitLayer},
     key::Header,
 };
 use support::{
@@ -33,10 +35,7 @@ async fn spawn_slow_app(limiter: ConcurrencyLimiter, gauge: &Gauge, hold: Durati
                 "ok"
             }),
         )
-        .layer(ConcurrencyLimitLayer::new(
-            limiter,
-            Header::new("x-api-key"),
-        ));
+        .layer(InFlightLimitLayer::new(limiter, Header::new("x-api-key")));
     lease::spawn_axum(app).await
 }
 
@@ -158,7 +157,7 @@ async fn store_failure_follows_the_policy() {
         let limiter = ConcurrencyLimiter::builder(1)
             .name(name)
             .store(store.clone());
-        ConcurrencyLimitLayer::new(limiter.build().unwrap(), Header::new("x-api-key"))
+        InFlightLimitLayer::new(limiter.build().unwrap(), Header::new("x-api-key"))
             .on_store_error(policy)
     };
     let ok = || get(|| async { "ok" });
@@ -193,7 +192,7 @@ async fn the_lease_covers_the_body_and_a_client_that_goes_away_frees_it() {
         });
         Body::from_stream(chunks)
     };
-    let layer = ConcurrencyLimitLayer::new(b.short_lease(1), Header::new("x-api-key"));
+    let layer = InFlightLimitLayer::new(b.short_lease(1), Header::new("x-api-key"));
     let url = lease::spawn_axum(
         Router::new()
             .route("/", get(move || async move { stream() }))
@@ -230,7 +229,7 @@ async fn boom() -> &'static str {
 async fn a_panicking_handler_frees_its_slot() {
     let b = Backend::redis().await;
     let layer =
-        ConcurrencyLimitLayer::new(b.concurrency(1).build().unwrap(), Header::new("x-api-key"));
+        InFlightLimitLayer::new(b.concurrency(1).build().unwrap(), Header::new("x-api-key"));
     let app = Router::new()
         .route("/panic", get(boom))
         .route("/", get(|| async { "ok" }))
@@ -258,7 +257,7 @@ async fn a_panicking_handler_frees_its_slot() {
 /// Serves `/` (held for `hold`, counted by `gauge`) through actix-web on its
 /// own thread and runtime, limited by `layer`.
 #[cfg(feature = "actix")]
-fn spawn_actix(layer: ConcurrencyLimitLayer<Header>, gauge: Gauge, hold: Duration) -> String {
+fn spawn_actix(layer: InFlightLimitMiddleware<Header>, gauge: Gauge, hold: Duration) -> String {
     use actix_web::{App, HttpServer, web};
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -296,12 +295,12 @@ async fn actix_limit_holds_across_two_servers_with_redis() {
     let limiter = || async { b.concurrency_replica(5).await.build().unwrap() };
     let urls = [
         spawn_actix(
-            ConcurrencyLimitLayer::new(limiter().await, Header::new("x-api-key")),
+            InFlightLimitMiddleware::new(limiter().await, Header::new("x-api-key")),
             gauge.clone(),
             hold,
         ),
         spawn_actix(
-            ConcurrencyLimitLayer::new(limiter().await, Header::new("x-api-key")),
+            InFlightLimitMiddleware::new(limiter().await, Header::new("x-api-key")),
             gauge.clone(),
             hold,
         ),

@@ -3,7 +3,13 @@
 
 mod support;
 
-use std::convert::Infallible;
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use axum::{Router, response::IntoResponse, routing::get};
 use bytes::Bytes;
@@ -13,8 +19,8 @@ use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::{rt::TokioIo, service::TowerToHyperService};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis_ratelimit::{
-    RateLimitLayer, RedisStore, Rejection,
-    key::{Global, PeerIp},
+    Key, OnStoreError, RateLimitLayer, RedisStore, Rejection,
+    key::{self, Global, PeerIp},
 };
 use support::{
     Backend, RedisServer,
@@ -195,4 +201,67 @@ async fn custom_rejection_body_keeps_the_rate_limit_headers() {
     let policy = res.header("ratelimit-policy");
     assert_eq!(policy, Some(r#""default";q=1;w=60"#), "{res:?}");
     assert_eq!(res.ratelimit("r"), 0, "{res:?}");
+}
+
+/// The builder as a new user writes it: a key closure that owns something
+/// that is not `Clone`, every builder method after it (on a layer that was
+/// already cloned), and rejection closures with no type annotation, one
+/// returning axum's `Response`, one `Response<String>` for axum's `Body`.
+/// Before, this did not compile (E0282 on the closures, E0271 on the body,
+/// `K: Clone` on the builder methods).
+#[tokio::test]
+async fn builder_takes_unannotated_closures_and_a_non_clone_extractor() {
+    /// Owned by the key closure; deliberately not `Clone`.
+    struct Seen(AtomicU64);
+    let b = Backend::redis().await;
+    let layer = |name: &str, seen: Arc<Seen>| {
+        let owned = Seen(AtomicU64::new(0));
+        let key = key::from_fn(move |p: &http::request::Parts| {
+            owned.0.fetch_add(1, Ordering::Relaxed);
+            seen.0.fetch_add(1, Ordering::Relaxed);
+            Ok(Key::from(p.uri.path().to_owned()))
+        });
+        let limiter = b.builder("3/1m").name(name).build().unwrap();
+        let layer = RateLimitLayer::new(limiter, key);
+        let _shared = layer.clone();
+        layer
+            .on_store_error(OnStoreError::Deny)
+            .legacy_headers(true)
+            .cost(|p| if p.uri.path() == "/heavy" { 2 } else { 1 })
+    };
+    let seen = Arc::new(Seen(AtomicU64::new(0)));
+    let short =
+        layer("short", seen.clone()).respond_with(|r| (r.status(), "slow down").into_response());
+    let built = layer("built", seen.clone()).respond_with(|r| {
+        let wait = r.decision().and_then(|d| d.retry_after());
+        Response::builder()
+            .status(r.status())
+            .body(format!("retry in {}s", wait.map_or(0, |w| w.as_secs())))
+            .unwrap()
+    });
+    let routes = || {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route("/heavy", get(|| async { "ok" }))
+    };
+    let short = spawn_axum(routes().layer(short), false).await;
+    let built = spawn_axum(routes().layer(built), false).await;
+    let caller = Caller::with_key(None);
+    for url in [&short, &built] {
+        let heavy = format!("{url}/heavy");
+        let res = caller.get(&heavy).await.expect(200, &log(&b));
+        assert_eq!(res.header("x-ratelimit-remaining"), Some("1"), "{res:?}");
+        let res = caller.get(&heavy).await.expect(429, &log(&b));
+        assert_eq!(res.ratelimit("r"), 1, "cost 2 does not fit in 1: {res:?}");
+        caller.get(url).await.expect(200, &log(&b));
+    }
+    let res = caller.get(&format!("{short}/heavy")).await;
+    assert_eq!(res.expect(429, &log(&b)).body, "slow down");
+    let res = caller
+        .get(&format!("{built}/heavy"))
+        .await
+        .expect(429, &log(&b));
+    assert!(res.body.starts_with("retry in "), "{res:?}");
+    assert!(res.int("retry-after") >= 1, "{res:?}");
+    assert_eq!(seen.0.load(Ordering::Relaxed), 8, "every request was keyed");
 }

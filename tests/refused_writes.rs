@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use redis_ratelimit::{
     Breaker, Error, Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore,
-    concurrency::{Acquired, ConcurrencyLimitLayer, ConcurrencyLimiter, Lease},
+    concurrency::{Acquired, ConcurrencyLimiter, InFlightLimitLayer, Lease},
     key::Header,
 };
 use support::{
@@ -353,8 +353,7 @@ async fn oom_concurrency_over_http_follows_the_policy() {
     let server = RedisServer::start();
     let store = server.store().await;
     let serve = |policy| {
-        let layer =
-            ConcurrencyLimitLayer::new(concurrency(store.clone()), Header::new("x-api-key"));
+        let layer = InFlightLimitLayer::new(concurrency(store.clone()), Header::new("x-api-key"));
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
             .layer(layer.on_store_error(policy));

@@ -1,5 +1,5 @@
 //! [`ResponseFuture`]: the response future of
-//! [`ConcurrencyLimit`](super::ConcurrencyLimit).
+//! [`InFlightLimitService`](super::InFlightLimitService).
 
 use std::{
     fmt,

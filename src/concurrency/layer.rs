@@ -1,13 +1,13 @@
-//! [`ConcurrencyLimitLayer`]: the tower layer (and, with the `actix` feature,
-//! the actix-web transform).
+//! [`InFlightLimitLayer`]: the tower layer.
 
 use std::sync::Arc;
 
+use http::{Response, request::Parts};
 use tower_layer::Layer;
 
-use super::{Acquired, ConcurrencyLimit, ConcurrencyLimiter, Lease};
+use super::{Acquired, ConcurrencyLimiter, InFlightLimitService, Lease};
 use crate::{
-    DefaultResponse, Error, OnStoreError, Rejection, core::Core, key::KeyExtractor,
+    DefaultResponse, Error, OnStoreError, Rejection, core::Core, key::KeyExtractor, respond,
     store::BoxFuture,
 };
 
@@ -28,11 +28,16 @@ use crate::{
 /// Clones of the layer, and every service it makes, share one `Arc` of
 /// state.
 ///
+/// It is named for what it limits, requests in flight per key, and so that it
+/// does not clash with `tower::limit::ConcurrencyLimitLayer`, which bounds one
+/// service's concurrency in one process. For actix-web, see
+/// [`InFlightLimitMiddleware`](crate::concurrency::actix).
+///
 /// ```no_run
 /// use axum::{Router, routing::post};
 /// use redis_ratelimit::{
 ///     RedisStore,
-///     concurrency::{ConcurrencyLimitLayer, ConcurrencyLimiter},
+///     concurrency::{InFlightLimitLayer, ConcurrencyLimiter},
 ///     key::Header,
 /// };
 ///
@@ -43,16 +48,15 @@ use crate::{
 /// let limiter = ConcurrencyLimiter::builder(5).name("exports").store(store).build()?;
 /// let app: Router = Router::new()
 ///     .route("/export", post(|| async { "done" }))
-///     .layer(ConcurrencyLimitLayer::new(limiter, Header::new("x-api-key")));
+///     .layer(InFlightLimitLayer::new(limiter, Header::new("x-api-key")));
 /// # let _ = app; Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct ConcurrencyLimitLayer<K, R = DefaultResponse> {
-    /// The state shared by every service (tower or actix) the layer makes.
-    pub(super) core: Arc<Core<K, R, ConcurrencyLimiter>>,
+pub struct InFlightLimitLayer<K, R = DefaultResponse> {
+    core: Arc<Core<K, R, ConcurrencyLimiter>>,
 }
 
-impl<K, R> Clone for ConcurrencyLimitLayer<K, R> {
+impl<K, R> Clone for InFlightLimitLayer<K, R> {
     fn clone(&self) -> Self {
         Self {
             core: self.core.clone(),
@@ -60,8 +64,9 @@ impl<K, R> Clone for ConcurrencyLimitLayer<K, R> {
     }
 }
 
-impl<K> ConcurrencyLimitLayer<K> {
-    /// Limits with `limiter`, keying requests with `extractor`.
+impl<K: KeyExtractor<Parts>> InFlightLimitLayer<K> {
+    /// Limits with `limiter`, keying requests with `extractor`: any
+    /// [`KeyExtractor`] of `http::request::Parts`.
     pub fn new(limiter: ConcurrencyLimiter, extractor: K) -> Self {
         Self {
             core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
@@ -69,7 +74,13 @@ impl<K> ConcurrencyLimitLayer<K> {
     }
 }
 
-impl<K: Clone, R: Clone> ConcurrencyLimitLayer<K, R> {
+impl<K, R> InFlightLimitLayer<K, R> {
+    /// The state shared by every service the layer makes.
+    #[cfg(feature = "actix")]
+    pub(crate) fn into_core(self) -> Arc<Core<K, R, ConcurrencyLimiter>> {
+        self.core
+    }
+
     /// What to do when the store fails or times out (default: allow).
     #[must_use]
     pub fn on_store_error(self, policy: OnStoreError) -> Self {
@@ -80,23 +91,32 @@ impl<K: Clone, R: Clone> ConcurrencyLimitLayer<K, R> {
         }
     }
 
-    /// Builds rejections with `respond`, as
+    /// Builds rejections with a closure, as
     /// [`RateLimitLayer::respond_with`](crate::RateLimitLayer::respond_with)
     /// does; a refused request is [`Rejection::Busy`].
     #[must_use]
-    pub fn respond_with<R2>(self, respond: R2) -> ConcurrencyLimitLayer<K, R2> {
+    pub fn respond_with<F, B>(self, respond: F) -> InFlightLimitLayer<K, respond::FromFn<F>>
+    where
+        F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+    {
+        self.responder(respond::FromFn::new(respond))
+    }
+
+    /// Builds rejections with a [`Respond`](crate::Respond) implementation.
+    #[must_use]
+    pub fn responder<R2>(self, respond: R2) -> InFlightLimitLayer<K, R2> {
         let core = Arc::unwrap_or_clone(self.core);
-        ConcurrencyLimitLayer {
+        InFlightLimitLayer {
             core: Arc::new(core.with_respond(respond)),
         }
     }
 }
 
-impl<S, K, R> Layer<S> for ConcurrencyLimitLayer<K, R> {
-    type Service = ConcurrencyLimit<S, K, R>;
+impl<S, K, R> Layer<S> for InFlightLimitLayer<K, R> {
+    type Service = InFlightLimitService<S, K, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit::new(inner, self.core.clone())
+        InFlightLimitService::new(inner, self.core.clone())
     }
 }
 

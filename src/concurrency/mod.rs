@@ -5,13 +5,13 @@
 //! * [`ConcurrencyLimiter`] is the framework-free semaphore:
 //!   [`acquire`](ConcurrencyLimiter::acquire) grants a [`Lease`] or reports
 //!   the key [`Busy`].
-//! * [`ConcurrencyLimitLayer`] is the tower layer (and, with the `actix`
-//!   feature, the actix-web transform; see [`actix`]): the same
+//! * [`InFlightLimitLayer`] is the tower layer (and, with the `actix`
+//!   feature, `actix::InFlightLimitMiddleware` is the actix-web one): the same
 //!   key extractors, [`Respond`](crate::Respond) hook and
 //!   [`OnStoreError`](crate::OnStoreError) policy as
 //!   [`RateLimitLayer`](crate::RateLimitLayer). Refused requests get `429`,
 //!   `Retry-After` and the IETF headers with `qu="concurrent-requests"`
-//!   (see [`ConcurrencyLimitLayer`]).
+//!   (see [`InFlightLimitLayer`]).
 //!
 //! # Leases
 //!
@@ -75,8 +75,18 @@ mod service;
 pub use self::{
     body::LeaseBody,
     future::ResponseFuture,
-    layer::ConcurrencyLimitLayer,
+    layer::InFlightLimitLayer,
     lease::{Acquired, Busy, Lease},
     limiter::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, DEFAULT_LEASE, DEFAULT_RETRY_AFTER},
-    service::ConcurrencyLimit,
+    service::InFlightLimitService,
 };
+
+/// The tower layer, renamed [`InFlightLimitLayer`] so it does not clash with
+/// `tower::limit::ConcurrencyLimitLayer`.
+#[deprecated(note = "renamed `InFlightLimitLayer`")]
+pub type ConcurrencyLimitLayer<K, R = crate::DefaultResponse> = InFlightLimitLayer<K, R>;
+
+/// The tower service, renamed [`InFlightLimitService`] so it does not clash
+/// with `tower::limit::ConcurrencyLimit`.
+#[deprecated(note = "renamed `InFlightLimitService`")]
+pub type ConcurrencyLimit<S, K, R> = InFlightLimitService<S, K, R>;

@@ -1,4 +1,4 @@
-//! [`ConcurrencyLimit`]: the tower service.
+//! [`InFlightLimitService`]: the tower service.
 
 use std::{
     mem,
@@ -12,19 +12,19 @@ use tower_service::Service;
 use super::{ConcurrencyLimiter, LeaseBody, ResponseFuture};
 use crate::{Respond, core::Core, key::KeyExtractor, respond::Format};
 
-/// The service made by [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer).
+/// The service made by [`InFlightLimitLayer`](super::InFlightLimitLayer).
 ///
 /// `poll_ready` forwards to the inner service: a full key is answered with a
 /// 429 response, never with backpressure, and errors are the inner service's
 /// own. Response bodies are wrapped in a [`LeaseBody`], which holds the lease
 /// until the body ends.
 #[derive(Debug)]
-pub struct ConcurrencyLimit<S, K, R> {
+pub struct InFlightLimitService<S, K, R> {
     inner: S,
     core: Arc<Core<K, R, ConcurrencyLimiter>>,
 }
 
-impl<S: Clone, K, R> Clone for ConcurrencyLimit<S, K, R> {
+impl<S: Clone, K, R> Clone for InFlightLimitService<S, K, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -33,13 +33,13 @@ impl<S: Clone, K, R> Clone for ConcurrencyLimit<S, K, R> {
     }
 }
 
-impl<S, K, R> ConcurrencyLimit<S, K, R> {
+impl<S, K, R> InFlightLimitService<S, K, R> {
     pub(crate) fn new(inner: S, core: Arc<Core<K, R, ConcurrencyLimiter>>) -> Self {
         Self { inner, core }
     }
 }
 
-impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, K, R>
+impl<S, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for InFlightLimitService<S, K, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor<Parts>,

@@ -49,7 +49,7 @@ mod actix {
         dev::{ServiceFactory, ServiceRequest, ServiceResponse},
         web,
     };
-    use redis_ratelimit::{RateLimitLayer, key::Header};
+    use redis_ratelimit::{RateLimitLayer, actix::RateLimitMiddleware, key::Header};
 
     use super::Serve;
 
@@ -89,6 +89,7 @@ mod actix {
 
     impl Serve for Actix {
         async fn serve(&self, layer: RateLimitLayer<Header>) -> String {
+            let layer = RateLimitMiddleware::from(layer);
             spawn_actix(move || {
                 App::new()
                     .wrap(layer.clone())
