@@ -144,7 +144,7 @@ pub(crate) fn response<B: Default>(rejection: &Rejection) -> Response<B> {
 /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global, respond::GrpcResponse};
 ///
 /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_second(10)), Global)
-///     .respond_with(GrpcResponse);
+///     .responder(GrpcResponse);
 /// # let _ = layer;
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
