@@ -217,7 +217,7 @@ const NO_SENTINEL_FEATURE: &str = "REDIS_SENTINEL_URLS is set, but this example 
 
 /// Splits a comma-separated list of URLs from `var`, checking each; also
 /// returns their `host:port`s for the startup line.
-fn url_list(var: &str, list: &str, example: &str) -> Result<(Vec<String>, String), Error> {
+fn url_list(var: &str, list: &str, fix: &str) -> Result<(Vec<String>, String), Error> {
     let urls: Vec<String> = list
         .split(',')
         .map(str::trim)
@@ -225,7 +225,6 @@ fn url_list(var: &str, list: &str, example: &str) -> Result<(Vec<String>, String
         .map(str::to_owned)
         .collect();
     if urls.is_empty() {
-        let fix = format!("list URLs separated by commas, such as {example}");
         return Err(Error::config(var, list, fix));
     }
     let addrs = urls
@@ -278,8 +277,9 @@ fn sentinel_backend(
                 .into(),
         ));
     };
-    let example = "redis://10.0.0.1:26379,redis://10.0.0.2:26379";
-    let (urls, addrs) = url_list("REDIS_SENTINEL_URLS", &list, example)?;
+    let fix = "list sentinel URLs separated by commas, such as \
+               redis://10.0.0.1:26379,redis://10.0.0.2:26379";
+    let (urls, addrs) = url_list("REDIS_SENTINEL_URLS", &list, fix)?;
     Ok(Some(Backend::Sentinel {
         urls,
         master: master.trim().to_owned(),
@@ -343,8 +343,9 @@ impl Config {
                 return Err(Error::usage(NO_CLUSTER_FEATURE.into()));
             }
             (None, Some(list), _) => {
-                let example = "redis://10.0.0.1:7000,redis://10.0.0.2:7000";
-                let (urls, addrs) = url_list("REDIS_CLUSTER_URLS", &list, example)?;
+                let fix = "list seed node URLs separated by commas, such as \
+                           redis://10.0.0.1:7000,redis://10.0.0.2:7000";
+                let (urls, addrs) = url_list("REDIS_CLUSTER_URLS", &list, fix)?;
                 Backend::Cluster {
                     urls,
                     addrs,
