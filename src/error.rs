@@ -30,8 +30,9 @@ pub enum Error {
     CircuitOpen,
     /// The store failed its startup check
     /// ([`RedisStore::self_test`](crate::RedisStore::self_test)): Redis is
-    /// unreachable, refused the password, or cannot run the limiter's
-    /// scripts. The message names the cause.
+    /// unreachable, refused the password, failed the TLS handshake, named no
+    /// master (Sentinel), or cannot run the limiter's scripts. The message
+    /// names the cause.
     #[error("rate limit store failed its startup check: {0}")]
     Startup(String),
     /// The store's reply was not what the script returns.

@@ -7,6 +7,8 @@
 //! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one) |
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0` |
 //! | `REDIS_CLUSTER_URLS` | unset | counters in a Redis Cluster instead: seed node URLs separated by commas, e.g. `redis://10.0.0.1:7000,redis://10.0.0.2:7000`; needs the `cluster` feature, and not with `REDIS_URL` |
+//! | `REDIS_SENTINEL_URLS` | unset | counters on the master that Redis Sentinel names instead, followed across failovers: sentinel URLs separated by commas, e.g. `redis://10.0.0.1:26379,redis://10.0.0.2:26379`; needs the `sentinel` feature and `REDIS_SENTINEL_MASTER`, and not with `REDIS_URL`, `REDIS_CLUSTER_URLS` or `REDIS_POOL` |
+//! | `REDIS_SENTINEL_MASTER` | unset | with `REDIS_SENTINEL_URLS`: the master's name in the sentinels' configuration, e.g. `mymaster` |
 //! | `RATE_LIMIT_MEMORY_MAX_KEYS` | `1000000` | in-memory store only: the most keys it holds; new keys are denied (429) while it is full (see `MemoryStore`) |
 //! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL` or `REDIS_CLUSTER_URLS`: a bb8 pool of this many connections |
 //! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter |
@@ -20,6 +22,10 @@
 //! | `FORWARDED_HEADER` | `x-forwarded-for` | with `client-ip`: the header read, `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `RATE_LIMIT_ON_ERROR` | `allow` | when the store fails: `allow` the request or `deny` it (503) |
 //! | `RUST_LOG` | `info` | tracing filter |
+//!
+//! Every Redis URL may be `rediss://` (TLS, checked against the system's
+//! trust store; `rediss://host:port/#insecure` skips the check, for tests)
+//! when the example is built with the `tls` feature.
 //!
 //! A bad value stops the server with a message naming the variable (exit
 //! status 2); a Redis that cannot be reached at startup exits with status 1.
@@ -191,12 +197,95 @@ enum Backend {
         addrs: String,
         pool: Option<u32>,
     },
+    Sentinel {
+        urls: Vec<String>,
+        master: String,
+        /// `host:port, ...`, for the startup line.
+        addrs: String,
+    },
 }
 
 /// `REDIS_CLUSTER_URLS` in an example built without the feature.
 const NO_CLUSTER_FEATURE: &str = "REDIS_CLUSTER_URLS is set, but this example was built without \
      the `cluster` feature: run it with `--features cluster` (e.g. `cargo run --features cluster \
      --example axum`), or use REDIS_URL for a single Redis";
+
+/// `REDIS_SENTINEL_URLS` in an example built without the feature.
+const NO_SENTINEL_FEATURE: &str = "REDIS_SENTINEL_URLS is set, but this example was built without \
+     the `sentinel` feature: run it with `--features sentinel` (e.g. `cargo run --features \
+     sentinel --example axum`)";
+
+/// Splits a comma-separated list of URLs from `var`, checking each; also
+/// returns their `host:port`s for the startup line.
+fn url_list(var: &str, list: &str, fix: &str) -> Result<(Vec<String>, String), Error> {
+    let urls: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(Error::config(var, list, fix));
+    }
+    let addrs = urls
+        .iter()
+        .map(|u| redis_addr(var, u))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((urls, addrs.join(", ")))
+}
+
+/// The sentinel backend, if `REDIS_SENTINEL_URLS` is set; `None` leaves the
+/// other Redis variables to decide.
+fn sentinel_backend(
+    redis_set: bool,
+    pool_set: bool,
+    max_keys_set: bool,
+) -> Result<Option<Backend>, Error> {
+    let urls = var("REDIS_SENTINEL_URLS")?;
+    let master = var("REDIS_SENTINEL_MASTER")?;
+    let Some(list) = urls else {
+        return match master {
+            Some(_) => Err(Error::usage(
+                "REDIS_SENTINEL_MASTER is set but REDIS_SENTINEL_URLS is not: set the sentinels' \
+                 URLs too, or unset REDIS_SENTINEL_MASTER"
+                    .into(),
+            )),
+            None => Ok(None),
+        };
+    };
+    let conflict = if redis_set {
+        Some("REDIS_URL or REDIS_CLUSTER_URLS: set only one way to reach Redis")
+    } else if pool_set {
+        Some("REDIS_POOL: a sentinel store uses one multiplexed connection; unset REDIS_POOL")
+    } else if max_keys_set {
+        Some("RATE_LIMIT_MEMORY_MAX_KEYS: it bounds the in-memory store only; unset it")
+    } else {
+        None
+    };
+    if let Some(conflict) = conflict {
+        return Err(Error::usage(format!(
+            "REDIS_SENTINEL_URLS is set, and so is {conflict}"
+        )));
+    }
+    if !cfg!(feature = "sentinel") {
+        return Err(Error::usage(NO_SENTINEL_FEATURE.into()));
+    }
+    let Some(master) = master else {
+        return Err(Error::usage(
+            "REDIS_SENTINEL_URLS is set but REDIS_SENTINEL_MASTER is not: set it to the master's \
+             name in the sentinels' configuration, such as mymaster"
+                .into(),
+        ));
+    };
+    let fix = "list sentinel URLs separated by commas, such as \
+               redis://10.0.0.1:26379,redis://10.0.0.2:26379";
+    let (urls, addrs) = url_list("REDIS_SENTINEL_URLS", &list, fix)?;
+    Ok(Some(Backend::Sentinel {
+        urls,
+        master: master.trim().to_owned(),
+        addrs,
+    }))
+}
 
 impl Config {
     /// Parses every variable, so a typo is reported even where it would not
@@ -215,7 +304,11 @@ impl Config {
         let max_keys = var("RATE_LIMIT_MEMORY_MAX_KEYS")?;
         let max_keys_set = max_keys.is_some();
         let max_keys = max_keys.as_deref().map(parse_max_keys).transpose()?;
-        let backend = match (var("REDIS_URL")?, var("REDIS_CLUSTER_URLS")?, pool) {
+        let (redis_url, cluster_urls) = (var("REDIS_URL")?, var("REDIS_CLUSTER_URLS")?);
+        let redis_set = redis_url.is_some() || cluster_urls.is_some();
+        let sentinel = sentinel_backend(redis_set, pool.is_some(), max_keys_set)?;
+        let backend = match (redis_url, cluster_urls, pool) {
+            _ if sentinel.is_some() => sentinel.expect("just checked"),
             (Some(_), Some(_), _) => {
                 return Err(Error::usage(
                     "REDIS_URL and REDIS_CLUSTER_URLS are both set: set REDIS_URL for one Redis \
@@ -250,24 +343,12 @@ impl Config {
                 return Err(Error::usage(NO_CLUSTER_FEATURE.into()));
             }
             (None, Some(list), _) => {
-                let urls: Vec<String> = list
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|u| !u.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if urls.is_empty() {
-                    let fix = "list seed node URLs separated by commas, such as \
-                               redis://10.0.0.1:7000,redis://10.0.0.2:7000";
-                    return Err(Error::config("REDIS_CLUSTER_URLS", &list, fix));
-                }
-                let addrs = urls
-                    .iter()
-                    .map(|u| redis_addr("REDIS_CLUSTER_URLS", u))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let fix = "list seed node URLs separated by commas, such as \
+                           redis://10.0.0.1:7000,redis://10.0.0.2:7000";
+                let (urls, addrs) = url_list("REDIS_CLUSTER_URLS", &list, fix)?;
                 Backend::Cluster {
                     urls,
-                    addrs: addrs.join(", "),
+                    addrs,
                     pool: pool_size,
                 }
             }
@@ -318,6 +399,17 @@ impl Limiting {
                 (
                     builder.store(store),
                     format!("redis cluster at {addrs} via {via}"),
+                )
+            }
+            Backend::Sentinel {
+                urls,
+                master,
+                addrs,
+            } => {
+                let store = connect_sentinel(urls, master, addrs).await?;
+                (
+                    builder.store(store),
+                    format!("redis master {master:?} named by the sentinels at {addrs}"),
                 )
             }
         };
@@ -417,9 +509,35 @@ async fn connect_cluster(
     Err(Error::usage(NO_CLUSTER_FEATURE.into()))
 }
 
+/// Connects to the master the sentinels name `master`.
+#[cfg(feature = "sentinel")]
+async fn connect_sentinel(urls: &[String], master: &str, addrs: &str) -> Result<RedisStore, Error> {
+    RedisStore::sentinel(urls.iter().map(String::as_str), master)
+        .await
+        .map_err(|e| {
+            Error::runtime(format!(
+                "cannot use the Redis master {master:?} named by the sentinels at {addrs} \
+                 (REDIS_SENTINEL_URLS) for rate limiting: {e}"
+            ))
+        })
+}
+
+/// Without the `sentinel` feature, `from_env` already refused
+/// `REDIS_SENTINEL_URLS`.
+#[cfg(not(feature = "sentinel"))]
+async fn connect_sentinel(_: &[String], _: &str, _: &str) -> Result<RedisStore, Error> {
+    Err(Error::usage(NO_SENTINEL_FEATURE.into()))
+}
+
 /// Checks a Redis URL from `var` and returns its `host:port`. The URL itself
 /// is never echoed: it may hold a password.
 fn redis_addr(var: &str, url: &str) -> Result<String, Error> {
+    if !cfg!(feature = "tls") && url.trim_start().starts_with("rediss://") {
+        return Err(Error::usage(format!(
+            "{var} is a rediss:// (TLS) URL, but this example was built without the `tls` \
+             feature: run it with `--features tls` (e.g. `cargo run --features tls --example axum`)"
+        )));
+    }
     match url.into_connection_info() {
         Ok(info) => Ok(info.addr().to_string()),
         Err(e) => Err(Error::usage(format!(

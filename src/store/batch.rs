@@ -65,6 +65,16 @@ impl Batched for ConnectionManager {
     fn group(_: &[LimitCheck]) {}
 }
 
+#[cfg(feature = "sentinel")]
+impl Batched for super::redis::SentinelMaster {
+    type Group = ();
+
+    /// One call a round, as on any standalone Redis.
+    const ROUND: usize = MAX_BATCH;
+
+    fn group(_: &[LimitCheck]) {}
+}
+
 #[cfg(feature = "cluster")]
 impl Batched for redis::cluster_async::ClusterConnection {
     /// The hash slot: all keys of one request share it (their hash tag).

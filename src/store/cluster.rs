@@ -87,6 +87,7 @@ impl RedisStore {
     pub async fn cluster<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
     ) -> Result<Self, Error> {
+        super::install_tls_provider();
         let client = Self::cluster_client(nodes).build()?;
         let conn = client
             .get_async_connection()
@@ -123,6 +124,7 @@ impl RedisStore {
     pub fn cluster_client<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
     ) -> ClusterClientBuilder {
+        super::install_tls_provider();
         ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(1))

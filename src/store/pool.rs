@@ -49,7 +49,7 @@ where
 /// Whether `e` means the connection itself is gone (closed, reset, refused;
 /// for a cluster connection, no connection to the slot's node), as opposed
 /// to an error reply, a reply of the wrong shape, or a slow answer.
-fn is_broken(e: &RedisError) -> bool {
+pub(super) fn is_broken(e: &RedisError) -> bool {
     e.is_connection_dropped() || e.kind() == ErrorKind::ClusterConnectionNotFound
 }
 

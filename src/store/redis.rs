@@ -18,6 +18,15 @@ mod cluster;
 mod lease;
 #[path = "self_test.rs"]
 mod self_test;
+#[cfg(feature = "sentinel")]
+#[path = "sentinel.rs"]
+mod sentinel;
+#[cfg(feature = "tls")]
+#[path = "tls.rs"]
+mod tls;
+
+#[cfg(feature = "sentinel")]
+pub(super) use self::sentinel::Sentinel as SentinelMaster;
 
 /// Counters in Redis.
 ///
@@ -32,7 +41,11 @@ mod self_test;
 ///
 /// With the `cluster` feature, `RedisStore::cluster` runs the same scripts
 /// on a Redis Cluster: all keys of one call share a hash tag, so each call
-/// goes to the one master that owns their slot.
+/// goes to the one master that owns their slot. With the `sentinel` feature,
+/// `RedisStore::sentinel` finds the master through Redis Sentinel, and finds
+/// it again after a failover. With the `tls` feature, every constructor takes
+/// `rediss://` URLs, and `RedisStore::connect_with_tls` a CA of your own and a
+/// client certificate.
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")]
@@ -56,6 +69,8 @@ enum Backend {
     Pool(Pool<RedisConnectionManager>),
     #[cfg(feature = "cluster")]
     Cluster(cluster::Cluster),
+    #[cfg(feature = "sentinel")]
+    Sentinel(sentinel::Sentinel),
 }
 
 impl fmt::Debug for RedisStore {
@@ -65,6 +80,8 @@ impl fmt::Debug for RedisStore {
             Backend::Pool(_) => "bb8::Pool",
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => cluster.name(),
+            #[cfg(feature = "sentinel")]
+            Backend::Sentinel(_) => "Sentinel",
         };
         f.debug_struct("RedisStore")
             .field("backend", &backend)
@@ -76,12 +93,19 @@ impl RedisStore {
     /// Connects a [`ConnectionManager`] to `url` (e.g. `redis://host:6379/0`)
     /// and runs the [`self_test`](Self::self_test): fails now, with
     /// [`Error::Startup`] naming the cause, if Redis cannot be reached,
-    /// refuses the password, or cannot run the limiter's scripts.
+    /// refuses the password, cannot run the limiter's scripts, or (for a
+    /// `rediss://` URL, with the `tls` feature) fails the TLS handshake.
     pub async fn connect(url: impl IntoConnectionInfo) -> Result<Self, Error> {
-        let client = Client::open(url)?;
+        install_tls_provider();
+        Self::connect_client(Client::open(url)?).await
+    }
+
+    /// [`connect`](Self::connect) with a client already built.
+    async fn connect_client(client: Client) -> Result<Self, Error> {
+        let stage = self_test::Stage::of(client.get_connection_info().addr());
         let manager = ConnectionManager::new_with_config(client, Self::manager_config())
             .await
-            .map_err(|e| self_test::startup(e.into(), self_test::Stage::Connect))?;
+            .map_err(|e| self_test::startup(e.into(), stage))?;
         let store = Self::new(manager);
         store.self_test().await?;
         Ok(store)
@@ -93,6 +117,7 @@ impl RedisStore {
     /// policy. Fails only for a malformed URL: it runs no
     /// [`self_test`](Self::self_test).
     pub fn connect_lazy(url: impl IntoConnectionInfo) -> Result<Self, Error> {
+        install_tls_provider();
         let client = Client::open(url)?;
         let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
         Ok(Self::new(manager))
@@ -142,6 +167,13 @@ impl RedisStore {
             batcher: Batcher::default(),
         }
     }
+}
+
+/// With the `tls` feature, makes sure rustls has a crypto provider before a
+/// client is built (see `tls.rs`); without it, nothing to do.
+fn install_tls_provider() {
+    #[cfg(feature = "tls")]
+    tls::install_provider();
 }
 
 impl From<ConnectionManager> for RedisStore {
@@ -300,6 +332,11 @@ impl RedisStore {
             }
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster) => cluster.run(call),
+            #[cfg(feature = "sentinel")]
+            Backend::Sentinel(sentinel) => {
+                let mut conn = sentinel.clone();
+                Box::pin(async move { call.invoke(&mut conn).await })
+            }
         }
     }
 }
@@ -360,6 +397,8 @@ impl Store for RedisStore {
             Backend::Cluster(cluster::Cluster::Connection(conn)) => {
                 self.batcher.submit(conn, checks, cost)
             }
+            #[cfg(feature = "sentinel")]
+            Backend::Sentinel(sentinel) => self.batcher.submit(sentinel, checks, cost),
             _ => Err((checks, cost)),
         };
         match submitted {

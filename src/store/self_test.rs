@@ -100,13 +100,44 @@ impl RedisStore {
 pub(super) enum Stage {
     /// Opening the connection.
     Connect,
+    /// Opening a TLS connection (a `rediss://` URL).
+    #[cfg(feature = "tls")]
+    ConnectTls,
     /// Loading and running the scripts.
     Scripts,
+}
+
+impl Stage {
+    /// The connecting stage for a connection to `addr`.
+    pub(super) fn of(addr: &redis::ConnectionAddr) -> Self {
+        match addr {
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls { .. } => Stage::ConnectTls,
+            _ => Stage::Connect,
+        }
+    }
 }
 
 /// [`Error::Startup`] for `e`, naming the cause where redis-rs tells it.
 pub(super) fn startup(e: Error, stage: Stage) -> Error {
     let cause = match (&e, stage) {
+        #[cfg(feature = "tls")]
+        (Error::Redis(e), _) if super::tls::is_tls_error(e) => {
+            "TLS failed: the server's certificate is not signed by the CA you trust \
+             (pass yours to RedisStore::connect_with_tls), the server wants a client \
+             certificate, or the port does not speak TLS"
+        }
+        #[cfg(feature = "tls")]
+        (Error::Redis(e), Stage::ConnectTls) if e.is_timeout() => {
+            "no TLS handshake in time: does this port speak TLS? (a plain Redis port never \
+             answers a TLS hello)"
+        }
+        #[cfg(feature = "sentinel")]
+        (Error::Redis(e), _) if e.kind() == ErrorKind::MasterNameNotFoundBySentinel => {
+            "no sentinel names a healthy master by that name: check the master name \
+             (`sentinel monitor <name> ...` in the sentinels' configuration) and that \
+             the master is up"
+        }
         (Error::Redis(e), _) if is_auth(e) => {
             "authentication failed: wrong or missing password (put it in the URL, \
              redis://:PASSWORD@host:port or redis://USER:PASSWORD@host:port)"
@@ -119,11 +150,11 @@ pub(super) fn startup(e: Error, stage: Stage) -> Error {
             "this user may not run the limiter's scripts: allow EVALSHA and SCRIPT LOAD \
              in its ACL"
         }
-        (_, Stage::Connect) => "cannot connect to Redis",
         (_, Stage::Scripts) => {
             "Redis cannot run the limiter's Lua scripts (scripting disabled or renamed, \
              or a Redis-protocol server without Lua and its cmsgpack library)"
         }
+        _ => "cannot connect to Redis",
     };
     Error::Startup(format!("{cause}: {e}"))
 }

@@ -14,7 +14,11 @@ pub mod inproc;
 pub mod lease;
 pub mod refusal;
 pub mod scenarios;
+#[cfg(feature = "sentinel")]
+pub mod sentinel;
 pub mod servers;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -62,6 +66,19 @@ pub struct RedisServer {
     log: Arc<Mutex<String>>,
     /// Arguments after the harness's own, kept for restarts.
     args: Vec<String>,
+    /// What kind of server this is.
+    kind: Kind,
+}
+
+/// What a [`RedisServer`] runs as.
+#[derive(Clone)]
+enum Kind {
+    /// A plain Redis on `port`.
+    Plain,
+    /// A Redis whose `port` is its TLS port (`--tls-port`), with no plain port.
+    Tls,
+    /// A sentinel, from the configuration file at this path.
+    Sentinel(std::path::PathBuf),
 }
 
 fn binary() -> String {
@@ -90,13 +107,42 @@ impl RedisServer {
     /// (`["--requirepass", "secret"]`, `["--replicaof", ...]`), kept across
     /// restarts.
     pub fn start_with(args: &[&str]) -> Self {
+        Self::start_as(Kind::Plain, args, |_| {})
+    }
+
+    /// A server that speaks TLS only, on [`port`](Self::port): `args` must
+    /// name its certificate files (`--tls-cert-file`, ...; see `tls.rs`).
+    /// Its [`url`](Self::url) is `rediss://`; the harness's own helpers
+    /// (`conn`, `store`, ...) speak plain Redis and do not work on it.
+    pub fn start_tls(args: &[&str]) -> Self {
+        Self::start_as(Kind::Tls, args, |_| {})
+    }
+
+    /// A sentinel (`redis-server <conf> --sentinel`) whose configuration file
+    /// holds `conf` (the sentinel rewrites it, so each has its own).
+    pub fn start_sentinel(conf: &str) -> Self {
+        let conf = conf.to_owned();
+        Self::start_as(
+            Kind::Sentinel(Default::default()),
+            &["--sentinel"],
+            move |server| {
+                let path = server.dir.path().join("sentinel.conf");
+                std::fs::write(&path, &conf).expect("write sentinel.conf");
+                server.kind = Kind::Sentinel(path);
+            },
+        )
+    }
+
+    fn start_as(kind: Kind, args: &[&str], prepare: impl FnOnce(&mut Self)) -> Self {
         let mut server = Self {
             child: None,
             port: 0,
             dir: tempfile::tempdir().expect("temp dir for redis-server"),
             log: Arc::new(Mutex::new(String::new())),
             args: args.iter().map(|a| a.to_string()).collect(),
+            kind,
         };
+        prepare(&mut server);
         for _ in 0..10 {
             server.port = free_port();
             if let Started::Ready(child) = server.spawn() {
@@ -108,8 +154,14 @@ impl RedisServer {
     }
 
     fn spawn(&self) -> Started {
-        let mut child = Command::new(binary())
-            .args(["--port", &self.port.to_string()])
+        let port = self.port.to_string();
+        let mut command = Command::new(binary());
+        match &self.kind {
+            Kind::Plain => command.args(["--port", &port]),
+            Kind::Tls => command.args(["--tls-port", &port, "--port", "0"]),
+            Kind::Sentinel(conf) => command.arg(conf).args(["--port", &port]),
+        };
+        let mut child = command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.path().to_str().expect("utf-8 temp dir")])
@@ -139,7 +191,9 @@ impl RedisServer {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let _ = writeln!(file, "{line}");
                 log.lock().unwrap().push_str(&(line.clone() + "\n"));
-                if line.contains("Ready to accept connections") {
+                // A sentinel never says "Ready": it is once it monitors.
+                if line.contains("Ready to accept connections") || line.contains("+monitor master")
+                {
                     let _ = tx.send(true);
                 }
             }
@@ -147,7 +201,10 @@ impl RedisServer {
         });
         match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(true) => {
-                self.ping();
+                // A TLS server's readiness is its "Ready" line alone.
+                if !matches!(self.kind, Kind::Tls) {
+                    self.ping();
+                }
                 Started::Ready(child)
             }
             _ => {
@@ -182,9 +239,13 @@ impl RedisServer {
         );
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = match self.kind {
+            Kind::Tls => "rediss",
+            _ => "redis",
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The port.
