@@ -37,11 +37,13 @@ impl PartitionKeys {
         Self::from_bytes(bytes)
     }
 
+    /// SipHash's two keys: the low and high halves of `b`, little-endian,
+    /// as the memory store's secret splits its bytes.
     fn from_bytes(b: [u8; 16]) -> Self {
-        let (k0, k1) = b.split_at(8);
+        let n = u128::from_le_bytes(b);
         Self {
-            k0: u64::from_le_bytes(k0.try_into().unwrap_or_default()),
-            k1: u64::from_le_bytes(k1.try_into().unwrap_or_default()),
+            k0: n as u64,
+            k1: (n >> 64) as u64,
         }
     }
 
