@@ -52,9 +52,25 @@ def flood(port, keys, connections=64, threads=2):
     return sent
 
 
+def round_of(rnd, cells, args, rows):
+    """One round: each (name, port, keys.lua script) cell paced at `--rate`,
+    in a shuffled order; results appended to `rows[name]` and printed.
+    Returns the requests each cell sent, by name."""
+    rate_delay = args.connections * 1000 / args.rate
+    random.shuffle(cells)
+    sent = {}
+    for name, port, script in cells:
+        r = wrk.paced(f"http://127.0.0.1:{port}/", args.seconds, args.connections, 1,
+                      script, rate_delay)
+        rows[name].append(r)
+        sent[name] = r["requests"]
+        print(f"round {rnd} {name:14} {r['rps']:7.0f} req/s  p99 {r['p99']:6.2f} ms"
+              f"  max {r['max']:7.2f} ms  non-2xx {r['non2xx']}", file=sys.stderr)
+    return sent
+
+
 def latency(args):
     env = dict(KEYED, RATE_LIMIT="1000000000/1h")
-    rate_delay = args.connections * 1000 / args.rate
     rows = {"flood": [], "one key": []}
     with procs.serving(args.binary, env, "/tmp/flood-F.log") as (fport, startup, fpid), \
             procs.serving(args.binary, env, "/tmp/flood-O.log") as (oport, _, _):
@@ -63,13 +79,7 @@ def latency(args):
         print(f"filled: {sent} keys, RSS {rss_mb(fpid):.0f} MB", file=sys.stderr)
         for rnd in range(args.rounds):
             cells = [("flood", fport, ("fresh", 0)), ("one key", oport, ("cycle", 1))]
-            random.shuffle(cells)
-            for name, port, script in cells:
-                r = wrk.paced(f"http://127.0.0.1:{port}/", args.seconds, args.connections, 1,
-                              script, rate_delay)
-                rows[name].append(r)
-                print(f"round {rnd + 1} {name:8} {r['rps']:7.0f} req/s  p99 {r['p99']:6.2f} ms"
-                      f"  max {r['max']:7.2f} ms  non-2xx {r['non2xx']}", file=sys.stderr)
+            round_of(rnd + 1, cells, args, rows)
         print(f"flood server: RSS {rss_mb(fpid):.0f} MB at the end", file=sys.stderr)
     report(rows, args.rate)
 
@@ -80,7 +90,6 @@ def growth(args):
     keys over the rounds, every resize and reclaim on some request's time;
     O answers one key. Both paced at the same rate, interleaved."""
     env = dict(KEYED, RATE_LIMIT="1000000000/1h", RATE_LIMIT_MEMORY_MAX_KEYS="2000000")
-    rate_delay = args.connections * 1000 / args.rate
     rows = {"flood, growing": [], "one key": []}
     with procs.serving(args.binary, env, "/tmp/flood-F.log") as (fport, startup, fpid), \
             procs.serving(args.binary, env, "/tmp/flood-O.log") as (oport, _, _):
@@ -89,16 +98,8 @@ def growth(args):
         while sent < args.fill:
             rnd += 1
             cells = [("flood, growing", fport, ("fresh", 0)), ("one key", oport, ("cycle", 1))]
-            random.shuffle(cells)
-            for name, port, script in cells:
-                r = wrk.paced(f"http://127.0.0.1:{port}/", args.seconds, args.connections, 1,
-                              script, rate_delay)
-                rows[name].append(r)
-                if port == fport:
-                    sent += r["requests"]
-                print(f"round {rnd} {name:14} {r['rps']:7.0f} req/s  p99 {r['p99']:6.2f} ms"
-                      f"  max {r['max']:7.2f} ms  non-2xx {r['non2xx']}  (F holds ~{sent} keys)",
-                      file=sys.stderr)
+            sent += round_of(rnd, cells, args, rows)["flood, growing"]
+            print(f"  the flood server holds ~{sent} keys", file=sys.stderr)
         print(f"flood server: {sent} new keys, RSS {rss_mb(fpid):.0f} MB", file=sys.stderr)
     report(rows, args.rate)
 
