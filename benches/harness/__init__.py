@@ -37,7 +37,8 @@ Shared by every command:
 * `plain`: plain axum's CPU per request under wrk (C_plain);
 * `bound`: medians, the bound, the machine, its markdown and JSON.
 
-Every command writes its report under `benches/results/` by default.
+`load.py`, `chaos.py` and `redis-limit.py` write their reports under
+`benches/results/` by default; `ab.py` and `flood.py` print theirs.
 """
 
 import os
