@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from loadbench import catalog, procs, wrk
+from harness import catalog, procs, wrk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

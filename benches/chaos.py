@@ -14,13 +14,13 @@ a fresh example server: `RATE_LIMIT=<limit>/1h`, `RATE_LIMIT_KEY=header:x-key`,
 `RATE_LIMIT_ON_ERROR=allow|deny`, over one multiplexed connection, a bb8
 pool of 8 (`REDIS_POOL=8`, for the kill -9 fault) or a cluster connection.
 
-A row: wrk (one connection per thread, `loadbench/chaos.lua`) cycles over
+A row: wrk (one connection per thread, `harness/chaos.lua`) cycles over
 the row's own keys, far faster than the limit allows, so every key is spent
 within the first second; after `--pre` seconds the fault is injected
-(`loadbench/faults.py`), lifted `--hold` seconds later, and the row watches
+(`harness/faults.py`), lifted `--hold` seconds later, and the row watches
 `--post` seconds more. chaos.lua records every answer (time, latency,
 status, whether it carries the `RateLimit` header, key), from which
-`loadbench/verdict.py` computes the row: admissions over the limit (those
+`harness/verdict.py` computes the row: admissions over the limit (those
 the store decided, and the fail-open ones), 503s, other 5xx, the largest
 latency and the recovery. docs/reliability.md explains the columns.
 
@@ -39,11 +39,9 @@ import argparse
 import datetime
 import http.client
 import os
-import platform
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,11 +49,11 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from loadbench import chaosreport, faults, procs, verdict, wrk  # noqa: E402
-from loadbench.cluster import Cluster  # noqa: E402
+from harness import RESULTS, chaosreport, faults, procs, verdict, wrk  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "loadbench", "chaos.lua")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness", "chaos.lua")
 HEADER = "x-key"
 HARNESS_FAILED = 2
 
@@ -94,8 +92,8 @@ def arguments():
                     help="exit 1 when a row shows a defect (see docs/reliability.md)")
     ap.add_argument("--no-build", action="store_true",
                     help="use target/release/examples/axum as it is")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results-chaos"),
-                    help="writes OUT.md and OUT.json (default: benches/results-chaos)")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "chaos"),
+                    help="writes OUT.md and OUT.json (default: benches/results/chaos)")
     return ap.parse_args()
 
 
@@ -124,9 +122,9 @@ def main():
     if not plan:
         sys.exit("--only matched no fault")
     run = {
-        "commit": commit(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": f"{procs.cpu_model()}, {os.cpu_count()} CPUs, {platform.system()}",
-        "loadavg": loadavg(), "command": "python3 " + " ".join(
+        "commit": procs.commit(ROOT),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": procs.machine(), "loadavg": procs.loadavg(), "command": "python3 " + " ".join(
             shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "settings": {"quota": f"{args.limit}/1h", "header": HEADER, "keys": args.keys,
                      "connections": args.connections, "pre_s": args.pre,
@@ -319,19 +317,6 @@ def compact(redis):
 
 def sleep_until(t):
     time.sleep(max(0.0, t - time.monotonic()))
-
-
-def commit():
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
-    rev = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    return rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").strip()
-                  else "")
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def reap():

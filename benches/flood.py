@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from loadbench import procs, wrk  # noqa: E402
+from harness import procs, wrk  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYED = {"RATE_LIMIT_KEY": "header:x-api-key"}

@@ -3,7 +3,7 @@
 
     python3 benches/load.py                      # the full run: 5 rounds of 5 s
     python3 benches/load.py --rounds 1 --seconds 2 --only redis --out /tmp/smoke
-    python3 benches/load.py --from-json benches/results.json   # redraw only
+    python3 benches/load.py --from-json benches/results/latest.json   # redraw only
 
 Starts its own redis-server on a free port, builds `examples/axum.rs` and the
 peer servers of `benches/peers/` in release mode, and for each round runs
@@ -14,9 +14,9 @@ A cell: FLUSHALL, start the server,
 spend the workload's keys and check it answers as designed, a wrk warm-up,
 CONFIG RESETSTAT, the measured wrk run (`GET /`), INFO commandstats and cpu,
 the paced run, stop the server, then the exactness checks
-(`loadbench/exactness.py`: admitted answers within the workload's bound, no
+(`harness/exactness.py`: admitted answers within the workload's bound, no
 Redis key without a TTL, no counter over the limit). The servers and
-workloads are in `loadbench/catalog.py`; BENCHMARKS.md explains them.
+workloads are in `harness/catalog.py`; BENCHMARKS.md explains them.
 
 The measured run is closed-loop at saturation: every connection sends its
 next request as soon as it has the answer, so a slower server is measured
@@ -39,15 +39,13 @@ cargo, and for the chart matplotlib (pip install matplotlib).
 import argparse
 import datetime
 import os
-import platform
 import random
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from loadbench import (catalog, chart, exactness, markdown, procs, redisstats,  # noqa: E402
-                       report, wrk)
+from harness import (RESULTS, catalog, chart, exactness, markdown, procs,  # noqa: E402
+                     redisstats, report, wrk)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +74,7 @@ def arguments():
                          "take each ratio against that cell (twice the cells, for a VM "
                          "whose speed drifts within minutes)")
     ap.add_argument("--out", default=None,
-                    help="writes OUT.md and OUT.json (default: benches/results, or with "
+                    help="writes OUT.md and OUT.json (default: benches/results/latest, or with "
                          "--from-json the JSON's path without .json)")
     ap.add_argument("--chart", default=None,
                     help="chart image (default: docs/benchmarks.png, or OUT.png "
@@ -92,11 +90,10 @@ def arguments():
     if args.paced_rate > 0 and args.paced_delay < 1:
         ap.error(f"--paced-rate {args.paced_rate:g} is more than {args.connections} "
                  "connections can offer with a 1 ms delay")
+    default_out = os.path.join(RESULTS, "latest")
     if args.out is None:
-        args.out = (os.path.splitext(args.from_json)[0] if args.from_json
-                    else os.path.join(ROOT, "benches", "results"))
+        args.out = (os.path.splitext(args.from_json)[0] if args.from_json else default_out)
     if args.chart is None:
-        default_out = os.path.join(ROOT, "benches", "results")
         args.chart = (os.path.join(ROOT, "docs", "benchmarks.png")
                       if os.path.abspath(args.out) == default_out else args.out + ".png")
     return args
@@ -108,27 +105,14 @@ def pick(items, substrings, keep=lambda _: False):
             if keep(i) or not subs or any(s in i.name.lower() for s in subs)]
 
 
-def output(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    except OSError:
-        return "?"
-
-
-def machine():
-    model = procs.cpu_model()
-    with open("/proc/meminfo") as f:
-        mem_kib = int(f.readline().split()[1])
-    return (f"{os.cpu_count()} cores ({model}), {mem_kib / 2**20:.0f} GiB, "
-            f"{platform.system()} {platform.release()}")
-
-
 def meta(args):
-    dirty = output(["git", "status", "--porcelain", "--untracked-files=no"])
+    def output(cmd):
+        return procs.output(cmd, ROOT)
+
     return {
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "commit": output(["git", "rev-parse", "--short", "HEAD"]) + ("+dirty" if dirty else ""),
-        "machine": machine(),
+        "commit": procs.commit(ROOT),
+        "machine": procs.machine(),
         "rustc": output(["rustc", "--version"]),
         "redis": output(["redis-server", "--version"]),
         "wrk": output(["wrk", "--version"]).splitlines()[0] if output(["wrk", "--version"]) else "?",

@@ -5,7 +5,7 @@
     python3 benches/redis-limit.py --decisions 50000 --shallow-decisions 20000 \\
         --repeats 1 --seconds 2                         # a short run, to see it work
     python3 benches/redis-limit.py --only tx --plain-us 22.0   # some designs, C_plain given
-    python3 benches/redis-limit.py --json /tmp/redis-limit.json
+    python3 benches/redis-limit.py --out /tmp/redis-limit   # writes /tmp/redis-limit.{md,json}
 
 Needs redis-server, redis-cli and wrk (apt-get install -y redis-server wrk),
 and cargo for `examples/axum.rs`. Python 3.11, standard library only.
@@ -88,7 +88,7 @@ What it measures
    Between designs: FLUSHALL.
 3. Plain axum: `examples/axum.rs` (release) with RATE_LIMIT=off and
    RATE_LIMIT_KEY=header:x-api-key, driven by `wrk -t1 -c32` with
-   benches/loadbench/keys.lua cycling x-api-key over 100,000 keys (the load
+   benches/harness/keys.lua cycling x-api-key over 100,000 keys (the load
    benchmark's command line), after a warm-up. The server's CPU time
    (/proc/<pid>/stat utime + stime, all threads) plus wrk's
    (getrusage(RUSAGE_CHILDREN)) over the requests wrk counted: **C_plain, us
@@ -107,10 +107,11 @@ the load average at the start and end is printed with the table.
 Output: a markdown table (design, decisions per call, Redis CPU us per
 decision, decisions/s, Redis busy, the best possible ratio; the same at
 depth 1), the machine, C_plain, and what 0.8x would leave for Redis.
-`--json PATH` saves every raw figure.
+Writes `<out>.md` (also printed) and `<out>.json` (every raw figure);
+`--out` is `benches/results/redis-limit` by default.
 
-The parts are in `benches/redislimit/` (its `__init__.py` lists them); this
-file parses the options, runs them in turn and prints the report.
+The parts are in `benches/harness/` (its `__init__.py` lists them); this
+file parses the options, runs them in turn and prints the bound.
 """
 
 import argparse
@@ -120,9 +121,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from redislimit import drive, plain, procs, report  # noqa: E402
-from redislimit.designs import designs  # noqa: E402
-from redislimit.resp import Conn  # noqa: E402
+from harness import RESULTS, bound, drive, plain, procs  # noqa: E402
+from harness.designs import designs  # noqa: E402
+from harness.resp import Conn  # noqa: E402
 
 
 def arguments():
@@ -145,7 +146,8 @@ def arguments():
                    help="take C_plain (µs) as given instead of measuring plain axum")
     p.add_argument("--no-build", action="store_true",
                    help="do not run cargo build; use target/release/examples/axum")
-    p.add_argument("--json", metavar="PATH", help="save every raw figure there")
+    p.add_argument("--out", default=os.path.join(RESULTS, "redis-limit"),
+                   help="write <out>.md and <out>.json (default benches/results/redis-limit)")
     return p.parse_args()
 
 
@@ -156,18 +158,18 @@ def main():
     if not chosen:
         sys.exit("no design matches --only")
 
-    meta = {"machine": report.machine(), "load_start": procs.loadavg(),
+    meta = {"machine": bound.machine(), "load_start": procs.loadavg(),
             "options": vars(args), "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     print(f"load average at the start: {meta['load_start']}", file=sys.stderr)
 
-    redis = procs.RedisServer()
+    redis = procs.Redis()
     control = Conn(redis.port)
     results = []
     try:
         for d in chosen:
             print(f"{d.name} ...", file=sys.stderr, flush=True)
             results.append(drive.measure(redis.port, control, d, args))
-            print(report.progress(results[-1], procs.loadavg()), file=sys.stderr, flush=True)
+            print(bound.progress(results[-1], procs.loadavg()), file=sys.stderr, flush=True)
     finally:
         control.close()
         redis.stop()
@@ -179,10 +181,13 @@ def main():
         baseline = plain.measure_plain(args)
     meta["load_end"] = procs.loadavg()
 
-    print(report.markdown(meta, baseline, results))
-    if args.json:
-        report.write_json(args.json, meta, baseline, results)
-        print(f"raw figures: {args.json}", file=sys.stderr)
+    text = bound.markdown(meta, baseline, results)
+    print(text)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".md", "w") as f:
+        f.write(text + "\n")
+    bound.write_json(args.out + ".json", meta, baseline, results)
+    print(f"wrote {args.out}.md and {args.out}.json", file=sys.stderr)
 
 
 if __name__ == "__main__":

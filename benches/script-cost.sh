@@ -53,7 +53,8 @@ for _ in 1 2 3 4 5 6 7 8; do
   fast+=(1 1 1)
 done
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# The harness's free port (benches/harness/procs.py).
+free_port() { PYTHONPATH="$root/benches" python3 -c 'from harness.procs import free_port; print(free_port())'; }
 
 # measure NAME FILE DECISIONS ARGS...: prints instructions per call and decision.
 measure() {

@@ -37,12 +37,13 @@ for tool in valgrind callgrind_control wrk curl cargo python3; do
 done
 cargo build --release --example axum >&2
 server=${CARGO_TARGET_DIR:-$root/target}/release/examples/axum
-keys=$root/benches/loadbench/keys.lua
+keys=$root/benches/harness/keys.lua
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
+# The harness's free port (benches/harness/procs.py).
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  PYTHONPATH="$root/benches" python3 -c 'from harness.procs import free_port; print(free_port())'
 }
 
 # wrk DURATION URL [KEYS_LUA_ARGS...]: wrk, with keys.lua when given arguments

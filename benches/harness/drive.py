@@ -12,7 +12,7 @@ import uuid
 from . import KEYS
 from .checks import counted, keyspace, verify
 from .procs import rusage_seconds
-from .report import medians
+from .bound import medians
 from .resp import Incomplete, command, commandstats, connect, parse_many, redis_cpu
 
 # What each run reports per decision, and the medians taken over runs.

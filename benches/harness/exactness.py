@@ -25,6 +25,7 @@ that failed. Cells of older runs have no such field: not checked.
 """
 
 import math
+import os
 import re
 import subprocess
 
@@ -33,30 +34,9 @@ COUNTER_PREFIX = "rl:fw:"
 # Limits at least this large cannot be reached by a run: not compared.
 SMALL_LIMIT = 1_000_000
 
-# Read-only. ARGV[1]: the counters' key prefix. Replies {keys, keys without
-# a TTL, the largest integer in a string key under the prefix, or -1}.
-SCAN = """
-local prefix = ARGV[1]
-local cursor, keys, no_ttl, max = '0', 0, 0, -1
-repeat
-  local page = redis.call('SCAN', cursor, 'COUNT', 1000)
-  cursor = page[1]
-  for _, key in ipairs(page[2]) do
-    keys = keys + 1
-    local ttl = redis.call('PTTL', key)
-    if ttl < 0 and ttl ~= -2 then
-      no_ttl = no_ttl + 1
-    end
-    if string.sub(key, 1, #prefix) == prefix and redis.call('TYPE', key).ok == 'string' then
-      local n = tonumber(redis.call('GET', key))
-      if n and n == math.floor(n) and n > max then
-        max = n
-      end
-    end
-  end
-until cursor == '0'
-return {keys, no_ttl, max}
-"""
+# The keyspace scan, shared with redis-limit.py's checks (keyspace.lua).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "keyspace.lua")) as _f:
+    KEYSPACE_LUA = _f.read()
 
 _INTEGER = re.compile(r"(-?\d+)\s*$")
 
@@ -86,12 +66,12 @@ def bound(workload, requests, threads):
 
 def scan(redis):
     """(keys, keys without a TTL, largest counter or None) of the keyspace."""
-    out = redis.cli("EVAL", SCAN, "0", COUNTER_PREFIX)
+    out = redis.cli("EVAL", KEYSPACE_LUA, "0", COUNTER_PREFIX, "string")
     # Not a tty: one raw value per line; a tty would show "1) (integer) 5".
     values = [int(m.group(1)) for m in map(_INTEGER.search, out.splitlines()) if m]
-    if len(values) != 3:
+    if len(values) != 7:
         raise ValueError(f"unexpected reply {out.strip()!r}")
-    keys, no_ttl, max_count = values
+    keys, no_ttl, _gone, _stray, _sum, _max_ttl, max_count = values
     return keys, no_ttl, (None if max_count < 0 else max_count)
 
 

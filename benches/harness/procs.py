@@ -1,9 +1,13 @@
-"""Processes: the benchmark's redis-server, building and starting the servers,
-and the warm-up requests that set a workload up."""
+"""Processes and the machine: tools on PATH, free ports, the benchmark's own
+redis-server, building and starting the servers, the warm-up requests that set
+a workload up, CPU seconds from /proc and getrusage, and the machine and commit
+a report names."""
 
 import http.client
 import os
+import platform
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -18,10 +22,10 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def require(*tools):
-    for tool in tools:
-        if not shutil.which(tool):
-            sys.exit(f"{tool} not found on PATH: apt-get install -y wrk redis-server "
-                     "(and rustup for cargo)")
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        sys.exit(f"{', '.join(missing)} not found on PATH: "
+                 "apt-get install -y redis-server redis-tools wrk (and rustup for cargo)")
 
 
 def cpu_model():
@@ -31,6 +35,36 @@ def cpu_model():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "?"
+
+
+def machine():
+    """Cores, CPU model, memory and kernel, as a report's one line."""
+    with open("/proc/meminfo") as f:
+        mem_kib = int(f.readline().split()[1])
+    return (f"{os.cpu_count()} cores ({cpu_model()}), {mem_kib / 2**20:.0f} GiB, "
+            f"{platform.system()} {platform.release()}")
+
+
+def output(cmd, cwd=None):
+    """A command's stdout, stripped; "?" if it cannot run."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def commit(root):
+    """The short commit of the checkout at `root`, "+dirty" when a tracked
+    file is modified."""
+    dirty = output(["git", "status", "--porcelain", "--untracked-files=no"], root)
+    return (output(["git", "rev-parse", "--short", "HEAD"], root) or "unknown") + (
+        "+dirty" if dirty else "")
+
+
+def loadavg():
+    """The 1, 5 and 15 minute load averages, as text."""
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def free_port():
@@ -96,7 +130,9 @@ class Redis:
                               check=True, capture_output=True, text=True).stdout
 
     def stop(self):
+        """Stops it and removes its directory."""
         terminate(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def build(root, binaries, features=()):
@@ -156,6 +192,21 @@ def cpu_seconds(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rusage_seconds(who):
+    """User + system CPU seconds of getrusage(who): RUSAGE_SELF or RUSAGE_CHILDREN."""
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine was not idle, over all cores, since boot."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is in user)
+    busy = v[0] + v[1] + v[2] + v[5] + v[6]
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def get(conn, key=None):

@@ -1,16 +1,14 @@
-"""Figures and output: medians, the bound, the machine, the markdown report,
-the progress lines and the JSON file."""
+"""redis-limit.py's figures and output: medians, the bound, the machine, the
+markdown report, the progress lines and the JSON file."""
 
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 
-from loadbench.procs import cpu_model
-
 from . import KEYS, ROOT
+from .procs import commit, cpu_model, output
 
 
 def medians(runs, metrics):
@@ -30,23 +28,13 @@ def bounds(c_plain, result):
 
 
 def machine():
-    model = cpu_model()
+    def first_line(cmd):
+        return (output(cmd, ROOT).splitlines() or ["unknown"])[0]
 
-    def out(cmd):
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            return (done.stdout or done.stderr).strip().splitlines()[0]
-        except (OSError, IndexError):
-            return "unknown"
-
-    commit = out(["git", "rev-parse", "--short", "HEAD"])
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True,
-                           text=True, cwd=ROOT).stdout.strip()
-    return {"cpu": model, "nproc": os.cpu_count(), "kernel": os.uname().release,
-            "redis": out(["redis-server", "--version"]),
-            "wrk": " ".join(out(["wrk", "-v"]).split()[:2]),
-            "commit": commit + (" (working tree modified)" if dirty else ""),
-            "python": sys.version.split()[0]}
+    return {"cpu": cpu_model(), "nproc": os.cpu_count(), "kernel": os.uname().release,
+            "redis": first_line(["redis-server", "--version"]),
+            "wrk": " ".join(first_line(["wrk", "-v"]).split()[:2]),
+            "commit": commit(ROOT), "python": sys.version.split()[0]}
 
 
 def progress(result, load):

@@ -12,11 +12,11 @@ import tempfile
 import time
 
 from . import KEYS, ROOT
-from .procs import (free_port, machine_busy_seconds, proc_cpu_seconds, rusage_seconds, stop,
+from .bound import medians
+from .procs import (cpu_seconds, free_port, machine_busy_seconds, rusage_seconds, terminate,
                     wait_port)
-from .report import medians
 
-KEYS_LUA = os.path.join(ROOT, "benches", "loadbench", "keys.lua")
+KEYS_LUA = os.path.join(ROOT, "benches", "harness", "keys.lua")
 
 
 def build_axum(no_build):
@@ -63,13 +63,13 @@ def run(proc, url, args):
     """One measured wrk run after its warm-up: CPU per request."""
     if args.warmup:
         wrk(url, args.warmup, args.wrk_connections)
-    server0, machine0 = proc_cpu_seconds(proc.pid), machine_busy_seconds()
+    server0, machine0 = cpu_seconds(proc.pid), machine_busy_seconds()
     wrk0 = rusage_seconds(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     requests = wrk(url, args.seconds, args.wrk_connections)
     wall = time.perf_counter() - t0
     wrk_cpu = rusage_seconds(resource.RUSAGE_CHILDREN) - wrk0
-    server = proc_cpu_seconds(proc.pid) - server0
+    server = cpu_seconds(proc.pid) - server0
     machine = machine_busy_seconds() - machine0
     return {"requests": requests, "rps": requests / args.seconds, "wall_s": wall,
             "server_cpu_s": server, "wrk_cpu_s": wrk_cpu,
@@ -94,7 +94,7 @@ def measure_plain(args):
         url = f"http://127.0.0.1:{port}/"
         runs = [run(proc, url, args) for _ in range(args.repeats)]
     finally:
-        stop(proc)
+        terminate(proc)
         shutil.rmtree(logdir, ignore_errors=True)
     med = medians(runs, ("c_plain_us", "server_us", "wrk_us", "machine_busy_us", "rps"))
     return {"binary": binary, "runs": runs, **med}

@@ -1,0 +1,64 @@
+//! The [`KeyExtractor`] trait, and its forwarding through `Box` and `Arc`.
+
+use http::request::Parts;
+
+use super::{Key, KeyError};
+
+/// Derives the rate-limit [`Key`] (and the cost) of a request of type `R`.
+///
+/// `R` is `http::request::Parts` for the tower layer and
+/// `actix_web::dev::ServiceRequest` for the actix middleware. Implement it for
+/// your own extractor, or use [`from_fn`](super::from_fn) with a closure.
+///
+/// For a limiter with several limits, one extractor keys all of them, or
+/// [`each`](super::each()) keys each limit with its own extractor, in order:
+/// `each((PeerIp, Header::new("x-api-key"), Global))`. A request's cost is 1
+/// unless the extractor says otherwise; see
+/// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost).
+pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
+    /// The key for this request, or why there is none.
+    fn extract(&self, req: &R) -> Result<Key, KeyError>;
+
+    /// How many keys [`extract_all`](Self::extract_all) yields: 1 (one key
+    /// for every limit), or one per limit (for [`each`](super::each())).
+    fn key_count(&self) -> usize {
+        1
+    }
+
+    /// Pushes [`key_count`](Self::key_count) keys for the request.
+    fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
+        keys.push(self.extract(req)?);
+        Ok(())
+    }
+
+    /// The units this request spends (default 1).
+    fn cost(&self, req: &R) -> u64 {
+        let _ = req;
+        1
+    }
+}
+
+macro_rules! forward_key_extractor {
+    ($($ptr:ident)::+) => {
+        impl<R: ?Sized + 'static> KeyExtractor<R> for $($ptr)::+<dyn KeyExtractor<R>> {
+            fn extract(&self, req: &R) -> Result<Key, KeyError> {
+                (**self).extract(req)
+            }
+
+            fn key_count(&self) -> usize {
+                (**self).key_count()
+            }
+
+            fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
+                (**self).extract_all(req, keys)
+            }
+
+            fn cost(&self, req: &R) -> u64 {
+                (**self).cost(req)
+            }
+        }
+    };
+}
+
+forward_key_extractor!(Box);
+forward_key_extractor!(std::sync::Arc);

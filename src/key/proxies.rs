@@ -1,1 +1,0 @@
-#![doc = include_str!("../../docs/proxies.md")]
