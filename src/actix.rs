@@ -61,11 +61,13 @@ use http::{HeaderName, HeaderValue};
 
 use crate::{
     Limiter, OnStoreError, Rejection, Respond,
-    core::{Core, Verdict},
+    core::{Core, Start, Verdict},
     headers::HeaderSink,
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
     respond::{DefaultResponse, Format, problem},
+    skip::{ClientAddr, Networks, Skipping},
+    tier::{Tiered, Tiers},
 };
 
 /// The actix middleware, renamed [`RateLimitMiddleware`]: the old name read
@@ -112,6 +114,19 @@ impl<K: KeyExtractor<ServiceRequest>, R> From<crate::RateLimitLayer<K, R>>
         Self {
             core: layer.into_core(),
         }
+    }
+}
+
+impl<K, T> RateLimitMiddleware<Tiered<K, T>>
+where
+    K: KeyExtractor<ServiceRequest>,
+    T: KeyExtractor<ServiceRequest>,
+{
+    /// Limits each request by its tier's limiter, `select` naming the
+    /// tier; see [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered).
+    pub fn tiered(tiers: Tiers, select: T, extractor: K) -> Self {
+        let default = tiers.default_limiter().clone();
+        Self::new(default, Tiered::new(extractor, select, tiers))
     }
 }
 
@@ -185,6 +200,41 @@ impl<K, R> RateLimitMiddleware<K, R> {
     {
         let core = Arc::unwrap_or_clone(self.core);
         let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
+        RateLimitMiddleware {
+            core: Arc::new(core),
+        }
+    }
+
+    /// Lets the requests `skip` picks through unlimited: no store call, no
+    /// rate-limit headers; see
+    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip).
+    #[must_use]
+    pub fn skip<F>(self, skip: F) -> RateLimitMiddleware<Skipping<K, F>, R>
+    where
+        F: Fn(&ServiceRequest) -> bool + Send + Sync + 'static,
+    {
+        self.skip_by(skip)
+    }
+
+    /// Lets requests from clients in `networks` through unlimited; see
+    /// [`RateLimitLayer::skip_networks`](crate::RateLimitLayer::skip_networks).
+    #[must_use]
+    pub fn skip_networks<A>(
+        self,
+        networks: Networks<A>,
+    ) -> RateLimitMiddleware<Skipping<K, Networks<A>>, R>
+    where
+        A: ClientAddr<ServiceRequest>,
+    {
+        self.skip_by(networks)
+    }
+
+    /// Lets the requests a [`Skip`](crate::skip::Skip) picks through
+    /// unlimited.
+    #[must_use]
+    pub fn skip_by<S>(self, skip: S) -> RateLimitMiddleware<Skipping<K, S>, R> {
+        let core = Arc::unwrap_or_clone(self.core);
+        let core = core.map_extractor(|keys| Skipping::shared(keys, skip));
         RateLimitMiddleware {
             core: Arc::new(core),
         }
@@ -339,7 +389,8 @@ where
         let check = core.start(&req);
         Box::pin(async move {
             let result = match check {
-                Ok(check) => check.await,
+                Ok(Start::Check(check)) => check.await,
+                Ok(Start::Skip) => return Ok(service.call(req).await?.map_into_left_body()),
                 Err(rejection) => return Ok(answer(req, &core, rejection)),
             };
             match core.verdict(result) {

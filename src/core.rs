@@ -143,18 +143,31 @@ impl<K, R, L> Core<K, R, L> {
     }
 }
 
+/// How a request's check starts.
+pub(crate) enum Start {
+    /// The request is skipped: call the inner service, no headers.
+    Skip,
+    /// The check is on its way.
+    Check(Deciding),
+}
+
 impl<K, R> Core<K, R> {
-    /// Derives the request's keys and cost and starts its check, or rejects
-    /// the request at once when no key can be derived.
-    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Deciding, Rejection>
+    /// Derives the request's keys, cost and limiter (its tier's) and starts
+    /// its check; skips it; or rejects it at once when no key can be
+    /// derived.
+    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Start, Rejection>
     where
         K: KeyExtractor<Req>,
     {
+        if self.extractor.skip(req) {
+            return Ok(Start::Skip);
+        }
+        let limiter = self.extractor.tier(req).unwrap_or(&self.limiter);
         let cost = self.extractor.cost(req);
         if self.extractor.key_count() == 1 {
             let key = self.key(req)?;
-            let deciding = self.limiter.decide(&[key.as_bytes()], cost);
-            return Ok(self.partitioned(deciding, &[key.as_bytes()]));
+            let deciding = limiter.decide(&[key.as_bytes()], cost);
+            return Ok(Start::Check(self.partitioned(deciding, &[key.as_bytes()])));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
         if let Err(e) = self.extractor.extract_all(req, &mut keys) {
@@ -162,7 +175,9 @@ impl<K, R> Core<K, R> {
             return Err(Rejection::KeyUnavailable(e));
         }
         let keys: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
-        Ok(self.partitioned(self.limiter.decide(&keys, cost), &keys))
+        Ok(Start::Check(
+            self.partitioned(limiter.decide(&keys, cost), &keys),
+        ))
     }
 
     /// With `pk` on: the check, carrying the partition keys of `keys`.

@@ -91,6 +91,16 @@ pub enum ConfigError {
         /// The rejected entry.
         value: String,
     },
+    /// A network given to [`skip::Networks`](crate::skip::Networks) was
+    /// neither an IP address nor a CIDR range.
+    #[error(
+        "network {value:?} is neither an IP address nor a CIDR range; \
+         use addresses or ranges such as 127.0.0.0/8, ::1 or 10.1.2.3"
+    )]
+    InvalidNetwork {
+        /// The rejected entry.
+        value: String,
+    },
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,

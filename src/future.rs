@@ -107,6 +107,18 @@ where
         }
     }
 
+    /// The future of a skipped request: the ready inner service is called
+    /// now, and its response left as it is.
+    pub(crate) fn skipped(svc: &mut S, req: Request<ReqBody>, core: &Arc<Core<K, R>>) -> Self {
+        Self {
+            state: State::Calling {
+                fut: svc.call(req),
+                decision: None,
+            },
+            core: core.clone(),
+        }
+    }
+
     pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection, format: Format) -> Self {
         Self {
             state: State::Answered {

@@ -60,6 +60,7 @@ mod tonic;
 mod warnings;
 
 pub use client_ip::ClientIp;
+pub(crate) use client_ip::{canonical_net, parse_networks};
 pub use forwarded::ForwardedHeader;
 use grouping::Grouping;
 
@@ -338,6 +339,22 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
         let _ = req;
         1
     }
+
+    /// Whether the request is not limited at all: no store call, no
+    /// rate-limit headers (default `false`). Set with
+    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip).
+    fn skip(&self, req: &R) -> bool {
+        let _ = req;
+        false
+    }
+
+    /// The limiter of the request's tier, or `None` for the layer's own
+    /// (default `None`). Set with
+    /// [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered).
+    fn tier(&self, req: &R) -> Option<&crate::Limiter> {
+        let _ = req;
+        None
+    }
 }
 
 macro_rules! forward_key_extractor {
@@ -357,6 +374,14 @@ macro_rules! forward_key_extractor {
 
             fn cost(&self, req: &R) -> u64 {
                 (**self).cost(req)
+            }
+
+            fn skip(&self, req: &R) -> bool {
+                (**self).skip(req)
+            }
+
+            fn tier(&self, req: &R) -> Option<&crate::Limiter> {
+                (**self).tier(req)
             }
         }
     };
@@ -480,6 +505,14 @@ where
     fn cost(&self, req: &R) -> u64 {
         (self.cost)(req)
     }
+
+    fn skip(&self, req: &R) -> bool {
+        self.keys.skip(req)
+    }
+
+    fn tier(&self, req: &R) -> Option<&crate::Limiter> {
+        self.keys.tier(req)
+    }
 }
 
 /// Keys by the peer's IP address (the port is dropped), IPv6 by /64.
@@ -570,6 +603,15 @@ impl PeerIp {
 impl Default for PeerIp {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl PeerIp {
+    /// The peer's address for `req`, before grouping (IPv4-mapped IPv6 as
+    /// IPv4): the address its key is made from, or `None` without one.
+    /// [`skip::Networks`](crate::skip::Networks) matches on it.
+    pub fn client_addr<R: RequestInfo + ?Sized>(&self, req: &R) -> Option<IpAddr> {
+        req.peer_addr().map(|a| a.ip().to_canonical())
     }
 }
 

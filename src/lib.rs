@@ -24,7 +24,9 @@ pub mod quota;
 mod random;
 pub mod respond;
 mod service;
+pub mod skip;
 pub mod store;
+pub mod tier;
 
 pub use crate::{
     algorithm::Algorithm,
@@ -41,6 +43,7 @@ pub use crate::{
     respond::{DefaultResponse, OnStoreError, Rejection, Respond},
     service::RateLimitService,
     store::{LimitCheck, LimitState, MemoryStore, RedisStore, Store},
+    tier::Tiers,
 };
 
 /// The tower service, renamed [`RateLimitService`] so it does not clash with

@@ -9,7 +9,12 @@ use std::{
 use http::{Request, Response, request::Parts};
 use tower_service::Service;
 
-use crate::{Respond, ResponseFuture, core::Core, key::KeyExtractor, respond::Format};
+use crate::{
+    Respond, ResponseFuture,
+    core::{Core, Start},
+    key::KeyExtractor,
+    respond::Format,
+};
 
 /// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -53,7 +58,11 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
         let mut check = match self.core.start(&parts) {
-            Ok(check) => check,
+            Ok(Start::Check(check)) => check,
+            Ok(Start::Skip) => {
+                let req = Request::from_parts(parts, body);
+                return ResponseFuture::skipped(&mut self.inner, req, &self.core);
+            }
             Err(rejection) => {
                 let format = Format::of_headers(&parts.headers);
                 return ResponseFuture::rejected(&self.core, rejection, format);
