@@ -65,6 +65,7 @@ use crate::{
     headers::HeaderSink,
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
+    refund::Refund,
     respond::{DefaultResponse, Format, problem},
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
@@ -203,6 +204,14 @@ impl<K, R> RateLimitMiddleware<K, R> {
         RateLimitMiddleware {
             core: Arc::new(core),
         }
+    }
+
+    /// Gives a passed request's cost back when its response's status is
+    /// one `refund` picks; see
+    /// [`RateLimitLayer::refund_when`](crate::RateLimitLayer::refund_when).
+    #[must_use]
+    pub fn refund_when(self, refund: Refund) -> Self {
+        self.map(|c| c.refund = Some(refund))
     }
 
     /// Lets the requests `skip` picks through unlimited: no store call, no
@@ -366,6 +375,11 @@ where
         .map_into_right_body()
 }
 
+/// A response's status as an `http` 1 status (actix-web uses `http` 0.2).
+fn status_of<B>(res: &ServiceResponse<B>) -> http::StatusCode {
+    http::StatusCode::from_u16(res.status().as_u16()).unwrap_or(http::StatusCode::OK)
+}
+
 /// The boxed future of [`RateLimitMiddlewareService`].
 pub type MiddlewareFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<ServiceResponse<EitherBody<B>>, E>>>>;
@@ -388,8 +402,8 @@ where
         let service = self.service.clone();
         let check = core.start(&req);
         Box::pin(async move {
-            let result = match check {
-                Ok(Start::Check(check)) => check.await,
+            let (result, spent) = match check {
+                Ok(Start::Check(check, spent)) => (check.await, spent),
                 Ok(Start::Skip) => return Ok(service.call(req).await?.map_into_left_body()),
                 Err(rejection) => return Ok(answer(req, &core, rejection)),
             };
@@ -397,6 +411,9 @@ where
                 Verdict::Pass(decision) => {
                     let mut res = service.call(req).await?;
                     if let Some(d) = decision {
+                        if let Some(spent) = spent {
+                            core.settle(status_of(&res), &d, spent);
+                        }
                         core.decorate(res.response_mut(), &d);
                     }
                     Ok(res.map_into_left_body())

@@ -10,6 +10,7 @@ use crate::{
     core::Core,
     headers::PartitionKeys,
     key::{self, KeyExtractor},
+    refund::Refund,
     respond,
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
@@ -233,6 +234,24 @@ impl<K, R> RateLimitLayer<K, R> {
         RateLimitLayer {
             core: Arc::new(core),
         }
+    }
+
+    /// Gives a passed request's cost back when its response's status is
+    /// one `refund` picks: [`Refund::ServerErrors`], [`Refund::ClientErrors`],
+    /// [`Refund::Successes`] or [`Refund::when`] a closure says so. One
+    /// extra store call per refunded response, run as a task after the
+    /// response; see [`refund`](crate::refund).
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};
+    ///
+    /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), PeerIp)
+    ///     .refund_when(Refund::ServerErrors);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn refund_when(self, refund: Refund) -> Self {
+        self.map(|c| c.refund = Some(refund))
     }
 
     /// Lets the requests `skip` picks through unlimited: no store call, no

@@ -22,6 +22,7 @@ mod limiter;
 mod metrics;
 pub mod quota;
 mod random;
+pub mod refund;
 pub mod respond;
 mod service;
 pub mod skip;
