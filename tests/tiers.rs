@@ -53,7 +53,12 @@ async fn a_header_picks_the_tier_and_its_own_policy(b: Backend) {
     assert_eq!(statuses(&pro), [200, 200, 200, 200, 429], "{pro:?}");
     assert_eq!(pro[0].header("ratelimit-policy"), Some(r#""pro";q=4;w=60"#));
     assert_eq!(pro[0].header("ratelimit"), Some(r#""pro";r=3;t=60"#));
-    assert!(pro[4].header("ratelimit").unwrap().starts_with(r#""pro";r=0"#));
+    assert!(
+        pro[4]
+            .header("ratelimit")
+            .unwrap()
+            .starts_with(r#""pro";r=0"#)
+    );
 
     // Alice's free tier is a counter of its own.
     let free = get(&client, &url, "alice", Some("free")).await;
@@ -67,7 +72,10 @@ async fn no_tier_or_an_unknown_one_gets_the_default(b: Backend) {
     let client = Client::builder(TokioExecutor::new()).build_http();
     let first = get(&client, &url, "bob", None).await;
     assert_eq!(first.status, 200, "{first:?}");
-    assert_eq!(first.header("ratelimit-policy"), Some(r#""default";q=1;w=60"#));
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some(r#""default";q=1;w=60"#)
+    );
     // An unknown tier is the default tier: the same counter, now spent.
     for plan in ["gold", "PRO", "", "pro2"] {
         let r = get(&client, &url, "bob", Some(plan)).await;
@@ -76,13 +84,27 @@ async fn no_tier_or_an_unknown_one_gets_the_default(b: Backend) {
     }
     // The tiers are untouched.
     let pro = get(&client, &url, "bob", Some("pro")).await;
-    assert_eq!(pro.header("ratelimit"), Some(r#""pro";r=3;t=60"#), "{pro:?}");
+    assert_eq!(
+        pro.header("ratelimit"),
+        Some(r#""pro";r=3;t=60"#),
+        "{pro:?}"
+    );
     // Client-chosen names never made a key space: only the default's and
     // pro's keys exist.
     if let Some(server) = b.server() {
-        let mut keys: Vec<String> = server.keys_with_ttl().await.into_iter().map(|(k, _)| k).collect();
+        let mut keys: Vec<String> = server
+            .keys_with_ttl()
+            .await
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         keys.sort();
-        assert_eq!(keys, ["rl:fw:default:{bob}", "rl:fw:pro:{bob}"], "{}", server.log());
+        assert_eq!(
+            keys,
+            ["rl:fw:default:{bob}", "rl:fw:pro:{bob}"],
+            "{}",
+            server.log()
+        );
         server.assert_every_key_has_ttl().await;
     }
     if let Backend::Memory(m) = &b {
@@ -113,6 +135,11 @@ async fn business_code_checks_a_tier_by_name() {
 #[test]
 #[should_panic(expected = "already there")]
 fn a_tier_named_twice_is_refused() {
-    let l = |name: &str| Limiter::builder("1/1s".parse().unwrap()).name(name).build().unwrap();
+    let l = |name: &str| {
+        Limiter::builder("1/1s".parse().unwrap())
+            .name(name)
+            .build()
+            .unwrap()
+    };
     let _ = Tiers::new(l("default")).tier(l("pro")).tier(l("pro"));
 }
