@@ -15,7 +15,7 @@
 //! | identity | the client address |
 //! |---|---|
 //! | [`PeerIp`](struct@crate::key::PeerIp) | the peer address |
-//! | [`ClientIp`](crate::key::ClientIp) | the client behind the trusted proxies, with the same settings |
+//! | [`ClientIp`] | the client behind the trusted proxies, with the same settings |
 //!
 //! Addresses are compared as the key sees them: an IPv4-mapped IPv6 address
 //! (`::ffff:127.0.0.1`) as IPv4, and a range of mapped addresses
@@ -96,7 +96,7 @@ impl<R: RequestInfo + ?Sized> ClientAddr<R> for ClientIp {
 /// Skips requests whose client address is in one of a list of networks.
 ///
 /// The address comes from `A`, the *identity*: the key extractor's own
-/// reading ([`PeerIp`], [`ClientIp`], or any [`ClientAddr`]). A request
+/// reading ([`PeerIp`](struct@PeerIp), [`ClientIp`], or any [`ClientAddr`]). A request
 /// without an address is never skipped. Clones share the list.
 #[derive(Clone)]
 pub struct Networks<A> {
