@@ -13,7 +13,7 @@ use crate::{
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
-    refund::{Refund, Spent},
+    refund::{Charged, Refund},
     respond::Format,
 };
 use smallvec::SmallVec;
@@ -156,7 +156,7 @@ pub(crate) enum Start {
     /// The request is skipped: call the inner service, no headers.
     Skip,
     /// The check is on its way; with refunds on, what it spends.
-    Check(Deciding, Option<Spent>),
+    Check(Deciding, Option<Charged>),
 }
 
 impl<K, R> Core<K, R> {
@@ -179,7 +179,7 @@ impl<K, R> Core<K, R> {
             let spent = self
                 .refund
                 .as_ref()
-                .map(|_| Spent::new(limiter, smallvec::smallvec![key]));
+                .map(|_| Charged::new(limiter, smallvec::smallvec![key]));
             return Ok(Start::Check(deciding, spent));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
@@ -193,14 +193,15 @@ impl<K, R> Core<K, R> {
         let spent = self
             .refund
             .as_ref()
-            .map(|_| Spent::new(limiter, SmallVec::from_vec(keys)));
+            .map(|_| Charged::new(limiter, SmallVec::from_vec(keys)));
         Ok(Start::Check(deciding, spent))
     }
 
     /// After a passed request's response: gives `spent` back if the
     /// response's `status` is one to refund.
-    pub(crate) fn settle(&self, status: http::StatusCode, decision: &Decision, spent: Spent) {
-        if self.refund.as_ref().is_some_and(|r| r.applies(status)) {
+    pub(crate) fn settle(&self, status: http::StatusCode, decision: &Decision, spent: Charged) {
+        // A decision that spent nothing (a shadow denial) needs no task.
+        if decision.spent().is_some() && self.refund.as_ref().is_some_and(|r| r.applies(status)) {
             spent.refund(decision);
         }
     }

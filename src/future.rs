@@ -16,7 +16,7 @@ use crate::{
     Decision, Error, Rejection, Respond,
     core::{Core, Verdict},
     limiter::Deciding,
-    refund::Spent,
+    refund::Charged,
     respond::Format,
 };
 
@@ -43,13 +43,13 @@ pin_project! {
             check: Deciding,
             svc: Option<S>,
             req: Option<Request<ReqBody>>,
-            spent: Option<Spent>,
+            spent: Option<Charged>,
         },
         Calling {
             #[pin]
             fut: S::Future,
             decision: Option<Decision>,
-            spent: Option<Spent>,
+            spent: Option<Charged>,
         },
         Answered {
             rejection: Option<Rejection>,
@@ -76,7 +76,7 @@ where
         svc: S,
         req: Request<ReqBody>,
         core: Arc<Core<K, R>>,
-        spent: Option<Spent>,
+        spent: Option<Charged>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -97,7 +97,7 @@ where
         svc: &mut S,
         req: Request<ReqBody>,
         core: &Arc<Core<K, R>>,
-        spent: Option<Spent>,
+        spent: Option<Charged>,
     ) -> Self {
         match core.verdict(result) {
             Verdict::Pass(decision) => Self {

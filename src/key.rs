@@ -342,7 +342,9 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
 
     /// Whether the request is not limited at all: no store call, no
     /// rate-limit headers (default `false`). Set with
-    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip).
+    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip); the
+    /// rate-limit layer and middleware ask it, the concurrency layer does
+    /// not.
     fn skip(&self, req: &R) -> bool {
         let _ = req;
         false
@@ -350,7 +352,9 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
 
     /// The limiter of the request's tier, or `None` for the layer's own
     /// (default `None`). Set with
-    /// [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered).
+    /// [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered); the
+    /// rate-limit layer and middleware ask it, the concurrency layer does
+    /// not.
     fn tier(&self, req: &R) -> Option<&crate::Limiter> {
         let _ = req;
         None

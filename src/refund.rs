@@ -127,12 +127,12 @@ impl FromStr for Refund {
 /// What a passed request spent, kept (only when refunds are on) until its
 /// response says whether to give it back.
 #[derive(Debug)]
-pub(crate) struct Spent {
+pub(crate) struct Charged {
     limiter: Limiter,
     keys: SmallVec<[Key; 1]>,
 }
 
-impl Spent {
+impl Charged {
     pub(crate) fn new(limiter: &Limiter, keys: SmallVec<[Key; 1]>) -> Self {
         Self {
             limiter: limiter.clone(),

@@ -7,10 +7,10 @@ mod support;
 
 use std::time::Duration;
 
-use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Header, refund::Refund};
+use redis_ratelimit::{Limiter, Quota, RateLimitLayer, Tiers, key::Header, refund::Refund};
 use support::{
     Backend, RedisServer,
-    http::{Caller, Reply},
+    http::{Caller, Reply, get_with},
     servers::{spawn_axum, status_app},
 };
 
@@ -120,7 +120,29 @@ async fn rejections_by_the_middleware_are_never_refunded(b: Backend) {
     assert_eq!(caller.statuses(&format!("{url}/"), 1).await, [429]);
 }
 
+/// With tiers, the refund goes to the tier's limiter that spent.
+async fn a_tier_is_refunded_in_its_own_limiter(b: Backend) {
+    let pro = b.builder("2/60s").name("pro").build().unwrap();
+    let tiers = Tiers::new(b.limiter("1/60s")).tier(pro.clone());
+    let layer = RateLimitLayer::tiered(tiers, Header::new("x-plan"), Header::new("x-api-key"))
+        .refund_when(Refund::ServerErrors);
+    let url = spawn_axum(status_app().layer(layer), true).await;
+    let client = Caller::with_key(None).client();
+    let headers = [("x-api-key", "k"), ("x-plan", "pro")];
+    for _ in 0..4 {
+        let r = get_with(&client, &format!("{url}/status/500"), &headers).await;
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(r#""pro";q=2;w=60"#),
+            "{r:?}"
+        );
+        assert_eq!(r.status, 500, "{r:?}");
+        settled(&pro, "k", &[2]).await;
+    }
+}
+
 support::for_every_store!(
+    a_tier_is_refunded_in_its_own_limiter,
     server_errors_are_not_charged,
     successes_are_free_failures_count,
     several_limits_are_all_refunded,
