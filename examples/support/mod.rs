@@ -37,21 +37,26 @@
 //! A bad value stops the server with a message naming the variable (exit
 //! status 2); a Redis that cannot be reached at startup exits with status 1.
 
-use std::{env, fmt, net::SocketAddr, process::ExitCode, time::Duration};
+use std::{env, fmt, net::SocketAddr, process::ExitCode};
 
 use http::HeaderName;
 use redis::IntoConnectionInfo;
 use redis_ratelimit::{
-    LimiterBuilder, MemoryStore, OnStoreError, RedisStore,
+    MemoryStore, OnStoreError,
     key::{self, Key, KeyError, KeyExtractor, RequestInfo},
 };
 use tokio::net::TcpListener;
 
 pub use self::policy::Layer;
-use self::{limits::Limits, policy::Policy};
+use self::{
+    limits::Limits,
+    policy::Policy,
+    store::{AnyStore, connect, connect_cluster, connect_sentinel},
+};
 
 mod limits;
 mod policy;
+mod store;
 
 /// What the examples serve with: a bound listener and, unless
 /// `RATE_LIMIT=off`, the rate-limit layer.
@@ -450,129 +455,6 @@ impl Limiting {
         let layer = policy.layer(&self.limits, limiter, &self.key, |b| store.apply(b))?;
         Ok((layer.on_store_error(self.on_error), described))
     }
-}
-
-/// The store every limiter (the default and each tier's) counts in.
-enum AnyStore {
-    Memory(MemoryStore),
-    Redis(RedisStore),
-}
-
-impl AnyStore {
-    fn apply(&self, builder: LimiterBuilder) -> LimiterBuilder {
-        match self {
-            AnyStore::Memory(store) => builder.store(store.clone()),
-            AnyStore::Redis(store) => builder.store(store.clone()),
-        }
-    }
-}
-
-async fn connect(url: &str, addr: &str, pool: Option<u32>) -> Result<(RedisStore, String), Error> {
-    let unreachable = |e: &dyn fmt::Display| {
-        Error::runtime(format!(
-            "cannot use Redis at {addr} (REDIS_URL) for rate limiting: {e}"
-        ))
-    };
-    match pool {
-        None => {
-            let store = RedisStore::connect(url)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            Ok((store, "one multiplexed connection".into()))
-        }
-        Some(size) => {
-            let manager =
-                bb8_redis::RedisConnectionManager::new(url).map_err(|e| unreachable(&e))?;
-            // Open every connection now: fail fast, and start benchmarks warm.
-            let pool = bb8::Pool::builder()
-                .max_size(size)
-                .min_idle(size)
-                // bb8 PINGs every checked-out connection by default: a second
-                // round trip per decision.
-                .test_on_check_out(false)
-                .connection_timeout(Duration::from_secs(2))
-                .build(manager)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            // A Redis that cannot run the scripts fails here, not on every request.
-            let store = RedisStore::from_pool(pool);
-            store.self_test().await.map_err(|e| unreachable(&e))?;
-            Ok((store, format!("a bb8 pool of {size}")))
-        }
-    }
-}
-
-/// Connects to a Redis Cluster through its seed nodes: one cluster
-/// connection, or a bb8 pool of `pool` of them.
-#[cfg(feature = "cluster")]
-async fn connect_cluster(
-    urls: &[String],
-    addrs: &str,
-    pool: Option<u32>,
-) -> Result<(RedisStore, String), Error> {
-    let unreachable = |e: &dyn fmt::Display| {
-        Error::runtime(format!(
-            "cannot use the Redis Cluster at {addrs} (REDIS_CLUSTER_URLS) for rate limiting: \
-             {e}; is the cluster up, with cluster_state:ok?"
-        ))
-    };
-    match pool {
-        None => {
-            let store = RedisStore::cluster(urls.iter().map(String::as_str))
-                .await
-                .map_err(|e| unreachable(&e))?;
-            Ok((store, "one cluster connection".into()))
-        }
-        Some(size) => {
-            let client = RedisStore::cluster_client(urls.iter().map(String::as_str))
-                .build()
-                .map_err(|e| unreachable(&e))?;
-            let pool = bb8::Pool::builder()
-                .max_size(size)
-                .min_idle(size)
-                // The check-out PING would go to every master.
-                .test_on_check_out(false)
-                .connection_timeout(Duration::from_secs(2))
-                .build(client)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            let via = format!("a bb8 pool of {size} cluster connections");
-            let store = RedisStore::from_cluster_pool(pool);
-            store.self_test().await.map_err(|e| unreachable(&e))?;
-            Ok((store, via))
-        }
-    }
-}
-
-/// Without the `cluster` feature, `from_env` already refused
-/// `REDIS_CLUSTER_URLS`.
-#[cfg(not(feature = "cluster"))]
-async fn connect_cluster(
-    _: &[String],
-    _: &str,
-    _: Option<u32>,
-) -> Result<(RedisStore, String), Error> {
-    Err(Error::usage(NO_CLUSTER_FEATURE.into()))
-}
-
-/// Connects to the master the sentinels name `master`.
-#[cfg(feature = "sentinel")]
-async fn connect_sentinel(urls: &[String], master: &str, addrs: &str) -> Result<RedisStore, Error> {
-    RedisStore::sentinel(urls.iter().map(String::as_str), master)
-        .await
-        .map_err(|e| {
-            Error::runtime(format!(
-                "cannot use the Redis master {master:?} named by the sentinels at {addrs} \
-                 (REDIS_SENTINEL_URLS) for rate limiting: {e}"
-            ))
-        })
-}
-
-/// Without the `sentinel` feature, `from_env` already refused
-/// `REDIS_SENTINEL_URLS`.
-#[cfg(not(feature = "sentinel"))]
-async fn connect_sentinel(_: &[String], _: &str, _: &str) -> Result<RedisStore, Error> {
-    Err(Error::usage(NO_SENTINEL_FEATURE.into()))
 }
 
 /// Checks a Redis URL from `var` and returns its `host:port`. The URL itself
