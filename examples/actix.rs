@@ -13,7 +13,7 @@ mod support;
 
 use std::process::ExitCode;
 
-use actix_web::{App, HttpServer, web};
+use actix_web::{App, HttpResponse, HttpServer, http::StatusCode, web};
 use redis_ratelimit::actix::RateLimitMiddleware;
 
 fn main() -> ExitCode {
@@ -24,11 +24,20 @@ fn main() -> ExitCode {
 }
 
 fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(|| async { "ok" }));
+    cfg.route("/", web::get().to(|| async { "ok" })).route(
+        "/status/{code}",
+        web::get().to(|code: web::Path<String>| async move {
+            // actix-web 4 has http 0.2's status type.
+            let status = support::status(&code).as_u16();
+            HttpResponse::new(StatusCode::from_u16(status).expect("a valid status"))
+        }),
+    );
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener, layer, ..
+    } = support::setup().await?;
     let listener = listener.into_std()?;
     // actix-web stops on ctrl-c by itself, finishing open requests.
     // The tower layer's configuration, served as actix middleware.

@@ -6,6 +6,7 @@
 //! REDIS_URL=redis://127.0.0.1:6379 RATE_LIMIT=5/10s cargo run --example axum
 //! REDIS_CLUSTER_URLS=redis://127.0.0.1:7000,redis://127.0.0.1:7001 cargo run --features cluster --example axum
 //! curl -i http://127.0.0.1:3000/
+//! RATE_LIMIT_REFUND=server-errors cargo run --example axum   # then: curl -i http://127.0.0.1:3000/status/500
 //! ```
 
 #[path = "support/mod.rs"]
@@ -13,7 +14,7 @@ mod support;
 
 use std::{net::SocketAddr, process::ExitCode};
 
-use axum::{Router, routing::get};
+use axum::{Router, extract::Path, routing::get};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -22,8 +23,13 @@ async fn main() -> ExitCode {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
-    let mut app = Router::new().route("/", get(|| async { "ok" }));
+    let support::Setup {
+        listener, layer, ..
+    } = support::setup().await?;
+    let mut app = Router::new().route("/", get(|| async { "ok" })).route(
+        "/status/{code}",
+        get(|Path(code): Path<String>| async move { support::status(&code) }),
+    );
     if let Some(layer) = layer {
         app = app.layer(layer);
     }

@@ -27,12 +27,20 @@ async fn main() -> ExitCode {
     support::report(serve().await)
 }
 
-async fn hello(_: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
+/// `GET /`: `ok`; `GET /status/<code>`: that status.
+async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
+    if let Some(code) = req.uri().path().strip_prefix("/status/") {
+        *res.status_mut() = support::status(code);
+        *res.body_mut() = Full::new(Bytes::new());
+    }
+    Ok(res)
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener, layer, ..
+    } = support::setup().await?;
     // One service for every connection; without a layer it is `hello` alone.
     let app = ServiceBuilder::new().option_layer(layer).service_fn(hello);
     let graceful = GracefulShutdown::new();

@@ -27,7 +27,18 @@ async fn main() -> ExitCode {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener,
+        layer,
+        refunds,
+    } = support::setup().await?;
+    if refunds {
+        return Err(support::Error::usage(
+            "RATE_LIMIT_REFUND is set, but the tonic example cannot refund by status: gRPC \
+             answers every call with HTTP 200; unset RATE_LIMIT_REFUND"
+                .into(),
+        ));
+    }
     let (_reporter, health) = tonic_health::server::health_reporter();
     Server::builder()
         .layer(option_layer(layer))

@@ -61,11 +61,14 @@ use http::{HeaderName, HeaderValue};
 
 use crate::{
     Limiter, OnStoreError, Rejection, Respond,
-    core::{Core, Verdict},
+    core::{Core, Start, Verdict},
     headers::HeaderSink,
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
+    refund::Refund,
     respond::{DefaultResponse, Format, problem},
+    skip::{ClientAddr, Networks, Skipping},
+    tier::{Tiered, Tiers},
 };
 
 /// The actix middleware, renamed [`RateLimitMiddleware`]: the old name read
@@ -112,6 +115,19 @@ impl<K: KeyExtractor<ServiceRequest>, R> From<crate::RateLimitLayer<K, R>>
         Self {
             core: layer.into_core(),
         }
+    }
+}
+
+impl<K, T> RateLimitMiddleware<Tiered<K, T>>
+where
+    K: KeyExtractor<ServiceRequest>,
+    T: KeyExtractor<ServiceRequest>,
+{
+    /// Limits each request by its tier's limiter, `select` naming the
+    /// tier; see [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered).
+    pub fn tiered(tiers: Tiers, select: T, extractor: K) -> Self {
+        let default = tiers.default_limiter().clone();
+        Self::new(default, Tiered::new(extractor, select, tiers))
     }
 }
 
@@ -185,6 +201,49 @@ impl<K, R> RateLimitMiddleware<K, R> {
     {
         let core = Arc::unwrap_or_clone(self.core);
         let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
+        RateLimitMiddleware {
+            core: Arc::new(core),
+        }
+    }
+
+    /// Gives a passed request's cost back when its response's status is
+    /// one `refund` picks; see
+    /// [`RateLimitLayer::refund_when`](crate::RateLimitLayer::refund_when).
+    #[must_use]
+    pub fn refund_when(self, refund: Refund) -> Self {
+        self.map(|c| c.refund = Some(refund))
+    }
+
+    /// Lets the requests `skip` picks through unlimited: no store call, no
+    /// rate-limit headers; see
+    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip).
+    #[must_use]
+    pub fn skip<F>(self, skip: F) -> RateLimitMiddleware<Skipping<K, F>, R>
+    where
+        F: Fn(&ServiceRequest) -> bool + Send + Sync + 'static,
+    {
+        self.skip_by(skip)
+    }
+
+    /// Lets requests from clients in `networks` through unlimited; see
+    /// [`RateLimitLayer::skip_networks`](crate::RateLimitLayer::skip_networks).
+    #[must_use]
+    pub fn skip_networks<A>(
+        self,
+        networks: Networks<A>,
+    ) -> RateLimitMiddleware<Skipping<K, Networks<A>>, R>
+    where
+        A: ClientAddr<ServiceRequest>,
+    {
+        self.skip_by(networks)
+    }
+
+    /// Lets the requests a [`Skip`](crate::skip::Skip) picks through
+    /// unlimited.
+    #[must_use]
+    pub fn skip_by<S>(self, skip: S) -> RateLimitMiddleware<Skipping<K, S>, R> {
+        let core = Arc::unwrap_or_clone(self.core);
+        let core = core.map_extractor(|keys| Skipping::shared(keys, skip));
         RateLimitMiddleware {
             core: Arc::new(core),
         }
@@ -316,6 +375,11 @@ where
         .map_into_right_body()
 }
 
+/// A response's status as an `http` 1 status (actix-web uses `http` 0.2).
+fn status_of<B>(res: &ServiceResponse<B>) -> http::StatusCode {
+    http::StatusCode::from_u16(res.status().as_u16()).unwrap_or(http::StatusCode::OK)
+}
+
 /// The boxed future of [`RateLimitMiddlewareService`].
 pub type MiddlewareFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<ServiceResponse<EitherBody<B>>, E>>>>;
@@ -338,14 +402,18 @@ where
         let service = self.service.clone();
         let check = core.start(&req);
         Box::pin(async move {
-            let result = match check {
-                Ok(check) => check.await,
+            let (result, spent) = match check {
+                Ok(Start::Check(check, spent)) => (check.await, spent),
+                Ok(Start::Skip) => return Ok(service.call(req).await?.map_into_left_body()),
                 Err(rejection) => return Ok(answer(req, &core, rejection)),
             };
             match core.verdict(result) {
                 Verdict::Pass(decision) => {
                     let mut res = service.call(req).await?;
                     if let Some(d) = decision {
+                        if let Some(spent) = spent {
+                            core.settle(status_of(&res), &d, spent);
+                        }
                         core.decorate(res.response_mut(), &d);
                     }
                     Ok(res.map_into_left_body())

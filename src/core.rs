@@ -13,8 +13,10 @@ use crate::{
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
+    refund::{Charged, Refund},
     respond::Format,
 };
+use smallvec::SmallVec;
 
 /// What the middleware does with a request once its check is done.
 #[derive(Debug)]
@@ -44,6 +46,8 @@ pub(crate) struct Core<K, R, L = Limiter> {
     pub(crate) legacy_headers: bool,
     /// Writes the draft's `pk` on `RateLimit`, hashed with these keys.
     pub(crate) partition_keys: Option<PartitionKeys>,
+    /// Which responses give their request's cost back.
+    pub(crate) refund: Option<Refund>,
     logs: Logs,
 }
 
@@ -56,6 +60,7 @@ impl<K, R, L: Clone> Clone for Core<K, R, L> {
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
             partition_keys: self.partition_keys.clone(),
+            refund: self.refund.clone(),
             logs: Logs::default(),
         }
     }
@@ -70,6 +75,7 @@ impl<K, R, L> Core<K, R, L> {
             on_error: OnStoreError::default(),
             legacy_headers: false,
             partition_keys: None,
+            refund: None,
             logs: Logs::default(),
         }
     }
@@ -83,6 +89,7 @@ impl<K, R, L> Core<K, R, L> {
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
             partition_keys: self.partition_keys,
+            refund: self.refund,
             logs: self.logs,
         }
     }
@@ -96,6 +103,7 @@ impl<K, R, L> Core<K, R, L> {
             on_error: self.on_error,
             legacy_headers: self.legacy_headers,
             partition_keys: self.partition_keys,
+            refund: self.refund,
             logs: self.logs,
         }
     }
@@ -143,26 +151,59 @@ impl<K, R, L> Core<K, R, L> {
     }
 }
 
+/// How a request's check starts.
+pub(crate) enum Start {
+    /// The request is skipped: call the inner service, no headers.
+    Skip,
+    /// The check is on its way; with refunds on, what it spends.
+    Check(Deciding, Option<Charged>),
+}
+
 impl<K, R> Core<K, R> {
-    /// Derives the request's keys and cost and starts its check, or rejects
-    /// the request at once when no key can be derived.
-    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Deciding, Rejection>
+    /// Derives the request's keys, cost and limiter (its tier's) and starts
+    /// its check; skips it; or rejects it at once when no key can be
+    /// derived.
+    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Start, Rejection>
     where
         K: KeyExtractor<Req>,
     {
+        if self.extractor.skip(req) {
+            return Ok(Start::Skip);
+        }
+        let limiter = self.extractor.tier(req).unwrap_or(&self.limiter);
         let cost = self.extractor.cost(req);
         if self.extractor.key_count() == 1 {
             let key = self.key(req)?;
-            let deciding = self.limiter.decide(&[key.as_bytes()], cost);
-            return Ok(self.partitioned(deciding, &[key.as_bytes()]));
+            let deciding = limiter.decide(&[key.as_bytes()], cost);
+            let deciding = self.partitioned(deciding, &[key.as_bytes()]);
+            let spent = self
+                .refund
+                .as_ref()
+                .map(|_| Charged::new(limiter, smallvec::smallvec![key]));
+            return Ok(Start::Check(deciding, spent));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
         if let Err(e) = self.extractor.extract_all(req, &mut keys) {
             self.logs.key_error(&e);
             return Err(Rejection::KeyUnavailable(e));
         }
-        let keys: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
-        Ok(self.partitioned(self.limiter.decide(&keys, cost), &keys))
+        let bytes: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
+        let deciding = self.partitioned(limiter.decide(&bytes, cost), &bytes);
+        drop(bytes);
+        let spent = self
+            .refund
+            .as_ref()
+            .map(|_| Charged::new(limiter, SmallVec::from_vec(keys)));
+        Ok(Start::Check(deciding, spent))
+    }
+
+    /// After a passed request's response: gives `spent` back if the
+    /// response's `status` is one to refund.
+    pub(crate) fn settle(&self, status: http::StatusCode, decision: &Decision, spent: Charged) {
+        // A decision that spent nothing (a shadow denial) needs no task.
+        if decision.spent().is_some() && self.refund.as_ref().is_some_and(|r| r.applies(status)) {
+            spent.refund(decision);
+        }
     }
 
     /// With `pk` on: the check, carrying the partition keys of `keys`.
@@ -203,13 +244,44 @@ impl<K, R> Core<K, R> {
 #[derive(Debug, Default)]
 struct Logs {
     no_peer_logged: AtomicBool,
-    next_store_log_ms: AtomicU64,
+    store: Throttle,
+}
+
+/// At most one log line a second, counting the lines left out.
+#[derive(Debug, Default)]
+pub(crate) struct Throttle {
+    next_ms: AtomicU64,
     unlogged: AtomicU64,
 }
 
 fn millis_since_start() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Throttle {
+    pub(crate) const fn new() -> Self {
+        Self {
+            next_ms: AtomicU64::new(0),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left out since the last)` if a line may be logged now.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        let now = millis_since_start();
+        let next = self.next_ms.load(Ordering::Relaxed);
+        if now < next
+            || self
+                .next_ms
+                .compare_exchange(next, now + 1000, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.unlogged.swap(0, Ordering::Relaxed))
+    }
 }
 
 impl Logs {
@@ -222,18 +294,8 @@ impl Logs {
     }
 
     fn store_error(&self, e: &Error, policy: OnStoreError) {
-        let now = millis_since_start();
-        let next = self.next_store_log_ms.load(Ordering::Relaxed);
-        if now < next
-            || self
-                .next_store_log_ms
-                .compare_exchange(next, now + 1000, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            self.unlogged.fetch_add(1, Ordering::Relaxed);
-            return;
+        if let Some(unlogged) = self.store.admit() {
+            tracing::warn!(error = %e, ?policy, unlogged, "rate limit store failed; applying the store-error policy");
         }
-        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
-        tracing::warn!(error = %e, ?policy, unlogged, "rate limit store failed; applying the store-error policy");
     }
 }

@@ -56,6 +56,14 @@ pub enum Error {
         /// The quota's limit.
         limit: u64,
     },
+    /// The store does not implement this operation (a custom
+    /// [`Store`](crate::Store) written before it was added).
+    #[error("the rate limit store does not support {0}")]
+    Unsupported(&'static str),
+    /// [`Limiter::refund`](crate::Limiter::refund) was given a decision made
+    /// by another limiter. Nothing was refunded.
+    #[error("the decision was made by another limiter")]
+    ForeignDecision,
 }
 
 /// A configuration mistake, reported when the limiter or store is built.
@@ -88,6 +96,16 @@ pub enum ConfigError {
          use addresses or ranges such as 10.0.0.0/8, 192.168.1.7 or 2001:db8::/32"
     )]
     InvalidTrustedProxy {
+        /// The rejected entry.
+        value: String,
+    },
+    /// A network given to [`skip::Networks`](crate::skip::Networks) was
+    /// neither an IP address nor a CIDR range.
+    #[error(
+        "network {value:?} is neither an IP address nor a CIDR range; \
+         use addresses or ranges such as 127.0.0.0/8, ::1 or 10.1.2.3"
+    )]
+    InvalidNetwork {
         /// The rejected entry.
         value: String,
     },

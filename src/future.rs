@@ -16,6 +16,7 @@ use crate::{
     Decision, Error, Rejection, Respond,
     core::{Core, Verdict},
     limiter::Deciding,
+    refund::Charged,
     respond::Format,
 };
 
@@ -42,11 +43,13 @@ pin_project! {
             check: Deciding,
             svc: Option<S>,
             req: Option<Request<ReqBody>>,
+            spent: Option<Charged>,
         },
         Calling {
             #[pin]
             fut: S::Future,
             decision: Option<Decision>,
+            spent: Option<Charged>,
         },
         Answered {
             rejection: Option<Rejection>,
@@ -73,12 +76,14 @@ where
         svc: S,
         req: Request<ReqBody>,
         core: Arc<Core<K, R>>,
+        spent: Option<Charged>,
     ) -> Self {
         Self {
             state: State::Checking {
                 check,
                 svc: Some(svc),
                 req: Some(req),
+                spent,
             },
             core,
         }
@@ -92,18 +97,33 @@ where
         svc: &mut S,
         req: Request<ReqBody>,
         core: &Arc<Core<K, R>>,
+        spent: Option<Charged>,
     ) -> Self {
         match core.verdict(result) {
             Verdict::Pass(decision) => Self {
                 state: State::Calling {
                     fut: svc.call(req),
                     decision,
+                    spent,
                 },
                 core: core.clone(),
             },
             Verdict::Reject(rejection) => {
                 Self::rejected(core, rejection, Format::of_headers(req.headers()))
             }
+        }
+    }
+
+    /// The future of a skipped request: the ready inner service is called
+    /// now, and its response left as it is.
+    pub(crate) fn skipped(svc: &mut S, req: Request<ReqBody>, core: &Arc<Core<K, R>>) -> Self {
+        Self {
+            state: State::Calling {
+                fut: svc.call(req),
+                decision: None,
+                spent: None,
+            },
+            core: core.clone(),
         }
     }
 
@@ -129,14 +149,24 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { check, svc, req } => {
+                StateProj::Checking {
+                    check,
+                    svc,
+                    req,
+                    spent,
+                } => {
                     let result = ready!(Pin::new(check).poll(cx));
                     match this.core.verdict(result) {
                         Verdict::Pass(decision) => {
                             let mut svc = svc.take().expect("polled after completion");
                             let req = req.take().expect("polled after completion");
                             let fut = svc.call(req);
-                            this.state.set(State::Calling { fut, decision });
+                            let spent = spent.take();
+                            this.state.set(State::Calling {
+                                fut,
+                                decision,
+                                spent,
+                            });
                         }
                         Verdict::Reject(rejection) => {
                             let req = req.as_ref().expect("polled after completion");
@@ -145,9 +175,16 @@ where
                         }
                     }
                 }
-                StateProj::Calling { fut, decision } => {
+                StateProj::Calling {
+                    fut,
+                    decision,
+                    spent,
+                } => {
                     let mut res = ready!(fut.poll(cx))?;
                     if let Some(d) = decision.take() {
+                        if let Some(spent) = spent.take() {
+                            this.core.settle(res.status(), &d, spent);
+                        }
                         this.core.decorate(&mut res, &d);
                     }
                     return Poll::Ready(Ok(res));

@@ -10,7 +10,10 @@ use crate::{
     core::Core,
     headers::PartitionKeys,
     key::{self, KeyExtractor},
+    refund::Refund,
     respond,
+    skip::{ClientAddr, Networks, Skipping},
+    tier::{Tiered, Tiers},
 };
 
 /// Rate limits requests with a [`Limiter`], keyed by a
@@ -74,6 +77,36 @@ impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
         Self {
             core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
         }
+    }
+}
+
+impl<K: KeyExtractor<Parts>, T: KeyExtractor<Parts>> RateLimitLayer<Tiered<K, T>> {
+    /// Limits each request by its tier's limiter: `select`'s key for the
+    /// request names the tier (say [`Header::new("x-plan")`](crate::key::Header),
+    /// or [`key::from_fn`] over a JWT claim or an extension an auth layer
+    /// set), and `extractor` keys it within the tier. A request whose
+    /// selector fails, or names no tier, gets the default limiter. See
+    /// [`tier`](crate::tier).
+    ///
+    /// ```
+    /// use http::request::Parts;
+    /// use redis_ratelimit::{Key, KeyError, Limiter, Quota, RateLimitLayer, Tiers, key::{self, PeerIp}};
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan(&'static str); // set by an auth layer
+    ///
+    /// let tiers = Tiers::new(Limiter::builder(Quota::per_hour(100)).name("free").build().unwrap())
+    ///     .tier(Limiter::builder(Quota::per_hour(10_000)).name("paid").build().unwrap());
+    /// let plan = key::from_fn(|p: &Parts| match p.extensions.get::<Plan>() {
+    ///     Some(plan) => Ok(Key::from(plan.0)),
+    ///     None => Err(KeyError::Rejected { status: http::StatusCode::BAD_REQUEST, reason: "no plan".into() }),
+    /// });
+    /// let layer = RateLimitLayer::tiered(tiers, plan, PeerIp);
+    /// # let _ = layer;
+    /// ```
+    pub fn tiered(tiers: Tiers, select: T, extractor: K) -> Self {
+        let default = tiers.default_limiter().clone();
+        Self::new(default, Tiered::new(extractor, select, tiers))
     }
 }
 
@@ -198,6 +231,80 @@ impl<K, R> RateLimitLayer<K, R> {
     {
         let core = Arc::unwrap_or_clone(self.core);
         let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
+        RateLimitLayer {
+            core: Arc::new(core),
+        }
+    }
+
+    /// Gives a passed request's cost back when its response's status is
+    /// one `refund` picks: [`Refund::ServerErrors`], [`Refund::ClientErrors`],
+    /// [`Refund::Successes`] or [`Refund::when`] a closure says so. One
+    /// extra store call per refunded response, run as a task after the
+    /// response; see [`refund`](crate::refund).
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};
+    ///
+    /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), PeerIp)
+    ///     .refund_when(Refund::ServerErrors);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn refund_when(self, refund: Refund) -> Self {
+        self.map(|c| c.refund = Some(refund))
+    }
+
+    /// Lets the requests `skip` picks through unlimited: no store call, no
+    /// rate-limit headers. `skip` gets the request's
+    /// `&http::request::Parts`; several skips add up (a request any of them
+    /// picks is skipped). See [`skip`](crate::skip).
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp};
+    ///
+    /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), PeerIp)
+    ///     .skip(|p| p.uri.path() == "/healthz" || p.headers.contains_key("x-internal-token"));
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn skip<F>(self, skip: F) -> RateLimitLayer<Skipping<K, F>, R>
+    where
+        F: Fn(&Parts) -> bool + Send + Sync + 'static,
+    {
+        self.skip_by(skip)
+    }
+
+    /// Lets requests from clients in `networks` through unlimited, as
+    /// [`skip`](Self::skip) does; the client is the address `networks`'
+    /// identity reads, normally the layer's own key extractor
+    /// ([`PeerIp`](struct@crate::key::PeerIp), [`ClientIp`](crate::key::ClientIp)).
+    ///
+    /// ```
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::ClientIp, skip::Networks};
+    ///
+    /// let client_ip = ClientIp::new().trust("10.0.0.0/8")?;
+    /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), client_ip.clone())
+    ///     .skip_networks(Networks::new(client_ip, "127.0.0.0/8, ::1")?);
+    /// # let _ = layer;
+    /// # Ok::<(), redis_ratelimit::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn skip_networks<A>(
+        self,
+        networks: Networks<A>,
+    ) -> RateLimitLayer<Skipping<K, Networks<A>>, R>
+    where
+        A: ClientAddr<Parts>,
+    {
+        self.skip_by(networks)
+    }
+
+    /// Lets the requests a [`Skip`](crate::skip::Skip) picks through
+    /// unlimited, as [`skip`](Self::skip) does.
+    #[must_use]
+    pub fn skip_by<S>(self, skip: S) -> RateLimitLayer<Skipping<K, S>, R> {
+        let core = Arc::unwrap_or_clone(self.core);
+        let core = core.map_extractor(|keys| Skipping::shared(keys, skip));
         RateLimitLayer {
             core: Arc::new(core),
         }

@@ -22,9 +22,12 @@ mod limiter;
 mod metrics;
 pub mod quota;
 mod random;
+pub mod refund;
 pub mod respond;
 mod service;
+pub mod skip;
 pub mod store;
+pub mod tier;
 
 pub use crate::{
     algorithm::Algorithm,
@@ -41,6 +44,7 @@ pub use crate::{
     respond::{DefaultResponse, OnStoreError, Rejection, Respond},
     service::RateLimitService,
     store::{LimitCheck, LimitState, MemoryStore, RedisStore, Store},
+    tier::Tiers,
 };
 
 /// The tower service, renamed [`RateLimitService`] so it does not clash with

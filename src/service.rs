@@ -9,7 +9,12 @@ use std::{
 use http::{Request, Response, request::Parts};
 use tower_service::Service;
 
-use crate::{Respond, ResponseFuture, core::Core, key::KeyExtractor, respond::Format};
+use crate::{
+    Respond, ResponseFuture,
+    core::{Core, Start},
+    key::KeyExtractor,
+    respond::Format,
+};
 
 /// The service made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -52,8 +57,12 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let mut check = match self.core.start(&parts) {
-            Ok(check) => check,
+        let (mut check, spent) = match self.core.start(&parts) {
+            Ok(Start::Check(check, spent)) => (check, spent),
+            Ok(Start::Skip) => {
+                let req = Request::from_parts(parts, body);
+                return ResponseFuture::skipped(&mut self.inner, req, &self.core);
+            }
             Err(rejection) => {
                 let format = Format::of_headers(&parts.headers);
                 return ResponseFuture::rejected(&self.core, rejection, format);
@@ -63,12 +72,14 @@ where
         match check.now() {
             // Decided already (the memory store, a cached denial): the ready
             // inner service is called here, in place, so nothing is cloned.
-            Some(result) => ResponseFuture::decided(result, &mut self.inner, req, &self.core),
+            Some(result) => {
+                ResponseFuture::decided(result, &mut self.inner, req, &self.core, spent)
+            }
             None => {
                 // The ready service goes to the future; a fresh clone stays.
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::checking(check, inner, req, self.core.clone())
+                ResponseFuture::checking(check, inner, req, self.core.clone(), spent)
             }
         }
     }

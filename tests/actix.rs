@@ -6,12 +6,15 @@ mod support;
 
 use actix_web::{App, HttpResponse, dev::ServiceRequest, web};
 use redis_ratelimit::{
+    Tiers,
     actix::RateLimitMiddleware,
     key::{self, Key, PeerIp},
+    refund::Refund,
+    skip::Networks,
 };
 use support::{
     Backend,
-    http::{Caller, Reply},
+    http::{Caller, Reply, get_with},
     scenarios::{self, exact_count, log},
     servers::{Actix, Axum, spawn_actix},
 };
@@ -180,3 +183,133 @@ async fn actix_and_tower_answer_the_same_sequence_identically() {
         }
     }
 }
+
+/// An actix app with `GET /` and `GET /status/{code}` behind `layer`.
+fn spawn_status_app<K, R>(layer: RateLimitMiddleware<K, R>) -> String
+where
+    K: redis_ratelimit::KeyExtractor<ServiceRequest>,
+    R: redis_ratelimit::Respond<HttpResponse>,
+{
+    spawn_actix(move || {
+        App::new()
+            .wrap(layer.clone())
+            .route("/", web::get().to(|| async { "ok" }))
+            .route(
+                "/status/{code}",
+                web::get().to(|code: web::Path<u16>| async move {
+                    HttpResponse::new(actix_web::http::StatusCode::from_u16(*code).unwrap())
+                }),
+            )
+    })
+}
+
+async fn actix_tiers(b: Backend) {
+    let named = |q: &str, n: &str| b.builder(q).name(n).build().unwrap();
+    let tiers = Tiers::new(b.limiter("1/60s")).tier(named("3/60s", "pro"));
+    let layer = RateLimitMiddleware::tiered(
+        tiers,
+        key::Header::new("x-plan"),
+        key::Header::new("x-api-key"),
+    );
+    let url = format!("{}/", spawn_status_app(layer));
+    let client = Caller::with_key(None).client();
+    let get = |plan: Option<&'static str>| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut h = vec![("x-api-key", "k")];
+            h.extend(plan.map(|p| ("x-plan", p)));
+            get_with(&client, &url, &h).await
+        }
+    };
+    let pro = get(Some("pro")).await;
+    assert_eq!(
+        pro.header("ratelimit-policy"),
+        Some(r#""pro";q=3;w=60"#),
+        "{pro:?}"
+    );
+    assert_eq!(
+        pro.header("ratelimit"),
+        Some(r#""pro";r=2;t=60"#),
+        "{pro:?}"
+    );
+    assert_eq!(get(None).await.status, 200);
+    let unknown = get(Some("gold")).await;
+    assert_eq!(unknown.status, 429, "{unknown:?}");
+    assert_eq!(
+        unknown.header("ratelimit-policy"),
+        Some(r#""default";q=1;w=60"#)
+    );
+    assert_eq!(
+        get(Some("pro")).await.header("ratelimit"),
+        Some(r#""pro";r=1;t=60"#)
+    );
+}
+
+async fn actix_skip(b: Backend) {
+    let client_ip = key::ClientIp::new().trust("127.0.0.5").unwrap();
+    let internal = Networks::new(client_ip.clone(), "10.0.0.0/8, 127.0.0.7").unwrap();
+    let layer = RateLimitMiddleware::new(b.limiter("1/60s"), client_ip)
+        .skip_networks(internal)
+        .skip(|req| req.path() == "/status/204");
+    let url = spawn_status_app(layer);
+    if let Some(s) = b.server() {
+        s.reset_stats().await;
+    }
+    let get = |ip, xff: &'static str, path: &'static str| {
+        let url = format!("{url}{path}");
+        async move {
+            get_with(
+                &Caller::from_ip(ip).client(),
+                &url,
+                &[("x-forwarded-for", xff)],
+            )
+            .await
+        }
+    };
+    for _ in 0..3 {
+        for r in [
+            get([127, 0, 0, 5], "10.9.9.9", "/").await,
+            get([127, 0, 0, 7], "203.0.113.1", "/").await,
+            get([127, 0, 0, 8], "10.9.9.9", "/status/204").await,
+        ] {
+            assert!(r.status.is_success(), "{r:?}");
+            assert!(!r.has_ratelimit_headers(), "{r:?}");
+        }
+    }
+    if let Backend::Memory(m) = &b {
+        assert_eq!(m.len(), 0);
+    }
+    if let Some(s) = b.server() {
+        assert_eq!(s.script_calls().await, 0, "{}", s.log());
+    }
+    // An untrusted peer's header is not read.
+    let spoofed = [
+        get([127, 0, 0, 6], "10.9.9.9", "/").await.status.as_u16(),
+        get([127, 0, 0, 6], "10.9.9.9", "/").await.status.as_u16(),
+    ];
+    assert_eq!(spoofed, [200, 429]);
+}
+
+async fn actix_refunds(b: Backend) {
+    let limiter = b.limiter("2/60s");
+    let layer = RateLimitMiddleware::new(limiter.clone(), key::Header::new("x-api-key"))
+        .refund_when(Refund::ServerErrors);
+    let url = spawn_status_app(layer);
+    let caller = Caller::with_key(Some("k"));
+    for _ in 0..4 {
+        let r = caller.get(&format!("{url}/status/500")).await;
+        assert_eq!(r.status, 500, "{r:?}");
+        let wait = async {
+            while limiter.peek("k", 1).await.unwrap().remaining() != 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("the refund landed");
+    }
+    let after = caller.statuses(&format!("{url}/status/404"), 3).await;
+    assert_eq!(after, [404, 404, 429]);
+}
+
+support::for_every_store!(actix_tiers, actix_skip, actix_refunds);

@@ -9,6 +9,8 @@ use super::{Error, var};
 /// One or more quotas, all counted with one algorithm.
 pub(super) struct Limits {
     quotas: Vec<Quota>,
+    algorithm: String,
+    burst: Option<u64>,
     deny_cache: bool,
     shadow: bool,
     /// For the startup line, e.g. `10/1s;1000/1d (gcra, burst 20)`.
@@ -57,14 +59,7 @@ impl Limits {
                 Error::config("RATE_LIMIT", &text, fix)
             };
             let quota: Quota = part.trim().parse().map_err(|e| fix(&e))?;
-            let quota = match algorithm.as_str() {
-                "sliding-window" => quota.sliding_window(),
-                // Default burst: the quota's own count.
-                "gcra" => quota
-                    .gcra(burst.unwrap_or(quota.limit()))
-                    .map_err(|e| Error::config("RATE_LIMIT_BURST", &format!("{burst:?}"), e))?,
-                _ => quota,
-            };
+            let quota = shape(quota, &algorithm, burst)?;
             if quotas.contains(&quota) {
                 return Err(fix(&format!("{part} is given twice")));
             }
@@ -73,7 +68,7 @@ impl Limits {
         let deny_cache = switch("RATE_LIMIT_DENY_CACHE", true)?;
         let shadow = switch("RATE_LIMIT_SHADOW", false)?;
         let list: Vec<String> = quotas.iter().map(Quota::to_string).collect();
-        let burst = burst.map(|b| format!(", burst {b}")).unwrap_or_default();
+        let burst_text = burst.map(|b| format!(", burst {b}")).unwrap_or_default();
         let cache = if deny_cache {
             "deny cache on"
         } else {
@@ -84,9 +79,11 @@ impl Limits {
         } else {
             ""
         };
-        let described = format!("{} ({algorithm}{burst}, {cache}{dry})", list.join(";"));
+        let described = format!("{} ({algorithm}{burst_text}, {cache}{dry})", list.join(";"));
         Ok(Some(Self {
             quotas,
+            algorithm,
+            burst,
             deny_cache,
             shadow,
             described,
@@ -108,6 +105,36 @@ impl Limits {
         }
         builder
     }
+}
+
+impl Limits {
+    /// `quota` under `RATE_LIMIT_ALGORITHM` and `RATE_LIMIT_BURST`, as
+    /// every quota of `RATE_LIMIT`.
+    pub(super) fn shape(&self, quota: Quota) -> Result<Quota, Error> {
+        shape(quota, &self.algorithm, self.burst)
+    }
+
+    /// A builder for one tier's limiter: `quota`, named `name`, with the
+    /// deny cache and shadow settings of the default.
+    pub(super) fn tier_builder(&self, name: &str, quota: Quota) -> LimiterBuilder {
+        let mut builder = Limiter::builder(quota).name(name).shadow(self.shadow);
+        if !self.deny_cache {
+            builder = builder.deny_cache(0);
+        }
+        builder
+    }
+}
+
+/// `quota` counted with `algorithm` (and `burst`, for GCRA).
+fn shape(quota: Quota, algorithm: &str, burst: Option<u64>) -> Result<Quota, Error> {
+    Ok(match algorithm {
+        "sliding-window" => quota.sliding_window(),
+        // Default burst: the quota's own count.
+        "gcra" => quota
+            .gcra(burst.unwrap_or(quota.limit()))
+            .map_err(|e| Error::config("RATE_LIMIT_BURST", &format!("{burst:?}"), e))?,
+        _ => quota,
+    })
 }
 
 impl std::fmt::Display for Limits {

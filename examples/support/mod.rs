@@ -21,34 +21,51 @@
 //! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended) |
 //! | `FORWARDED_HEADER` | `x-forwarded-for` | with `client-ip`: the header read, `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `RATE_LIMIT_ON_ERROR` | `allow` | when the store fails: `allow` the request or `deny` it (503) |
+//! | `RATE_LIMIT_TIERS` | unset: one tier | named tiers with their own quota, `<name>=<quota>` separated by `;`, e.g. `free=3/60s;pro=8/60s`; the tier header picks one, and a request without it, or naming no tier, gets `RATE_LIMIT`; every tier uses `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`, `RATE_LIMIT_DENY_CACHE` and `RATE_LIMIT_SHADOW`, and its `RateLimit` headers show its name and quota |
+//! | `RATE_LIMIT_TIER_HEADER` | `x-plan` | with `RATE_LIMIT_TIERS`: the request header naming the tier |
+//! | `RATE_LIMIT_SKIP` | unset: none | clients never limited (no store call, no rate-limit headers), as addresses or CIDR ranges separated by commas, e.g. `127.0.0.0/8,::1`; matched on the client the key is made from: the peer for `ip` and `header:<name>`, the client behind `TRUSTED_PROXIES`/`TRUSTED_HOPS` for `client-ip` |
+//! | `RATE_LIMIT_REFUND` | unset: none | give a request's cost back when its response is one of `server-errors` (5xx), `client-errors` (4xx) or `successes` (2xx); not in the tonic example (gRPC answers are HTTP 200) |
 //! | `RUST_LOG` | `info` | tracing filter |
 //!
 //! Every Redis URL may be `rediss://` (TLS, checked against the system's
 //! trust store; `rediss://host:port/#insecure` skips the check, for tests)
 //! when the example is built with the `tls` feature.
 //!
+//! Every example but tonic answers `GET /` with `ok` and `GET /status/<code>`
+//! with that status (200 to 599; any other code: 400), to try refunds.
+//!
 //! A bad value stops the server with a message naming the variable (exit
 //! status 2); a Redis that cannot be reached at startup exits with status 1.
 
-use std::{env, fmt, net::SocketAddr, process::ExitCode, time::Duration};
+use std::{env, fmt, net::SocketAddr, process::ExitCode};
 
 use http::HeaderName;
 use redis::IntoConnectionInfo;
 use redis_ratelimit::{
-    MemoryStore, OnStoreError, RateLimitLayer, RedisStore,
+    MemoryStore, OnStoreError,
     key::{self, Key, KeyError, KeyExtractor, RequestInfo},
 };
 use tokio::net::TcpListener;
 
-use self::limits::Limits;
+pub use self::policy::Layer;
+use self::{
+    limits::Limits,
+    policy::Policy,
+    store::{AnyStore, connect, connect_cluster, connect_sentinel},
+};
 
 mod limits;
+mod policy;
+mod store;
 
 /// What the examples serve with: a bound listener and, unless
 /// `RATE_LIMIT=off`, the rate-limit layer.
 pub struct Setup {
     pub listener: TcpListener,
-    pub layer: Option<RateLimitLayer<KeyBy>>,
+    pub layer: Option<Layer>,
+    /// Whether `RATE_LIMIT_REFUND` is set (tonic refuses it).
+    #[allow(dead_code)]
+    pub refunds: bool,
 }
 
 /// Reads the environment, connects the store, binds the listener and logs
@@ -57,10 +74,10 @@ pub async fn setup() -> Result<Setup, Error> {
     let config = Config::from_env()?;
     let (layer, limiting) = match &config.rate_limit {
         Some(l) => {
-            let (layer, store) = l.layer().await?;
+            let (layer, store) = l.layer(&config.policy).await?;
             let text = format!(
-                "store: {store}; limit: {}; key: {}; on store error: {}",
-                l.limits, l.key, l.on_error_name
+                "store: {store}; limit: {}; key: {}; on store error: {}{}",
+                l.limits, l.key, l.on_error_name, config.policy
             );
             (Some(layer), text)
         }
@@ -73,7 +90,23 @@ pub async fn setup() -> Result<Setup, Error> {
         .local_addr()
         .map_err(|e| Error::runtime(e.to_string()))?;
     tracing::info!("listening on {addr} ({limiting})");
-    Ok(Setup { listener, layer })
+    let refunds = config.policy.refunds();
+    Ok(Setup {
+        listener,
+        layer,
+        refunds,
+    })
+}
+
+/// The status `GET /status/<code>` answers with: `code` if it is a number
+/// from 200 to 599, else 400.
+#[allow(dead_code)]
+pub fn status(code: &str) -> http::StatusCode {
+    code.parse::<u16>()
+        .ok()
+        .filter(|c| (200..=599).contains(c))
+        .and_then(|c| http::StatusCode::from_u16(c).ok())
+        .unwrap_or(http::StatusCode::BAD_REQUEST)
 }
 
 /// Logs with `tracing-subscriber`, filtered by `RUST_LOG` (default `info`).
@@ -120,7 +153,7 @@ impl Error {
 
     /// A bad combination of variables, or a value best not echoed (exit
     /// status 2).
-    fn usage(message: String) -> Self {
+    pub fn usage(message: String) -> Self {
         Self { message, status: 2 }
     }
 
@@ -169,6 +202,7 @@ impl fmt::Display for KeyBy {
 
 struct Config {
     bind: SocketAddr,
+    policy: Policy,
     /// `None` for `RATE_LIMIT=off`.
     rate_limit: Option<Limiting>,
 }
@@ -365,8 +399,10 @@ impl Config {
                 return Err(Error::config("RATE_LIMIT_ON_ERROR", &on_error, fix));
             }
         };
+        let policy = Policy::from_env(limits.as_ref())?;
         Ok(Self {
             bind,
+            policy,
             rate_limit: limits.map(|limits| Limiting {
                 limits,
                 key,
@@ -381,23 +417,22 @@ impl Config {
 impl Limiting {
     /// Connects the store and builds the layer; also describes the store for
     /// the startup line.
-    async fn layer(&self) -> Result<(RateLimitLayer<KeyBy>, String), Error> {
-        let builder = self.limits.builder();
-        let (builder, described) = match &self.backend {
+    async fn layer(&self, policy: &Policy) -> Result<(Layer, String), Error> {
+        let (store, described) = match &self.backend {
             Backend::Memory { max_keys } => (
-                builder.store(MemoryStore::with_max_keys(*max_keys)),
+                AnyStore::Memory(MemoryStore::with_max_keys(*max_keys)),
                 format!(
                     "in-memory (at most {max_keys} keys), REDIS_URL unset; it needs no deny cache"
                 ),
             ),
             Backend::Redis { url, addr, pool } => {
                 let (store, via) = connect(url, addr, *pool).await?;
-                (builder.store(store), format!("redis at {addr} via {via}"))
+                (AnyStore::Redis(store), format!("redis at {addr} via {via}"))
             }
             Backend::Cluster { urls, addrs, pool } => {
                 let (store, via) = connect_cluster(urls, addrs, *pool).await?;
                 (
-                    builder.store(store),
+                    AnyStore::Redis(store),
                     format!("redis cluster at {addrs} via {via}"),
                 )
             }
@@ -408,125 +443,18 @@ impl Limiting {
             } => {
                 let store = connect_sentinel(urls, master, addrs).await?;
                 (
-                    builder.store(store),
+                    AnyStore::Redis(store),
                     format!("redis master {master:?} named by the sentinels at {addrs}"),
                 )
             }
         };
-        let limiter = builder
+        let limiter = store
+            .apply(self.limits.builder())
             .build()
             .map_err(|e| Error::runtime(format!("cannot build the limiter: {e}")))?;
-        let layer = RateLimitLayer::new(limiter, self.key.clone()).on_store_error(self.on_error);
-        Ok((layer, described))
+        let layer = policy.layer(&self.limits, limiter, &self.key, |b| store.apply(b))?;
+        Ok((layer.on_store_error(self.on_error), described))
     }
-}
-
-async fn connect(url: &str, addr: &str, pool: Option<u32>) -> Result<(RedisStore, String), Error> {
-    let unreachable = |e: &dyn fmt::Display| {
-        Error::runtime(format!(
-            "cannot use Redis at {addr} (REDIS_URL) for rate limiting: {e}"
-        ))
-    };
-    match pool {
-        None => {
-            let store = RedisStore::connect(url)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            Ok((store, "one multiplexed connection".into()))
-        }
-        Some(size) => {
-            let manager =
-                bb8_redis::RedisConnectionManager::new(url).map_err(|e| unreachable(&e))?;
-            // Open every connection now: fail fast, and start benchmarks warm.
-            let pool = bb8::Pool::builder()
-                .max_size(size)
-                .min_idle(size)
-                // bb8 PINGs every checked-out connection by default: a second
-                // round trip per decision.
-                .test_on_check_out(false)
-                .connection_timeout(Duration::from_secs(2))
-                .build(manager)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            // A Redis that cannot run the scripts fails here, not on every request.
-            let store = RedisStore::from_pool(pool);
-            store.self_test().await.map_err(|e| unreachable(&e))?;
-            Ok((store, format!("a bb8 pool of {size}")))
-        }
-    }
-}
-
-/// Connects to a Redis Cluster through its seed nodes: one cluster
-/// connection, or a bb8 pool of `pool` of them.
-#[cfg(feature = "cluster")]
-async fn connect_cluster(
-    urls: &[String],
-    addrs: &str,
-    pool: Option<u32>,
-) -> Result<(RedisStore, String), Error> {
-    let unreachable = |e: &dyn fmt::Display| {
-        Error::runtime(format!(
-            "cannot use the Redis Cluster at {addrs} (REDIS_CLUSTER_URLS) for rate limiting: \
-             {e}; is the cluster up, with cluster_state:ok?"
-        ))
-    };
-    match pool {
-        None => {
-            let store = RedisStore::cluster(urls.iter().map(String::as_str))
-                .await
-                .map_err(|e| unreachable(&e))?;
-            Ok((store, "one cluster connection".into()))
-        }
-        Some(size) => {
-            let client = RedisStore::cluster_client(urls.iter().map(String::as_str))
-                .build()
-                .map_err(|e| unreachable(&e))?;
-            let pool = bb8::Pool::builder()
-                .max_size(size)
-                .min_idle(size)
-                // The check-out PING would go to every master.
-                .test_on_check_out(false)
-                .connection_timeout(Duration::from_secs(2))
-                .build(client)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            let via = format!("a bb8 pool of {size} cluster connections");
-            let store = RedisStore::from_cluster_pool(pool);
-            store.self_test().await.map_err(|e| unreachable(&e))?;
-            Ok((store, via))
-        }
-    }
-}
-
-/// Without the `cluster` feature, `from_env` already refused
-/// `REDIS_CLUSTER_URLS`.
-#[cfg(not(feature = "cluster"))]
-async fn connect_cluster(
-    _: &[String],
-    _: &str,
-    _: Option<u32>,
-) -> Result<(RedisStore, String), Error> {
-    Err(Error::usage(NO_CLUSTER_FEATURE.into()))
-}
-
-/// Connects to the master the sentinels name `master`.
-#[cfg(feature = "sentinel")]
-async fn connect_sentinel(urls: &[String], master: &str, addrs: &str) -> Result<RedisStore, Error> {
-    RedisStore::sentinel(urls.iter().map(String::as_str), master)
-        .await
-        .map_err(|e| {
-            Error::runtime(format!(
-                "cannot use the Redis master {master:?} named by the sentinels at {addrs} \
-                 (REDIS_SENTINEL_URLS) for rate limiting: {e}"
-            ))
-        })
-}
-
-/// Without the `sentinel` feature, `from_env` already refused
-/// `REDIS_SENTINEL_URLS`.
-#[cfg(not(feature = "sentinel"))]
-async fn connect_sentinel(_: &[String], _: &str, _: &str) -> Result<RedisStore, Error> {
-    Err(Error::usage(NO_SENTINEL_FEATURE.into()))
 }
 
 /// Checks a Redis URL from `var` and returns its `host:port`. The URL itself

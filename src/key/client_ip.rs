@@ -131,16 +131,8 @@ impl ClientIp {
     /// assert!(err.to_string().contains("10.0.0.0/33"));
     /// ```
     pub fn trust(self, list: &str) -> Result<Self, ConfigError> {
-        let mut nets = Vec::new();
-        for entry in list.split([',', ' ', '\t', '\n']).filter(|e| !e.is_empty()) {
-            let net = entry
-                .parse::<IpNet>()
-                .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| ConfigError::InvalidTrustedProxy {
-                    value: entry.to_owned(),
-                })?;
-            nets.push(net);
-        }
+        let nets =
+            parse_networks(list).map_err(|value| ConfigError::InvalidTrustedProxy { value })?;
         Ok(self.trusted_proxies(nets))
     }
 
@@ -252,8 +244,17 @@ impl ClientIp {
     }
 }
 
-impl<R: RequestInfo + ?Sized> KeyExtractor<R> for ClientIp {
-    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+impl ClientIp {
+    /// The client's address for `req`, before grouping: the address its key
+    /// is made from (IPv4-mapped IPv6 as IPv4), or `None` without a peer
+    /// address. Logs no warnings; [`skip::Networks`](crate::skip::Networks)
+    /// matches on it.
+    pub fn client_addr<R: RequestInfo + ?Sized>(&self, req: &R) -> Option<IpAddr> {
+        self.address(req, false).ok()
+    }
+
+    /// The client's address; `warn`: feed the misconfiguration warnings.
+    fn address<R: RequestInfo + ?Sized>(&self, req: &R, warn: bool) -> Result<IpAddr, KeyError> {
         let peer = req
             .peer_addr()
             .ok_or(KeyError::NoPeerAddr)?
@@ -264,7 +265,8 @@ impl<R: RequestInfo + ?Sized> KeyExtractor<R> for ClientIp {
             None => self.is_trusted(peer),
         };
         if !reads_headers {
-            if self.trusted.is_empty()
+            if warn
+                && self.trusted.is_empty()
                 && self.hops.is_none()
                 && self.warnings.wants_untrusted_headers()
             {
@@ -276,12 +278,20 @@ impl<R: RequestInfo + ?Sized> KeyExtractor<R> for ClientIp {
                     }
                 }
             }
-            return Ok(self.grouping.key(peer));
+            return Ok(peer);
         }
         let name = self.header.name();
         let (client, had_header) = self.client(peer, req.header_values(&name));
-        self.warnings.request_from_proxy(peer, &name, had_header);
-        Ok(self.grouping.key(client))
+        if warn {
+            self.warnings.request_from_proxy(peer, &name, had_header);
+        }
+        Ok(client)
+    }
+}
+
+impl<R: RequestInfo + ?Sized> KeyExtractor<R> for ClientIp {
+    fn extract(&self, req: &R) -> Result<Key, KeyError> {
+        Ok(self.grouping.key(self.address(req, true)?))
     }
 }
 
@@ -312,9 +322,25 @@ impl fmt::Display for ClientIp {
     }
 }
 
+/// Addresses and CIDR ranges separated by commas or whitespace, such as
+/// `"10.0.0.0/8, ::1"`, ranges of IPv4-mapped addresses as IPv4 (see
+/// [`canonical_net`]); or the first entry that is neither.
+pub(crate) fn parse_networks(list: &str) -> Result<Vec<IpNet>, String> {
+    list.split([',', ' ', '\t', '\n'])
+        .filter(|e| !e.is_empty())
+        .map(|entry| {
+            entry
+                .parse::<IpNet>()
+                .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
+                .map(canonical_net)
+                .map_err(|_| entry.to_owned())
+        })
+        .collect()
+}
+
 /// A range of IPv4-mapped IPv6 addresses (`::ffff:10.0.0.0/104`) as the IPv4
 /// range it maps (`10.0.0.0/8`), since addresses are compared as IPv4.
-fn canonical_net(net: IpNet) -> IpNet {
+pub(crate) fn canonical_net(net: IpNet) -> IpNet {
     if let IpNet::V6(v6) = net
         && let Some(v4) = v6.network().to_ipv4_mapped()
         && let Some(len) = v6.prefix_len().checked_sub(96)

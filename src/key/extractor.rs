@@ -36,6 +36,26 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
         let _ = req;
         1
     }
+
+    /// Whether the request is not limited at all: no store call, no
+    /// rate-limit headers (default `false`). Set with
+    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip); the
+    /// rate-limit layer and middleware ask it, the concurrency layer does
+    /// not.
+    fn skip(&self, req: &R) -> bool {
+        let _ = req;
+        false
+    }
+
+    /// The limiter of the request's tier, or `None` for the layer's own
+    /// (default `None`). Set with
+    /// [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered); the
+    /// rate-limit layer and middleware ask it, the concurrency layer does
+    /// not.
+    fn tier(&self, req: &R) -> Option<&crate::Limiter> {
+        let _ = req;
+        None
+    }
 }
 
 macro_rules! forward_key_extractor {
@@ -55,6 +75,14 @@ macro_rules! forward_key_extractor {
 
             fn cost(&self, req: &R) -> u64 {
                 (**self).cost(req)
+            }
+
+            fn skip(&self, req: &R) -> bool {
+                (**self).skip(req)
+            }
+
+            fn tier(&self, req: &R) -> Option<&crate::Limiter> {
+                (**self).tier(req)
             }
         }
     };

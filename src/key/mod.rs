@@ -61,6 +61,7 @@ mod warnings;
 mod with_cost;
 
 pub use client_ip::ClientIp;
+pub(crate) use client_ip::{canonical_net, parse_networks};
 pub use each::{Each, KeyTuple, each};
 pub use error::KeyError;
 pub use extractor::KeyExtractor;

@@ -1,5 +1,7 @@
 //! [`PeerIp`](struct@PeerIp): keys by the peer's IP address.
 
+use std::net::IpAddr;
+
 use super::{Grouping, Key, KeyError, KeyExtractor, RequestInfo};
 
 /// Keys by the peer's IP address (the port is dropped), IPv6 by /64.
@@ -90,6 +92,15 @@ impl PeerIp {
 impl Default for PeerIp {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl PeerIp {
+    /// The peer's address for `req`, before grouping (IPv4-mapped IPv6 as
+    /// IPv4): the address its key is made from, or `None` without one.
+    /// [`skip::Networks`](crate::skip::Networks) matches on it.
+    pub fn client_addr<R: RequestInfo + ?Sized>(&self, req: &R) -> Option<IpAddr> {
+        req.peer_addr().map(|a| a.ip().to_canonical())
     }
 }
 

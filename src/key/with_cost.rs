@@ -57,4 +57,12 @@ where
     fn cost(&self, req: &R) -> u64 {
         (self.cost)(req)
     }
+
+    fn skip(&self, req: &R) -> bool {
+        self.keys.skip(req)
+    }
+
+    fn tier(&self, req: &R) -> Option<&crate::Limiter> {
+        self.keys.tier(req)
+    }
 }

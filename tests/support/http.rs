@@ -149,6 +149,11 @@ impl Caller {
         }
     }
 
+    /// The HTTP client, for requests with headers of their own.
+    pub fn client(&self) -> Client<HttpConnector, Empty<Bytes>> {
+        self.client.clone()
+    }
+
     pub async fn get(&self, url: &str) -> Reply {
         let mut headers = Vec::new();
         headers.extend(self.api_key.map(|k| ("x-api-key", k)));

@@ -14,6 +14,18 @@ pub fn app() -> Router {
     Router::new().route("/", get(|| async { "ok" }))
 }
 
+/// `GET /` answering `ok`, and `GET /status/{code}` answering that status.
+pub fn status_app() -> Router {
+    app().route(
+        "/status/{code}",
+        get(
+            |axum::extract::Path(code): axum::extract::Path<u16>| async move {
+                http::StatusCode::from_u16(code).unwrap()
+            },
+        ),
+    )
+}
+
 /// Serves `app` on an ephemeral port, with or without axum's connect info.
 pub async fn spawn_axum(app: Router, connect_info: bool) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

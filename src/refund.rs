@@ -1,0 +1,168 @@
+//! Refunds by response: [`Refund`] says which responses give the request's
+//! cost back, so that it is as if the request had not been counted.
+//!
+//! "Count only failed logins" refunds [`Successes`](Refund::Successes);
+//! "don't charge for our own 5xx" refunds
+//! [`ServerErrors`](Refund::ServerErrors). Set one with
+//! [`RateLimitLayer::refund_when`](crate::RateLimitLayer::refund_when) (the
+//! actix middleware has the same method).
+//!
+//! * A refunded response costs exactly one extra store call
+//!   ([`Limiter::refund`](crate::Limiter::refund)'s, on the keys and the
+//!   limiter, the request's tier's, that decided the request); other
+//!   responses cost none.
+//! * The response is not delayed: the refund runs as a task on the Tokio
+//!   runtime (actix-web runs on Tokio too). A refund that fails is logged
+//!   (at most once a second), never turned into a response: the client was
+//!   charged, and stays charged.
+//! * Only what was spent is refunded: requests the middleware rejected, or
+//!   let through unlimited when the store failed, or skipped, are never
+//!   refunded; see [`Limiter::refund`](crate::Limiter::refund) for what a
+//!   refund does per algorithm.
+//! * The response's rate-limit headers are the decision's, before the
+//!   refund.
+//!
+//! ```
+//! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};
+//!
+//! // A login route: 5 failed attempts per 15 minutes; successes are free.
+//! let logins = RateLimitLayer::new(Limiter::new("5/15m".parse()?), PeerIp)
+//!     .refund_when(Refund::Successes);
+//! // Any rule over the status.
+//! let api = RateLimitLayer::new(Limiter::new(Quota::per_second(10)), PeerIp)
+//!     .refund_when(Refund::when(|s| s.is_server_error() || s == http::StatusCode::NOT_MODIFIED));
+//! # let _ = (logins, api);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::{fmt, str::FromStr, sync::Arc};
+
+use http::StatusCode;
+use smallvec::SmallVec;
+
+use crate::{Decision, Error, Limiter, core::Throttle, key::Key};
+
+/// Which responses give the request's cost back.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Refund {
+    /// 5xx responses: don't charge clients for the server's own failures.
+    ServerErrors,
+    /// 4xx responses.
+    ClientErrors,
+    /// 2xx responses: count only failures, such as failed logins.
+    Successes,
+    /// Responses whose status the function picks; see [`Refund::when`].
+    When(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>),
+}
+
+impl Refund {
+    /// Refunds the responses whose status `f` picks.
+    pub fn when<F>(f: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        Refund::When(Arc::new(f))
+    }
+
+    /// Whether a response with `status` is refunded.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use redis_ratelimit::refund::Refund;
+    ///
+    /// assert!(Refund::ServerErrors.applies(StatusCode::BAD_GATEWAY));
+    /// assert!(!Refund::ServerErrors.applies(StatusCode::TOO_MANY_REQUESTS));
+    /// assert!(Refund::Successes.applies(StatusCode::NO_CONTENT));
+    /// ```
+    pub fn applies(&self, status: StatusCode) -> bool {
+        match self {
+            Refund::ServerErrors => status.is_server_error(),
+            Refund::ClientErrors => status.is_client_error(),
+            Refund::Successes => status.is_success(),
+            Refund::When(f) => f(status),
+        }
+    }
+}
+
+impl fmt::Debug for Refund {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refund::ServerErrors => f.write_str("ServerErrors"),
+            Refund::ClientErrors => f.write_str("ClientErrors"),
+            Refund::Successes => f.write_str("Successes"),
+            Refund::When(_) => f.write_str("When(..)"),
+        }
+    }
+}
+
+/// A name that is not `server-errors`, `client-errors` or `successes`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown refund preset {0:?}: use `server-errors`, `client-errors` or `successes`")]
+pub struct UnknownPreset(String);
+
+impl FromStr for Refund {
+    type Err = UnknownPreset;
+
+    /// `server-errors`, `client-errors` or `successes` (ASCII case
+    /// ignored).
+    ///
+    /// ```
+    /// use redis_ratelimit::refund::Refund;
+    ///
+    /// let refund: Refund = "server-errors".parse().unwrap();
+    /// assert!(matches!(refund, Refund::ServerErrors));
+    /// assert!("5xx".parse::<Refund>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "server-errors" => Ok(Refund::ServerErrors),
+            "client-errors" => Ok(Refund::ClientErrors),
+            "successes" => Ok(Refund::Successes),
+            _ => Err(UnknownPreset(s.to_owned())),
+        }
+    }
+}
+
+/// What a passed request spent, kept (only when refunds are on) until its
+/// response says whether to give it back.
+#[derive(Debug)]
+pub(crate) struct Charged {
+    limiter: Limiter,
+    keys: SmallVec<[Key; 1]>,
+}
+
+impl Charged {
+    pub(crate) fn new(limiter: &Limiter, keys: SmallVec<[Key; 1]>) -> Self {
+        Self {
+            limiter: limiter.clone(),
+            keys,
+        }
+    }
+
+    /// Gives `decision`'s cost back, in a task of its own.
+    pub(crate) fn refund(self, decision: &Decision) {
+        let keys: SmallVec<[&[u8]; 1]> = self.keys.iter().map(Key::as_bytes).collect();
+        let refunding = self.limiter.refunding(&keys, decision);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(e) = refunding.await {
+                        failed(&e);
+                    }
+                });
+            }
+            Err(_) => failed(&Error::UnexpectedReply(
+                "no Tokio runtime to run the refund on".into(),
+            )),
+        }
+    }
+}
+
+/// Logs a failed refund, at most once a second (with how many were not).
+fn failed(e: &Error) {
+    static THROTTLE: Throttle = Throttle::new();
+    if let Some(unlogged) = THROTTLE.admit() {
+        tracing::warn!(error = %e, unlogged, "rate limit: refund failed; the request stays charged");
+    }
+}

@@ -1,0 +1,287 @@
+//! The example servers (`examples/axum.rs`, `hyper.rs`, `actix.rs`) driven
+//! through their variables: `RATE_LIMIT_TIERS` with `RATE_LIMIT_TIER_HEADER`,
+//! `RATE_LIMIT_SKIP` and `RATE_LIMIT_REFUND`, on the memory store; and bad
+//! values stopping them with exit status 2 and the variable's name.
+//!
+//! The binaries are built first, with this test's own features, by the
+//! `cargo` that runs the test.
+
+mod support;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::OnceLock,
+    time::Duration,
+};
+
+use support::http::{Caller, Reply, get_with};
+
+const EXAMPLES: [&str; 3] = ["axum", "hyper", "actix"];
+
+/// Builds the examples once, with the features this test was built with,
+/// and returns their directory.
+fn examples_dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let features: Vec<&str> = [
+            ("axum", cfg!(feature = "axum")),
+            ("actix", cfg!(feature = "actix")),
+            ("metrics", cfg!(feature = "metrics")),
+            ("cluster", cfg!(feature = "cluster")),
+            ("tonic", cfg!(feature = "tonic")),
+            ("tls", cfg!(feature = "tls")),
+            ("sentinel", cfg!(feature = "sentinel")),
+        ]
+        .into_iter()
+        .filter_map(|(f, on)| on.then_some(f))
+        .collect();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+            "build",
+            "--no-default-features",
+            "--features",
+            &features.join(","),
+        ]);
+        for name in EXAMPLES {
+            cmd.args(["--example", name]);
+        }
+        let out = cmd.output().expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build of the examples failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // target/debug/deps/<this test> -> target/debug/examples
+        let exe = std::env::current_exe().unwrap();
+        exe.parent().unwrap().parent().unwrap().join("examples")
+    })
+}
+
+/// A running example server, killed on drop.
+struct Example {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts example `name` on a free port with `vars` (and only those of the
+/// examples' variables), and waits for its "listening on" line.
+fn start(name: &str, vars: &[(&str, &str)]) -> Example {
+    let mut cmd = Command::new(examples_dir().join(name));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RATE_LIMIT") || k.starts_with("REDIS_") || k.starts_with("TRUSTED_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("BIND", "127.0.0.1:0")
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .envs(vars.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let addr = rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{name} did not start with {vars:?}"));
+    Example {
+        child,
+        url: format!("http://{addr}"),
+    }
+}
+
+async fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
+    get_with(&Caller::with_key(None).client(), url, headers).await
+}
+
+async fn statuses(url: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(get(url, headers).await.status.as_u16());
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_example_answers_status_paths() {
+    for name in EXAMPLES {
+        let ex = start(name, &[("RATE_LIMIT", "100/60s")]);
+        let ok = get(&format!("{}/", ex.url), &[]).await;
+        assert_eq!(
+            (ok.status.as_u16(), ok.body.as_str()),
+            (200, "ok"),
+            "{name}"
+        );
+        for (path, status) in [
+            ("503", 503),
+            ("404", 404),
+            ("201", 201),
+            ("abc", 400),
+            ("700", 400),
+        ] {
+            let r = get(&format!("{}/status/{path}", ex.url), &[]).await;
+            assert_eq!(r.status.as_u16(), status, "{name} /status/{path}: {r:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn rate_limit_tiers_pick_the_tier_by_header() {
+    let vars = [
+        ("RATE_LIMIT", "1/60s"),
+        ("RATE_LIMIT_TIERS", "free=3/60s;pro=8/60s"),
+        ("RATE_LIMIT_TIER_HEADER", "x-plan"),
+        ("RATE_LIMIT_KEY", "header:x-api-key"),
+    ];
+    for name in EXAMPLES {
+        let ex = start(name, &vars);
+        let url = format!("{}/", ex.url);
+        let pro = [("x-api-key", "a"), ("x-plan", "pro")];
+        let first = get(&url, &pro).await;
+        assert_eq!(
+            first.header("ratelimit-policy"),
+            Some(r#""pro";q=8;w=60"#),
+            "{name}: {first:?}"
+        );
+        let mut want = vec![200; 7];
+        want.push(429);
+        assert_eq!(statuses(&url, &pro, 8).await, want, "{name}");
+        let free = [("x-api-key", "a"), ("x-plan", "free")];
+        assert_eq!(
+            statuses(&url, &free, 4).await,
+            [200, 200, 200, 429],
+            "{name}"
+        );
+        // No header, or an unknown tier: RATE_LIMIT.
+        let none = get(&url, &[("x-api-key", "b")]).await;
+        assert_eq!(
+            none.header("ratelimit-policy"),
+            Some(r#""default";q=1;w=60"#),
+            "{name}"
+        );
+        let gold = get(&url, &[("x-api-key", "b"), ("x-plan", "gold")]).await;
+        assert_eq!(gold.status, 429, "{name}: {gold:?}");
+    }
+}
+
+#[tokio::test]
+async fn rate_limit_skip_never_limits_those_clients() {
+    for name in EXAMPLES {
+        let ex = start(
+            name,
+            &[
+                ("RATE_LIMIT", "1/60s"),
+                ("RATE_LIMIT_SKIP", "127.0.0.2/32,::1"),
+            ],
+        );
+        let url = format!("{}/", ex.url);
+        let internal = Caller::from_ip([127, 0, 0, 2]);
+        for r in internal.get_n(&url, 4).await {
+            assert_eq!(r.status, 200, "{name}: {r:?}");
+            assert!(!r.has_ratelimit_headers(), "{name}: {r:?}");
+        }
+        let other = Caller::from_ip([127, 0, 0, 3]);
+        assert_eq!(other.statuses(&url, 2).await, [200, 429], "{name}");
+        // client-ip: the client behind the trusted proxy, never a spoofer's header.
+        let ex = start(
+            name,
+            &[
+                ("RATE_LIMIT", "1/60s"),
+                ("RATE_LIMIT_KEY", "client-ip"),
+                ("TRUSTED_PROXIES", "127.0.0.4"),
+                ("RATE_LIMIT_SKIP", "10.0.0.0/8"),
+            ],
+        );
+        let url = format!("{}/", ex.url);
+        let via = |ip, xff: &'static str| {
+            let url = url.clone();
+            async move {
+                get_with(
+                    &Caller::from_ip(ip).client(),
+                    &url,
+                    &[("x-forwarded-for", xff)],
+                )
+                .await
+            }
+        };
+        for _ in 0..3 {
+            let r = via([127, 0, 0, 4], "10.1.2.3").await;
+            assert!(
+                r.status == 200 && !r.has_ratelimit_headers(),
+                "{name}: {r:?}"
+            );
+        }
+        let spoofed = [
+            via([127, 0, 0, 5], "10.1.2.3").await,
+            via([127, 0, 0, 5], "10.1.2.3").await,
+        ];
+        let spoofed: Vec<u16> = spoofed.iter().map(|r| r.status.as_u16()).collect();
+        assert_eq!(spoofed, [200, 429], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn rate_limit_refund_gives_server_errors_back() {
+    let vars = [
+        ("RATE_LIMIT", "2/60s"),
+        ("RATE_LIMIT_KEY", "header:x-api-key"),
+        ("RATE_LIMIT_REFUND", "server-errors"),
+    ];
+    for name in EXAMPLES {
+        let ex = start(name, &vars);
+        let key = [("x-api-key", "k")];
+        for _ in 0..5 {
+            let r = get(&format!("{}/status/500", ex.url), &key).await;
+            assert_eq!(r.status, 500, "{name}: {r:?}");
+            // The refund runs after the response, in process: far quicker.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let after = statuses(&format!("{}/status/404", ex.url), &key, 3).await;
+        assert_eq!(after, [404, 404, 429], "{name}");
+    }
+}
+
+#[test]
+fn bad_values_stop_the_server_naming_the_variable() {
+    for (var, value) in [
+        ("RATE_LIMIT_TIERS", "free"),
+        ("RATE_LIMIT_TIERS", "free=3/60s;free=5/60s"),
+        ("RATE_LIMIT_TIERS", "a b=3/60s"),
+        ("RATE_LIMIT_TIERS", "default=3/60s"),
+        ("RATE_LIMIT_TIER_HEADER", "x-plan"),
+        ("RATE_LIMIT_SKIP", "10.0.0.0/33"),
+        ("RATE_LIMIT_REFUND", "5xx"),
+    ] {
+        for name in EXAMPLES {
+            let out = Command::new(examples_dir().join(name))
+                .env("BIND", "127.0.0.1:0")
+                .env(var, value)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} {var}={value}: {stderr}");
+            assert!(stderr.contains(var), "{name} {var}={value}: {stderr}");
+        }
+    }
+}
