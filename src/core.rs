@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use crate::{
     Decision, Error, Limiter, OnStoreError, Rejection, Respond,
+    gate::Start,
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
@@ -151,19 +152,14 @@ impl<K, R, L> Core<K, R, L> {
     }
 }
 
-/// How a request's check starts.
-pub(crate) enum Start {
-    /// The request is skipped: call the inner service, no headers.
-    Skip,
-    /// The check is on its way; with refunds on, what it spends.
-    Check(Deciding, Option<Charged>),
-}
-
 impl<K, R> Core<K, R> {
     /// Derives the request's keys, cost and limiter (its tier's) and starts
     /// its check; skips it; or rejects it at once when no key can be
     /// derived.
-    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Start, Rejection>
+    pub(crate) fn start<Req: ?Sized>(
+        &self,
+        req: &Req,
+    ) -> Result<Start<(Deciding, Option<Charged>)>, Rejection>
     where
         K: KeyExtractor<Req>,
     {
@@ -180,7 +176,7 @@ impl<K, R> Core<K, R> {
                 .refund
                 .as_ref()
                 .map(|_| Charged::new(limiter, smallvec::smallvec![key]));
-            return Ok(Start::Check(deciding, spent));
+            return Ok(Start::Check((deciding, spent)));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
         if let Err(e) = self.extractor.extract_all(req, &mut keys) {
@@ -194,7 +190,7 @@ impl<K, R> Core<K, R> {
             .refund
             .as_ref()
             .map(|_| Charged::new(limiter, SmallVec::from_vec(keys)));
-        Ok(Start::Check(deciding, spent))
+        Ok(Start::Check((deciding, spent)))
     }
 
     /// After a passed request's response: gives `spent` back if the
