@@ -258,8 +258,9 @@ impl Limiter {
     /// and this limiter's local deny cache: the client starts afresh.
     ///
     /// Other limiters' deny caches (other replicas) do not hear of it: a
-    /// denial they cached before the reset is repeated until its
-    /// `Retry-After` has passed, then they ask the store again. See
+    /// denial they cached before the reset is repeated for at most
+    /// [`deny_cache_max_age`](super::LimiterBuilder::deny_cache_max_age)
+    /// (1 s by default), then they ask the store again. See
     /// [the local deny cache](Limiter#the-local-deny-cache).
     ///
     /// ```
