@@ -338,6 +338,10 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(states)))
     }
 
+    fn instance(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as *const () as usize)
+    }
+
     fn peek(
         &self,
         checks: Vec<LimitCheck>,
