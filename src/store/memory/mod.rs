@@ -68,7 +68,11 @@ mod shards;
 ///
 /// let store = MemoryStore::new();
 /// let a = Limiter::builder(Quota::per_minute(1)).store(store.clone()).build().unwrap();
-/// let b = Limiter::builder(Quota::per_minute(1)).store(store).build().unwrap();
+/// let b = Limiter::builder(Quota::per_minute(1))
+///     .store(store)
+///     .share_counters() // on purpose (see LimiterBuilder::name)
+///     .build()
+///     .unwrap();
 /// assert!(a.check("k", 1).await?.is_allowed());
 /// assert!(!b.check("k", 1).await?.is_allowed()); // same store, same counter
 ///
