@@ -266,3 +266,85 @@ async fn until_ready_waits_for_the_window_and_no_longer_than_allowed() {
     assert!(!d.is_allowed());
     assert_eq!(started.elapsed(), Duration::ZERO);
 }
+
+/// A store written before peek, refund and reset: it still compiles, its
+/// limiters still check, and the new calls are errors, never a lifted limit.
+#[derive(Debug)]
+struct OldStore(redis_ratelimit::MemoryStore);
+
+impl redis_ratelimit::Store for OldStore {
+    fn decide(
+        &self,
+        checks: Vec<redis_ratelimit::LimitCheck>,
+        cost: u64,
+    ) -> redis_ratelimit::store::BoxFuture<
+        'static,
+        Result<Vec<redis_ratelimit::LimitState>, redis_ratelimit::Error>,
+    > {
+        self.0.decide(checks, cost)
+    }
+}
+
+#[tokio::test]
+async fn a_custom_store_without_the_new_methods_reports_them_unsupported() {
+    use redis_ratelimit::Error;
+    let l = Limiter::builder(Quota::per_minute(1))
+        .store(OldStore(redis_ratelimit::MemoryStore::new()))
+        .build()
+        .unwrap();
+    let d = l.check("k", 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert!(matches!(
+        l.peek("k", 1).await,
+        Err(Error::Unsupported("peek"))
+    ));
+    assert!(matches!(
+        l.refund("k", &d).await,
+        Err(Error::Unsupported("refund"))
+    ));
+    assert!(matches!(
+        l.reset("k").await,
+        Err(Error::Unsupported("reset"))
+    ));
+    assert!(!l.check("k", 1).await.unwrap().is_allowed());
+}
+
+/// A refund or reset to a dead Redis is an error, not a panic or a hang.
+#[tokio::test]
+async fn refunds_and_resets_to_a_dead_redis_are_errors() {
+    let mut server = RedisServer::start();
+    let l = server.limiter("5/1m").await;
+    let d = l.check("k", 1).await.unwrap();
+    server.kill();
+    assert!(l.refund("k", &d).await.is_err());
+    assert!(l.reset("k").await.is_err());
+    assert!(l.peek("k", 1).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn until_ready_each_waits_for_every_limit() {
+    let l = Limiter::builder("5/1s".parse().unwrap())
+        .name("user")
+        .limit("all", "2/10s".parse().unwrap())
+        .build()
+        .unwrap();
+    let keys = ["a", "all"];
+    for _ in 0..2 {
+        let d = l
+            .until_ready_each(&keys, 1, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+    }
+    // "all" is full for 10 s: a 1 s bound returns its denial at once.
+    let d = l
+        .until_ready_each(&keys, 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!((d.is_allowed(), d.policy()), (false, "all"));
+    let d = l
+        .until_ready_each(&keys, 1, Duration::from_secs(11))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+}
