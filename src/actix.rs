@@ -112,7 +112,7 @@ impl<K: KeyExtractor<ServiceRequest>, R, L> From<crate::LimitLayer<K, R, L>>
     }
 }
 
-impl<K, R, L> LimitMiddleware<K, R, L> {
+impl<K, R, L: Clone> LimitMiddleware<K, R, L> {
     pub(crate) fn from_core(core: Core<K, R, L>) -> Self {
         Self {
             core: Arc::new(core),
@@ -122,29 +122,21 @@ impl<K, R, L> LimitMiddleware<K, R, L> {
     fn map<K2, R2>(
         self,
         f: impl FnOnce(Core<K, R, L>) -> Core<K2, R2, L>,
-    ) -> LimitMiddleware<K2, R2, L>
-    where
-        L: Clone,
-    {
-        LimitMiddleware::from_core(f(Arc::unwrap_or_clone(self.core)))
+    ) -> LimitMiddleware<K2, R2, L> {
+        LimitMiddleware {
+            core: Core::rebuild(self.core, f),
+        }
     }
 
-    fn set(self, f: impl FnOnce(&mut Core<K, R, L>)) -> Self
-    where
-        L: Clone,
-    {
-        self.map(|mut c| {
-            f(&mut c);
-            c
-        })
+    fn set(self, f: impl FnOnce(&mut Core<K, R, L>)) -> Self {
+        Self {
+            core: Core::with(self.core, f),
+        }
     }
 
     /// What to do when the store fails or times out (default: allow).
     #[must_use]
-    pub fn on_store_error(self, policy: OnStoreError) -> Self
-    where
-        L: Clone,
-    {
+    pub fn on_store_error(self, policy: OnStoreError) -> Self {
         self.set(|c| c.on_error = policy)
     }
 
@@ -155,17 +147,13 @@ impl<K, R, L> LimitMiddleware<K, R, L> {
     pub fn respond_with<F>(self, respond: F) -> LimitMiddleware<K, F, L>
     where
         F: Fn(&Rejection) -> HttpResponse + Send + Sync + 'static,
-        L: Clone,
     {
         self.responder(respond)
     }
 
     /// Builds rejections with a [`Respond`] implementation.
     #[must_use]
-    pub fn responder<R2>(self, respond: R2) -> LimitMiddleware<K, R2, L>
-    where
-        L: Clone,
-    {
+    pub fn responder<R2>(self, respond: R2) -> LimitMiddleware<K, R2, L> {
         self.map(|c| c.with_respond(respond))
     }
 }

@@ -56,6 +56,9 @@ pub(crate) enum Start<P> {
     Check(P),
 }
 
+/// How a check starts: skipped, on its way, or rejected at once.
+pub(crate) type Started<P> = Result<Start<P>, Rejection>;
+
 /// A gate's two choices, shared by the tower and actix adapters.
 pub(crate) trait Admit: Gate + Sized {
     /// A check on its way.
@@ -67,13 +70,10 @@ pub(crate) trait Admit: Gate + Sized {
 
     /// Starts the check of `req`; or skips it, or rejects it at once (a
     /// request without a key).
-    fn start<K, R, Req>(
+    fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
         core: &Core<K, R, Self>,
         req: &Req,
-    ) -> Result<Start<Self::Pending>, Rejection>
-    where
-        K: KeyExtractor<Req>,
-        Req: ?Sized;
+    ) -> Started<Self::Pending>;
 
     /// The check's outcome, if it is known without waiting: the adapter
     /// then calls the ready inner service in place.
@@ -118,14 +118,10 @@ impl Admit for Limiter {
     type Held = (Option<Decision>, Option<Charged>);
     type Kept = ();
 
-    fn start<K, R, Req>(
+    fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
         core: &Core<K, R, Self>,
         req: &Req,
-    ) -> Result<Start<Self::Pending>, Rejection>
-    where
-        K: KeyExtractor<Req>,
-        Req: ?Sized,
-    {
+    ) -> Started<Self::Pending> {
         core.start(req)
     }
 

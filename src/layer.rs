@@ -50,30 +50,27 @@ impl<K, R, L> LimitLayer<K, R, L> {
     pub(crate) fn into_core(self) -> Arc<Core<K, R, L>> {
         self.core
     }
+}
 
-    fn map<K2, R2>(self, f: impl FnOnce(Core<K, R, L>) -> Core<K2, R2, L>) -> LimitLayer<K2, R2, L>
-    where
-        L: Clone,
-    {
-        LimitLayer::from_core(f(Arc::unwrap_or_clone(self.core)))
+impl<K, R, L: Clone> LimitLayer<K, R, L> {
+    fn map<K2, R2>(
+        self,
+        f: impl FnOnce(Core<K, R, L>) -> Core<K2, R2, L>,
+    ) -> LimitLayer<K2, R2, L> {
+        LimitLayer {
+            core: Core::rebuild(self.core, f),
+        }
     }
 
-    fn set(self, f: impl FnOnce(&mut Core<K, R, L>)) -> Self
-    where
-        L: Clone,
-    {
-        self.map(|mut c| {
-            f(&mut c);
-            c
-        })
+    fn set(self, f: impl FnOnce(&mut Core<K, R, L>)) -> Self {
+        Self {
+            core: Core::with(self.core, f),
+        }
     }
 
     /// What to do when the store fails or times out (default: allow).
     #[must_use]
-    pub fn on_store_error(self, policy: OnStoreError) -> Self
-    where
-        L: Clone,
-    {
+    pub fn on_store_error(self, policy: OnStoreError) -> Self {
         self.set(|c| c.on_error = policy)
     }
 
@@ -103,7 +100,6 @@ impl<K, R, L> LimitLayer<K, R, L> {
     pub fn respond_with<F, B>(self, respond: F) -> LimitLayer<K, respond::FromFn<F>, L>
     where
         F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
-        L: Clone,
     {
         self.responder(respond::FromFn::new(respond))
     }
@@ -111,10 +107,7 @@ impl<K, R, L> LimitLayer<K, R, L> {
     /// Builds rejections with a [`Respond`](crate::Respond) implementation
     /// (for a closure, [`respond_with`](Self::respond_with) infers more).
     #[must_use]
-    pub fn responder<R2>(self, respond: R2) -> LimitLayer<K, R2, L>
-    where
-        L: Clone,
-    {
+    pub fn responder<R2>(self, respond: R2) -> LimitLayer<K, R2, L> {
         self.map(|c| c.with_respond(respond))
     }
 }

@@ -7,7 +7,7 @@ use super::{Acquired, ConcurrencyLimiter, Lease, LeaseBody};
 use crate::{
     Error, Rejection,
     core::Core,
-    gate::{Admit, Gate, Start},
+    gate::{Admit, Gate, Start, Started},
     headers::HeaderSink,
     key::KeyExtractor,
     store::BoxFuture,
@@ -26,14 +26,10 @@ impl Admit for ConcurrencyLimiter {
     type Kept = Option<Lease>;
 
     /// Derives the request's key and starts its acquire.
-    fn start<K, R, Req>(
+    fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
         core: &Core<K, R, Self>,
         req: &Req,
-    ) -> Result<Start<Self::Pending>, Rejection>
-    where
-        K: KeyExtractor<Req>,
-        Req: ?Sized,
-    {
+    ) -> Started<Self::Pending> {
         let key = core.key(req)?;
         Ok(Start::Check(core.limiter.start(key.as_bytes())))
     }
