@@ -44,6 +44,10 @@
 --   reset_ms_i   ms until limit i is fully available again
 --   retry_ms_i   ms until limit i would admit the cost (when it denies)
 --
+-- Peek: joined after `local peek = true` (store/scripts.rs's PEEK_LUA), the
+-- same script decides and replies as ever but keeps no spend: every limit is
+-- settled with undo, and reports its state before spending.
+--
 -- Time is Redis's own (TIME, PTTL), never the caller's. Every argument of
 -- every request is validated before the first write; every key written gets
 -- a TTL.
@@ -123,7 +127,7 @@ local function decide(request, reply)
   end
   reply[#reply + 1] = all and 1 or 0
   for i, st in ipairs(states) do
-    local spends = all and st.allowed
+    local spends = all and st.allowed and not peek
     if spends then
       modules[request.limits[i].algorithm].commit(st, cost)
     else

@@ -13,6 +13,26 @@ pub(crate) type States = SmallVec<[LimitState; 1]>;
 /// when they share a key); empty unless the layer writes `pk`.
 pub(crate) type Partition = SmallVec<[u64; 1]>;
 
+/// When a decision was made, on a clock a refund can compare with: the
+/// in-memory store's own milliseconds, or this process's clock for a store
+/// outside it (whose time only the store knows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp {
+    /// The [`MemoryStore`](crate::MemoryStore)'s clock, in ms.
+    Memory(u64),
+    /// This process's clock when the store's answer arrived.
+    Local(tokio::time::Instant),
+}
+
+/// What a decision spent, for a refund: its cost and when it was decided.
+/// `None` for a decision that spent nothing (a denial, a peek, a cost of 0,
+/// a cached denial).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Spent {
+    pub(crate) cost: u64,
+    pub(crate) at: Stamp,
+}
+
 /// The outcome of [`Limiter::check`](crate::Limiter::check).
 ///
 /// A limiter may hold several limits; the decision admits only if every one
@@ -47,6 +67,7 @@ pub struct Decision {
     binding: usize,
     policies: Arc<Policies>,
     partition: Partition,
+    spent: Option<Spent>,
 }
 
 /// One limit's part in a [`Decision`]; see [`Decision::limits`].
@@ -117,7 +138,37 @@ impl Decision {
             states,
             policies,
             partition: Partition::new(),
+            spent: None,
         }
+    }
+
+    /// The same decision, recording that it spent `cost` (if it admitted
+    /// and `cost` > 0) at `at`, for [`Limiter::refund`](crate::Limiter::refund).
+    pub(crate) fn with_spent(mut self, cost: u64, at: Stamp) -> Self {
+        if self.allowed && cost > 0 {
+            self.spent = Some(Spent { cost, at });
+        }
+        self
+    }
+
+    /// What the decision spent, if anything.
+    pub(crate) fn spent(&self) -> Option<Spent> {
+        self.spent
+    }
+
+    /// Limit `i`'s state.
+    pub(crate) fn state_of(&self, i: usize) -> &LimitState {
+        &self.states[i]
+    }
+
+    /// Whether the decision was made under `policies` (by that limiter).
+    pub(crate) fn is_from(&self, policies: &Arc<Policies>) -> bool {
+        Arc::ptr_eq(&self.policies, policies)
+    }
+
+    /// The number of limits.
+    pub(crate) fn len(&self) -> usize {
+        self.states.len()
     }
 
     /// The same decision, with the partition keys of its request's keys.
@@ -155,6 +206,7 @@ impl Decision {
     /// The same decision, `elapsed` later: the waits are shorter (a wait
     /// never drops below 1 ms while denied). For the local deny cache.
     pub(crate) fn aged(mut self, elapsed: Duration) -> Self {
+        self.spent = None;
         let ms = elapsed.as_millis() as u64;
         for s in self.states.iter_mut() {
             s.reset_ms = s.reset_ms.saturating_sub(ms);

@@ -51,6 +51,16 @@ impl DenyCache {
         (cost >= entry.cost).then(|| entry.decision.aged(now - entry.at))
     }
 
+    /// Forgets the denial of `key`, if any.
+    pub(crate) fn remove(&self, key: &str) {
+        self.cache.remove(key);
+    }
+
+    /// Forgets every denial.
+    pub(crate) fn clear(&self) {
+        self.cache.clear();
+    }
+
     /// Remembers a denial of `key` at `cost`, until its retry time.
     pub(crate) fn insert(&self, key: String, cost: u64, decision: &Decision) {
         let Some(wait) = decision.retry_after() else {

@@ -56,6 +56,14 @@ pub enum Error {
         /// The quota's limit.
         limit: u64,
     },
+    /// The store does not implement this operation (a custom
+    /// [`Store`](crate::Store) written before it was added).
+    #[error("the rate limit store does not support {0}")]
+    Unsupported(&'static str),
+    /// [`Limiter::refund`](crate::Limiter::refund) was given a decision made
+    /// by another limiter. Nothing was refunded.
+    #[error("the decision was made by another limiter")]
+    ForeignDecision,
 }
 
 /// A configuration mistake, reported when the limiter or store is built.

@@ -12,7 +12,7 @@ use super::Inner;
 use crate::{
     Decision, Error, LimitState,
     breaker::Pass,
-    decision::{Partition, States},
+    decision::{Partition, Stamp, States},
     metrics,
     store::BoxFuture,
 };
@@ -72,13 +72,17 @@ impl Inner {
         states: States,
         cost: u64,
         cache_key: Option<String>,
+        at: Option<Stamp>,
     ) -> Result<Decision, Error> {
         let limits = self.limits.len();
         if states.len() != limits {
             let reply = format!("{} states for {limits} limits", states.len());
             return Err(Error::UnexpectedReply(reply));
         }
-        let decision = Decision::new(states, self.policies.clone());
+        let mut decision = Decision::new(states, self.policies.clone());
+        if let Some(at) = at {
+            decision = decision.with_spent(cost, at);
+        }
         if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key)
             && !decision.is_allowed()
         {
@@ -111,6 +115,7 @@ impl ProbeGuard {
         mut states: BoxFuture<'static, Result<Vec<LimitState>, Error>>,
         cost: u64,
         cache_key: Option<String>,
+        spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
         let started = metrics::clock();
@@ -131,7 +136,8 @@ impl ProbeGuard {
         match result {
             Ok(states) => {
                 inner.breaker.record(self.pass, true);
-                inner.conclude(states.into(), cost, cache_key)
+                let at = spends.then(|| Stamp::Local(tokio::time::Instant::now()));
+                inner.conclude(states.into(), cost, cache_key, at)
             }
             Err(e) => {
                 if inner.breaker.record(self.pass, false) {

@@ -7,7 +7,7 @@ use self::deciding::ProbeGuard;
 use crate::{
     Decision, Error, MemoryStore, Quota,
     breaker::{self, Pass},
-    decision::States,
+    decision::{Stamp, States},
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
@@ -16,8 +16,10 @@ use crate::{
 
 pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
 
+mod admin;
 pub(crate) mod builder;
 mod deciding;
+mod wait;
 
 /// The default bound on every store call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
@@ -256,7 +258,7 @@ impl Limiter {
         };
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
         Deciding::Waiting(Box::pin(tracing::Instrument::instrument(
-            probe.settle(states, cost, cache_key),
+            probe.settle(states, cost, cache_key, true),
             span,
         )))
     }
@@ -302,21 +304,22 @@ impl Limiter {
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
         let _entered = span.enter();
         let started = metrics::clock();
-        let states: States = if inner.limits.len() == 1 {
+        let (states, at): (States, u64) = if inner.limits.len() == 1 {
             // The key on the stack: a decision on a known key allocates nothing.
             let quota = self.limit_check_quota(0, cost)?;
             let mut key = keyspace::StackKey::new();
             self.write_key(0, keys[0], &mut key);
-            let state = match key.get() {
+            let (state, at) = match key.get() {
                 Some(key) => memory.decide_one(key, quota, cost),
                 None => memory.decide_one(self.key_of(0, keys[0]).as_bytes(), quota, cost),
             };
-            smallvec::smallvec![state]
+            (smallvec::smallvec![state], at)
         } else {
-            memory.decide_now(self.checks(keys, cost)?, cost).into()
+            let (states, at) = memory.decide_now_at(self.checks(keys, cost)?, cost);
+            (states.into(), at)
         };
         metrics::store_latency(inner.policies.name(0), started);
-        inner.conclude(states, cost, None)
+        inner.conclude(states, cost, None, Some(Stamp::Memory(at)))
     }
 
     /// The store key that holds `key`'s count for the first limit, e.g.

@@ -18,9 +18,13 @@ mod redis;
 pub(crate) mod scripts;
 
 pub use self::lease::{LeaseState, LeaseStore};
+pub(crate) use self::memory::Credit;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
-pub use self::scripts::{ACQUIRE_LUA, DECIDE_FIXED_LUA, DECIDE_LUA, RELEASE_LUA, RENEW_LUA};
+pub use self::scripts::{
+    ACQUIRE_LUA, DECIDE_FIXED_LUA, DECIDE_LUA, PEEK_LUA, REFUND_LUA, RELEASE_LUA, RENEW_LUA,
+    RESET_LUA,
+};
 
 /// A boxed, `Send` future, as [`Store`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -50,6 +54,40 @@ pub struct LimitState {
     pub retry_ms: u64,
 }
 
+/// One limit's part of a refund: give `cost` back to the window of `key`
+/// that ends `window_end_in_ms` from now (see [`Store::refund`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refund {
+    /// The store key that was spent.
+    pub key: String,
+    /// The limit's quota, with its algorithm.
+    pub quota: Quota,
+    /// The units to give back (> 0).
+    pub cost: u64,
+    /// Which window was spent, as the time from now until it ends, in ms
+    /// (negative once it has ended), as the caller measured it:
+    /// - fixed window: the spent window's end (the key's TTL then);
+    /// - sliding window: the end of the window (bucket) the cost went to;
+    /// - GCRA: the theoretical arrival time the spend left, so that a
+    ///   refund never gives back more than is still outstanding of it.
+    ///
+    /// Windows of one key follow each other a whole window apart, so a store
+    /// tells the spent window from a later one within half a window.
+    pub window_end_in_ms: i64,
+}
+
+impl Refund {
+    pub(crate) fn new(key: String, quota: Quota, cost: u64, window_end_in_ms: i64) -> Self {
+        Self {
+            key,
+            quota,
+            cost,
+            window_end_in_ms,
+        }
+    }
+}
+
 /// A backend that decides rate-limit checks atomically.
 ///
 /// One call decides every limit of a request **all or nothing**: if every
@@ -66,4 +104,40 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>>;
+
+    /// Like [`decide`](Self::decide), but spends nothing: whether `cost`
+    /// would be admitted now, with the states a check would report
+    /// (`remaining` before spending; `retry_ms` when it would deny).
+    ///
+    /// Provided so that stores written before it keep compiling: the
+    /// default fails with [`Error::Unsupported`].
+    fn peek(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        let _ = (checks, cost);
+        Box::pin(std::future::ready(Err(Error::Unsupported("peek"))))
+    }
+
+    /// Gives back what a decision spent, in one atomic call: for each
+    /// [`Refund`], `cost` units to the window it names, and only to that
+    /// window (a fixed window that has ended is not credited, nor a later
+    /// one), never below zero, keeping the key's expiry. Keys that are gone
+    /// are left alone.
+    ///
+    /// The default fails with [`Error::Unsupported`].
+    fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
+        let _ = refunds;
+        Box::pin(std::future::ready(Err(Error::Unsupported("refund"))))
+    }
+
+    /// Deletes `keys` (every limit's counter of a client), in one atomic
+    /// call.
+    ///
+    /// The default fails with [`Error::Unsupported`].
+    fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
+        let _ = keys;
+        Box::pin(std::future::ready(Err(Error::Unsupported("reset"))))
+    }
 }

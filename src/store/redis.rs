@@ -8,9 +8,13 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
 };
 
-use super::{BoxFuture, LimitCheck, LimitState, Store, batch::Batcher, call::Call, scripts};
+use super::{
+    BoxFuture, LimitCheck, LimitState, Refund, Store, batch::Batcher, call::Call, scripts,
+};
 use crate::{Algorithm, Error};
 
+#[path = "redis_admin.rs"]
+mod admin;
 #[cfg(feature = "cluster")]
 #[path = "cluster.rs"]
 mod cluster;
@@ -210,7 +214,12 @@ fn decide_invocation(requests: &[Request<'_>]) -> Call {
     if fixed {
         return fixed_invocation(requests);
     }
-    let mut call = Call::new(&scripts::DECIDE, &batch_keys(requests));
+    general_invocation(&scripts::DECIDE, requests)
+}
+
+/// decide.lua's call (or its peek's, with `script` [`scripts::PEEK`]).
+pub(super) fn general_invocation(script: &'static redis::Script, requests: &[Request<'_>]) -> Call {
+    let mut call = Call::new(script, &batch_keys(requests));
     call.arg(requests.len());
     for request in requests {
         call.arg(request.cost).arg(request.checks.len());
@@ -288,7 +297,10 @@ impl FromRedisValue for Packed {
 }
 
 /// Splits a batch's flat reply into each request's states, in order.
-fn parse_batch(reply: &[i64], requests: &[Request<'_>]) -> Result<Vec<Vec<LimitState>>, Error> {
+pub(super) fn parse_batch(
+    reply: &[i64],
+    requests: &[Request<'_>],
+) -> Result<Vec<Vec<LimitState>>, Error> {
     let mut rest = reply;
     let mut out = Vec::with_capacity(requests.len());
     for request in requests {
@@ -317,7 +329,7 @@ pub(super) async fn decide<C: ConnectionLike>(
 impl RedisStore {
     /// Runs a script call on a connection of this store: `EVALSHA`, then
     /// `SCRIPT LOAD` and `EVALSHA` again on `NOSCRIPT`.
-    fn run<T>(&self, call: Call) -> BoxFuture<'static, Result<T, Error>>
+    pub(super) fn run<T>(&self, call: Call) -> BoxFuture<'static, Result<T, Error>>
     where
         T: FromRedisValue + Send + 'static,
     {
@@ -386,6 +398,22 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn peek(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        self.peek_call(checks, cost)
+    }
+
+    fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
+        self.refund_call(refunds)
+    }
+
+    fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
+        self.reset_call(keys)
+    }
+
     fn decide(
         &self,
         checks: Vec<LimitCheck>,

@@ -17,6 +17,13 @@ pub(crate) static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(DECIDE
 /// `lua/lib.lua`, `lua/fixed_window.lua` and `lua/decide_fixed.lua`, joined.
 pub(crate) static DECIDE_FIXED: LazyLock<Script> = LazyLock::new(|| Script::new(DECIDE_FIXED_LUA));
 
+/// decide.lua keeping no spend: see [`PEEK_LUA`].
+pub(crate) static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(PEEK_LUA));
+/// `lua/refund.lua` after the modules it uses.
+pub(crate) static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(REFUND_LUA));
+/// `lua/reset.lua`.
+pub(crate) static RESET: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_LUA));
+
 /// `lua/concurrency_acquire.lua`, run by the lease store.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 /// `lua/concurrency_renew.lua`.
@@ -25,10 +32,13 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_L
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 /// Every script the Redis store runs, with its source, for loading them all.
-pub(crate) fn all() -> [(&'static Script, &'static str); 5] {
+pub(crate) fn all() -> [(&'static Script, &'static str); 8] {
     [
         (&DECIDE, DECIDE_LUA),
         (&DECIDE_FIXED, DECIDE_FIXED_LUA),
+        (&PEEK, PEEK_LUA),
+        (&REFUND, REFUND_LUA),
+        (&RESET, RESET_LUA),
         (&ACQUIRE, ACQUIRE_LUA),
         (&RENEW, RENEW_LUA),
         (&RELEASE, RELEASE_LUA),
@@ -46,9 +56,41 @@ pub const DECIDE_LUA: &str = concat!(
     include_str!("../../lua/sliding_window.lua"),
     "\n",
     include_str!("../../lua/gcra.lua"),
-    "\n",
+    "\nlocal peek = false\n",
     include_str!("../../lua/decide.lua"),
 );
+
+/// The source of the script that answers [`Limiter::peek`](crate::Limiter::peek):
+/// [`DECIDE_LUA`] with `local peek = true`, so it decides and replies as
+/// ever but keeps no spend (see `decide.lua`'s header).
+pub const PEEK_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../lua/sliding_window.lua"),
+    "\n",
+    include_str!("../../lua/gcra.lua"),
+    "\nlocal peek = true\n",
+    include_str!("../../lua/decide.lua"),
+);
+
+/// The source of the refund script: `lua/lib.lua`, the algorithm modules
+/// and `lua/refund.lua` (whose header documents KEYS, ARGV and the reply).
+pub const REFUND_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../lua/sliding_window.lua"),
+    "\n",
+    include_str!("../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../lua/refund.lua"),
+);
+
+/// `lua/reset.lua`: deletes a client's counters in one call.
+pub const RESET_LUA: &str = include_str!("../../lua/reset.lua");
 
 /// The source of the script [`RedisStore`](super::RedisStore) runs when every
 /// limit of a call is a fixed window: `lua/lib.lua`, `lua/fixed_window.lua`

@@ -59,6 +59,11 @@ impl<const N: usize> Packed<N> {
         self.0[0]
     }
 
+    /// Expires the entry now: it reads as absent from then on.
+    pub(super) fn expire(&mut self) {
+        self.0[0] = 0;
+    }
+
     /// The entry, read as `q`'s algorithm's.
     pub(super) fn unpack(self, q: Quota) -> Entry {
         const { assert!(N >= 2 && N <= 4) };

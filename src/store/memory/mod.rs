@@ -4,14 +4,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::time::Instant;
 
+pub(crate) use self::admin::Credit;
 use self::{
     algorithms::{Checked, Entry, Now, Packed},
     ids::{KeyId, Secret, Table},
     shards::Shards,
 };
-use super::{BoxFuture, LimitCheck, LimitState, Store};
+use super::{BoxFuture, LimitCheck, LimitState, Refund, Store};
 use crate::{Algorithm, Error, Quota};
 
+mod admin;
 mod algorithms;
 mod ids;
 mod lease;
@@ -151,19 +153,31 @@ impl MemoryStore {
         Now { us, ms: us / 1000 }
     }
 
-    /// One limit, the common case: see [`Counters::decide_one`].
-    pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> LimitState {
+    /// One limit, the common case: see [`Counters::decide_one`]. Also
+    /// returns the store's time of the decision (ms).
+    pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> (LimitState, u64) {
         let id = self.secret.id(key);
         let now = self.now();
-        self.lock().decide_one(id, quota, cost, now)
+        (self.lock().decide_one(id, quota, cost, now), now.ms)
     }
 
     /// Several limits, all or nothing.
-    pub(crate) fn decide_now(&self, mut checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
+    pub(crate) fn decide_now(&self, checks: Vec<LimitCheck>, cost: u64) -> Vec<LimitState> {
+        self.decide_now_at(checks, cost).0
+    }
+
+    /// Several limits, all or nothing, and the store's time of the decision
+    /// (ms).
+    pub(crate) fn decide_now_at(
+        &self,
+        mut checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> (Vec<LimitState>, u64) {
         if checks.len() == 1
             && let Some(check) = checks.pop()
         {
-            return vec![self.decide_one(check.key.as_bytes(), check.quota, cost)];
+            let (state, at) = self.decide_one(check.key.as_bytes(), check.quota, cost);
+            return (vec![state], at);
         }
         let ids: Vec<_> = checks
             .iter()
@@ -197,7 +211,7 @@ impl MemoryStore {
                 counters.spend(id, entry);
             }
         }
-        states
+        (states, now.ms)
     }
 }
 
@@ -322,6 +336,34 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         let states = self.decide_now(checks, cost);
         Box::pin(std::future::ready(Ok(states)))
+    }
+
+    fn peek(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        Box::pin(std::future::ready(Ok(self.peek_now(&checks, cost))))
+    }
+
+    fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
+        let now = self.now_ms() as i64;
+        let credits: Vec<_> = refunds
+            .iter()
+            .map(|r| admin::Credit {
+                key: r.key.as_bytes(),
+                quota: r.quota,
+                cost: r.cost,
+                end_ms: now.saturating_add(r.window_end_in_ms),
+            })
+            .collect();
+        self.refund_now(&credits);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
+        self.reset_now(&keys);
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

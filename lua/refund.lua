@@ -1,0 +1,176 @@
+-- refund.lua: gives back what an admitted decision spent, to the window it
+-- was spent in and to no other. store/scripts.rs puts lib.lua and the
+-- algorithm modules (fixed_window.lua, sliding_window.lua, gcra.lua) before
+-- it, for their helpers (gcra.shape, read_tat).
+--
+-- KEYS     every refunded limit's key
+-- ARGV     per key, six integers:
+--   algorithm       1 fixed window, 2 sliding window, 3 GCRA
+--   limit           >= 1, units per window
+--   window_ms       >= 1
+--   burst           GCRA burst >= 1 (0 for the other algorithms)
+--   cost            >= 1, the units to give back
+--   window_end_in   ms from now until the spent window ends, as the caller
+--                   measured it (may be negative): the fixed window's end,
+--                   the sliding window's (the bucket the cost went to), or
+--                   the TAT the GCRA spend left
+-- Reply    the number of keys credited.
+--
+-- Windows of one key follow each other a whole window apart, so the spent
+-- window is the one that ends within half a window of window_end_in:
+--   * fixed window: the key's PTTL; a window that ended and restarted ends a
+--     whole window later, and is not credited;
+--   * sliding window: the stored window (field c) or the one before it
+--     (field p), whichever the spend went to; otherwise nothing;
+--   * GCRA: the TAT moves back by cost * step, but by no more than is still
+--     outstanding of the spend (window_end_in) and never before now.
+-- Counts never drop below zero; a count back at zero is deleted (it counts
+-- as absent anyway). Keys keep their expiry (GCRA's follows its TAT, as
+-- commit sets it); a key that is gone is left alone, so nothing is created.
+-- Every argument is validated before the first write.
+
+local function bad(what)
+  return redis.error_reply('ERR refund: ' .. what)
+end
+
+-- A signed whole number (window_end_in), or nil.
+local function signed(v)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  if string.sub(v, 1, 1) == '-' then
+    local n = whole(string.sub(v, 2), 1)
+    return n and -n
+  end
+  return whole(v, 0)
+end
+
+local refunds = {}
+for i = 1, #KEYS do
+  local a = (i - 1) * 6
+  local r = {
+    key = KEYS[i],
+    algorithm = whole(ARGV[a + 1], 1),
+    limit = whole(ARGV[a + 2], 1),
+    window = whole(ARGV[a + 3], 1),
+    burst = whole(ARGV[a + 4], 0),
+    cost = whole(ARGV[a + 5], 1),
+    ends = signed(ARGV[a + 6]),
+  }
+  if r.algorithm == 3 and r.limit and r.window and r.burst then
+    r.shape = gcra.shape(r.limit, r.window, r.burst)
+  end
+  if not r.algorithm or r.algorithm > 3 or not r.limit or not r.window or not r.burst
+    or not r.cost or not r.ends or (r.algorithm == 3 and not r.shape) then
+    return bad('refund ' .. i .. ': bad algorithm, limit, window_ms, burst, cost or window_end_in')
+  end
+  refunds[i] = r
+end
+if #ARGV ~= #KEYS * 6 then
+  return bad('ARGV does not match KEYS')
+end
+
+local now_us
+local function clock()
+  if not now_us then
+    local time = redis.call('TIME')
+    now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  end
+  return now_us
+end
+
+-- Whether a window ending at `ends` (ms from now) is the spent one.
+local function same(r, ends)
+  return math.abs(ends - r.ends) < math.max(1, math.floor(r.window / 2))
+end
+
+local function fixed(r)
+  local ttl = redis.call('PTTL', r.key)
+  if ttl < 0 or not same(r, ttl) then
+    return 0 -- gone, without a TTL (healed by the next check), or a later window
+  end
+  local raw = read_string(r.key)
+  local count = raw and whole(raw, 0)
+  if not count then
+    return 0 -- a corrupt value is the next check's to reset
+  end
+  if count <= r.cost then
+    redis.call('DEL', r.key)
+  else
+    redis.call('DECRBY', r.key, int(r.cost))
+  end
+  return 1
+end
+
+local function sliding(r)
+  local raw = redis.pcall('HMGET', r.key, 's', 'c', 'p')
+  if raw.err then
+    return 0
+  end
+  local s, c, p = whole(raw[1], 0), whole(raw[2], 0), whole(raw[3], 0)
+  if not s or not c or not p then
+    return 0
+  end
+  local now_ms = math.floor(clock() / 1000)
+  local ends = s + r.window - now_ms -- the stored window's end, from now
+  local field, count
+  if same(r, ends) then
+    field, count = 'c', c
+  elseif same(r, ends - r.window) then
+    field, count = 'p', p
+  else
+    return 0
+  end
+  redis.call('HSET', r.key, field, int(math.max(0, count - r.cost)))
+  if redis.call('PTTL', r.key) == -1 then
+    redis.call('PEXPIRE', r.key, int(math.max(1, s + 2 * r.window - now_ms)))
+  end
+  return 1
+end
+
+local function cell(r)
+  local s = r.shape
+  local a, b = read_tat(r.key)
+  if a == nil then
+    return 0
+  end
+  local now = clock()
+  if b >= s.per_us then
+    a, b = a + 1, 0
+  end
+  local d = a - now
+  if d < 0 or r.ends <= 0 then
+    return 0 -- the bucket is full again, or the spend is no longer outstanding
+  end
+  local ahead = s.cap
+  if d <= s.cap_us then
+    ahead = math.min(d * s.per_us + b, s.cap)
+  end
+  local back = r.cost * s.step
+  local outstanding = s.cap
+  if r.ends * 1000 <= s.cap_us then
+    outstanding = r.ends * 1000 * s.per_us
+  end
+  back = math.min(back, outstanding)
+  ahead = ahead - back
+  if ahead <= 0 then
+    redis.call('DEL', r.key)
+    return 1
+  end
+  local q, rem = divmod(ahead, s.per_us)
+  local ttl = ceil_div(ceil_div(ahead, s.per_us), 1000) + 1
+  redis.call('SET', r.key, int(now + q) .. ':' .. int(rem), 'PX', int(ttl))
+  return 1
+end
+
+local credited = 0
+for _, r in ipairs(refunds) do
+  if r.algorithm == 1 then
+    credited = credited + fixed(r)
+  elseif r.algorithm == 2 then
+    credited = credited + sliding(r)
+  else
+    credited = credited + cell(r)
+  end
+end
+return credited

@@ -1,0 +1,315 @@
+//! The limiter's business-code API beside `check`: [`Limiter::peek`],
+//! [`Limiter::refund`] and [`Limiter::reset`].
+
+use std::{future::Future, sync::Arc};
+
+use super::{Backend, Inner, Limiter, deciding::ProbeGuard};
+use crate::{
+    Algorithm, Decision, Error, MemoryStore, Quota,
+    breaker::Pass,
+    decision::Stamp,
+    store::{Credit, Refund, Store},
+};
+
+/// What a refund has to do, computed before it is awaited.
+enum RefundWork {
+    Nothing,
+    /// The memory store: (key, quota, cost, window end in the store's ms).
+    Memory(MemoryStore, Vec<(String, Quota, u64, i64)>),
+    /// Another store; then the deny cache key of the decision's keys.
+    Store(Arc<dyn Store>, Vec<Refund>, Arc<Inner>, Option<String>),
+}
+
+impl Limiter {
+    /// Whether a request of `cost` for `key` would be admitted now, spending
+    /// nothing: the decision [`check`](Self::check) would give, with
+    /// `remaining` as it is now and [`retry_after`](Decision::retry_after)
+    /// set when it would be denied.
+    ///
+    /// A peek never reads or fills the local deny cache, and refunding its
+    /// decision does nothing. On Redis it is one script call (the decide
+    /// script, keeping no spend); a fixed window's peek writes and takes
+    /// back its spend in that call, so it needs a writable Redis, as checks
+    /// do.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redis_ratelimit::Error> {
+    /// use redis_ratelimit::{Limiter, Quota};
+    ///
+    /// let limiter = Limiter::new(Quota::per_minute(2));
+    /// assert!(limiter.peek("k", 2).await?.is_allowed());
+    /// limiter.check("k", 2).await?;
+    /// let peek = limiter.peek("k", 1).await?;
+    /// assert!(!peek.is_allowed());
+    /// assert!(peek.retry_after().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek<K: AsRef<[u8]> + ?Sized>(
+        &self,
+        key: &K,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.peeking(&[key.as_ref()], cost).await
+    }
+
+    /// Like [`peek`](Self::peek), with one key per limit (as
+    /// [`check_each`](Self::check_each)).
+    pub async fn peek_each<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let keys: Vec<&[u8]> = keys.iter().map(AsRef::as_ref).collect();
+        self.peeking(&keys, cost).await
+    }
+
+    async fn peeking(&self, keys: &[&[u8]], cost: u64) -> Result<Decision, Error> {
+        let inner = &self.inner;
+        self.key_count(keys)?;
+        let checks = self.checks(keys, cost)?;
+        let store = match &inner.store {
+            Backend::Memory(memory) => {
+                let states = memory.peek_now(&checks, cost);
+                return inner.conclude(states.into(), cost, None, None);
+            }
+            Backend::Other(store) => store,
+        };
+        let pass = inner.breaker.pass();
+        if pass == Pass::Open {
+            return Err(Error::CircuitOpen);
+        }
+        let probe = ProbeGuard {
+            inner: inner.clone(),
+            pass,
+            settled: false,
+        };
+        probe
+            .settle(store.peek(checks, cost), cost, None, false)
+            .await
+    }
+
+    /// The deny cache's key for a decision on `keys`: its store keys,
+    /// joined (see `Limiter::decide`).
+    fn cache_key(&self, keys: &[&[u8]]) -> String {
+        let keys: Vec<String> = (0..self.inner.limits.len())
+            .map(|i| self.key_of(i, keys[i.min(keys.len() - 1)]))
+            .collect();
+        keys.join(" ")
+    }
+
+    fn key_count(&self, keys: &[&[u8]]) -> Result<(), Error> {
+        let limits = self.inner.limits.len();
+        if keys.len() != 1 && keys.len() != limits {
+            return Err(Error::KeyCount {
+                limits,
+                got: keys.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives back what `decision` spent for `key`, in every limit that spent
+    /// it: for "don't charge for our own errors" or "count only failed
+    /// logins". `key` is the key the decision was checked with.
+    ///
+    /// - Only the window that was spent is credited: a fixed window that has
+    ///   ended (and perhaps restarted) is not; a sliding window's bucket is
+    ///   credited while it still counts (as the current or the previous
+    ///   window); a GCRA's theoretical arrival time moves back by at most
+    ///   the cost, by no more than is still outstanding of that spend, and
+    ///   never before now.
+    /// - Counts never drop below zero, and keys keep their expiry.
+    /// - A decision that spent nothing (denied, a cost of 0, a
+    ///   [`peek`](Self::peek), a cached denial) refunds nothing, without a
+    ///   store call. Otherwise it is one atomic store call (in process for
+    ///   the [`MemoryStore`]), bounded by the [timeout](super::LimiterBuilder::timeout).
+    /// - **Not idempotent**: refunding the same decision twice gives its cost
+    ///   back twice (within the bounds above). Refund each decision once.
+    /// - A decision from another limiter is [`Error::ForeignDecision`]; store
+    ///   failures are errors, and touch no other key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redis_ratelimit::Error> {
+    /// use redis_ratelimit::{Limiter, Quota};
+    ///
+    /// let logins = Limiter::new(Quota::per_minute(5));
+    /// let decision = logins.check("alice", 1).await?;
+    /// let password_ok = true;
+    /// if password_ok {
+    ///     // Count only failed logins.
+    ///     logins.refund("alice", &decision).await?;
+    /// }
+    /// assert_eq!(logins.peek("alice", 1).await?.remaining(), 5);
+    /// # Ok(()) }
+    /// ```
+    pub async fn refund<K: AsRef<[u8]> + ?Sized>(
+        &self,
+        key: &K,
+        decision: &Decision,
+    ) -> Result<(), Error> {
+        self.refunding(&[key.as_ref()], decision).await
+    }
+
+    /// Like [`refund`](Self::refund), with the keys the decision was
+    /// checked with by [`check_each`](Self::check_each).
+    pub async fn refund_each<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        decision: &Decision,
+    ) -> Result<(), Error> {
+        let keys: Vec<&[u8]> = keys.iter().map(AsRef::as_ref).collect();
+        self.refunding(&keys, decision).await
+    }
+
+    /// The refund of `decision` for `keys` as an owned future, for the
+    /// middleware: everything it needs is computed now.
+    pub(crate) fn refunding(
+        &self,
+        keys: &[&[u8]],
+        decision: &Decision,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'static {
+        let work = self.refund_work(keys, decision);
+        async move {
+            match work? {
+                RefundWork::Nothing => Ok(()),
+                RefundWork::Memory(memory, credits) => {
+                    let credits: Vec<_> = credits
+                        .iter()
+                        .map(|(key, quota, cost, end_ms)| Credit {
+                            key: key.as_bytes(),
+                            quota: *quota,
+                            cost: *cost,
+                            end_ms: *end_ms,
+                        })
+                        .collect();
+                    memory.refund_now(&credits);
+                    Ok(())
+                }
+                RefundWork::Store(store, refunds, inner, cache_key) => {
+                    let timeout = inner.timeout;
+                    let result = match tokio::time::timeout(timeout, store.refund(refunds)).await {
+                        Ok(result) => result,
+                        Err(_) => Err(Error::Timeout(timeout)),
+                    };
+                    // The cached denial of these keys is stale now (whether
+                    // or not the call went through, it may have).
+                    if let (Some(cache), Some(key)) = (&inner.deny_cache, cache_key) {
+                        cache.remove(&key);
+                    }
+                    result
+                }
+            }
+        }
+    }
+
+    fn refund_work(&self, keys: &[&[u8]], decision: &Decision) -> Result<RefundWork, Error> {
+        let Some(spent) = decision.spent() else {
+            return Ok(RefundWork::Nothing);
+        };
+        let inner = &self.inner;
+        if !decision.is_from(&inner.policies) || decision.len() != inner.limits.len() {
+            return Err(Error::ForeignDecision);
+        }
+        self.key_count(keys)?;
+        // Per limit that spent: its key, quota, and its spent window's end
+        // from the decision's time (see `Refund::window_end_in_ms`).
+        let spent_limits = (0..inner.limits.len()).filter_map(|i| {
+            let state = decision.state_of(i);
+            if !state.allowed {
+                return None;
+            }
+            let quota = inner.limits[i].0;
+            let back = match quota.algorithm() {
+                Algorithm::SlidingWindow => quota.window_ms(),
+                _ => 0,
+            };
+            let end = state.reset_ms as i64 - back as i64;
+            Some((self.key_of(i, keys[i.min(keys.len() - 1)]), quota, end))
+        });
+        match (&inner.store, spent.at) {
+            (Backend::Memory(memory), Stamp::Memory(at)) => {
+                let credits = spent_limits
+                    .map(|(key, quota, end)| (key, quota, spent.cost, at as i64 + end))
+                    .collect();
+                Ok(RefundWork::Memory(memory.clone(), credits))
+            }
+            (Backend::Other(store), Stamp::Local(at)) => {
+                let elapsed = at.elapsed().as_millis() as i64;
+                let refunds = spent_limits
+                    .map(|(key, quota, end)| {
+                        Refund::new(key, quota, spent.cost, end.saturating_sub(elapsed))
+                    })
+                    .collect();
+                let cache_key = inner.deny_cache.as_ref().map(|_| self.cache_key(keys));
+                Ok(RefundWork::Store(
+                    store.clone(),
+                    refunds,
+                    inner.clone(),
+                    cache_key,
+                ))
+            }
+            _ => Err(Error::ForeignDecision),
+        }
+    }
+
+    /// Forgets `key`'s counters in every limit, in one atomic store call,
+    /// and this limiter's local deny cache: the client starts afresh.
+    ///
+    /// Other limiters' deny caches (other replicas) do not hear of it: a
+    /// denial they cached before the reset is repeated for at most
+    /// [`deny_cache_max_age`](super::LimiterBuilder::deny_cache_max_age)
+    /// (1 s by default), then they ask the store again. See
+    /// [the local deny cache](Limiter#the-local-deny-cache).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redis_ratelimit::Error> {
+    /// use redis_ratelimit::{Limiter, Quota};
+    ///
+    /// let limiter = Limiter::new(Quota::per_hour(1));
+    /// limiter.check("k", 1).await?;
+    /// assert!(!limiter.check("k", 1).await?.is_allowed());
+    /// limiter.reset("k").await?;
+    /// assert!(limiter.check("k", 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Result<(), Error> {
+        self.resetting(&[key.as_ref()]).await
+    }
+
+    /// Like [`reset`](Self::reset), with one key per limit (as
+    /// [`check_each`](Self::check_each)).
+    pub async fn reset_each<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<(), Error> {
+        let keys: Vec<&[u8]> = keys.iter().map(AsRef::as_ref).collect();
+        self.resetting(&keys).await
+    }
+
+    async fn resetting(&self, keys: &[&[u8]]) -> Result<(), Error> {
+        self.key_count(keys)?;
+        let inner = &self.inner;
+        let store_keys: Vec<String> = (0..inner.limits.len())
+            .map(|i| self.key_of(i, keys[i.min(keys.len() - 1)]))
+            .collect();
+        let result = match &inner.store {
+            Backend::Memory(memory) => {
+                memory.reset_now(&store_keys);
+                Ok(())
+            }
+            Backend::Other(store) => {
+                match tokio::time::timeout(inner.timeout, store.reset(store_keys)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::Timeout(inner.timeout)),
+                }
+            }
+        };
+        // Cleared whatever the store said: a cached denial may be stale now,
+        // and the cache only ever saves store calls. Cleared whole: a denial
+        // of several keys may hold this client's under another's name.
+        if let Some(cache) = &inner.deny_cache {
+            cache.clear();
+        }
+        result
+    }
+}

@@ -1,0 +1,1 @@
+//! [`Limiter::until_ready`]: waiting until a request fits.

@@ -1,0 +1,162 @@
+//! The memory store's peek, refund and reset: `lua/peek` (decide.lua without
+//! spending), `lua/refund.lua` and `lua/reset.lua`, in Rust.
+
+use super::{
+    Counters, MemoryStore,
+    algorithms::{Entry, Now, Packed},
+    ids::KeyId,
+};
+use crate::{Algorithm, Quota, store::LimitCheck, store::LimitState};
+
+/// One limit's refund, with its window's end on the store's own clock (ms;
+/// negative or past once it has ended).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Credit<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) quota: Quota,
+    pub(crate) cost: u64,
+    pub(crate) end_ms: i64,
+}
+
+impl MemoryStore {
+    /// The store's clock, in ms: what [`refund_now`](Self::refund_now)
+    /// compares window ends with.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.now().ms
+    }
+
+    /// Whether `cost` would be admitted now by every limit, spending
+    /// nothing: the states a check would report, before spending.
+    pub(crate) fn peek_now(&self, checks: &[LimitCheck], cost: u64) -> Vec<LimitState> {
+        let ids: Vec<_> = checks
+            .iter()
+            .map(|c| self.secret.id(c.key.as_bytes()))
+            .collect();
+        let now = self.now();
+        let mut counters = self.lock();
+        let mut placed = Vec::new();
+        let mut states = Vec::with_capacity(checks.len());
+        for (c, id) in checks.iter().zip(ids) {
+            let (checked, new) = counters.check(id, c.quota, cost, now, false, &placed);
+            placed.extend(new);
+            states.push(checked.state(false));
+        }
+        states
+    }
+
+    /// Gives back each credit's cost to the window it names, if that window
+    /// still holds it; never below zero.
+    pub(crate) fn refund_now(&self, credits: &[Credit<'_>]) {
+        let ids: Vec<_> = credits.iter().map(|c| self.secret.id(c.key)).collect();
+        let now = self.now();
+        let mut counters = self.lock();
+        for (c, id) in credits.iter().zip(ids) {
+            counters.refund(id, c, now);
+        }
+    }
+
+    /// Forgets `keys`' counters.
+    pub(crate) fn reset_now<K: AsRef<[u8]>>(&self, keys: &[K]) {
+        let ids: Vec<_> = keys.iter().map(|k| self.secret.id(k.as_ref())).collect();
+        let mut counters = self.lock();
+        for id in ids {
+            counters.reset(id);
+        }
+    }
+}
+
+impl Counters {
+    fn refund(&mut self, id: KeyId, c: &Credit<'_>, now: Now) {
+        let i = self.shards.index(id);
+        let shard = self.shards.get_mut(i);
+        match c.quota.algorithm() {
+            Algorithm::SlidingWindow => refund_in(shard.long.get_mut(id), c, now),
+            _ => refund_in(shard.short.get_mut(id), c, now),
+        }
+    }
+
+    /// Marks `id`'s entries expired: they read as absent, and are reclaimed
+    /// as expired ones are.
+    fn reset(&mut self, id: KeyId) {
+        let i = self.shards.index(id);
+        let shard = self.shards.get_mut(i);
+        if let Some(e) = shard.short.get_mut(id) {
+            e.expire();
+        }
+        if let Some(e) = shard.long.get_mut(id) {
+            e.expire();
+        }
+    }
+}
+
+fn refund_in<const N: usize>(held: Option<&mut Packed<N>>, c: &Credit<'_>, now: Now) {
+    let Some(held) = held else { return };
+    if held.expires_ms() <= now.ms {
+        return;
+    }
+    match credit(held.unpack(c.quota), c, now) {
+        Some(entry) => *held = Packed::pack(entry),
+        None => held.expire(),
+    }
+}
+
+/// The entry after the credit; `None` when it is back to nothing (a fixed
+/// window at 0 counts as absent, as in the script).
+fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
+    let window = r.quota.window_ms() as i64;
+    // Windows of one key are a whole window apart: within half a window of
+    // the spent one's end is the spent one.
+    let same = |end: i64| (end - r.end_ms).abs() < (window / 2).max(1);
+    match entry {
+        Entry::Fixed { count, expires_ms } => {
+            if !same(expires_ms as i64) {
+                return Some(entry);
+            }
+            let count = count.saturating_sub(r.cost);
+            (count > 0).then_some(Entry::Fixed { count, expires_ms })
+        }
+        Entry::Sliding {
+            s,
+            mut c,
+            mut p,
+            expires_ms,
+        } => {
+            // The stored window, or the one before it (its count is `p`).
+            let end = s as i64 + window;
+            if same(end) {
+                c = c.saturating_sub(r.cost);
+            } else if same(end - window) {
+                p = p.saturating_sub(r.cost);
+            }
+            Some(Entry::Sliding {
+                s,
+                c,
+                p,
+                expires_ms,
+            })
+        }
+        Entry::Gcra { early, expires_ms } => {
+            let Algorithm::Gcra { .. } = r.quota.algorithm() else {
+                return Some(entry);
+            };
+            let (step, per_us) = r.quota.gcra_units();
+            let per_ms = 1000 * u128::from(per_us);
+            let now_l = u128::from(now.us) * u128::from(per_us);
+            let tat_l = u128::from(expires_ms) * per_ms - u128::from(early).min(per_ms - 1);
+            let ahead = tat_l.saturating_sub(now_l);
+            // At most the spend, and at most what is still outstanding of it.
+            let outstanding = (r.end_ms - now.ms as i64).max(0) as u128 * per_ms;
+            let back = (u128::from(r.cost) * u128::from(step)).min(outstanding);
+            let ahead = ahead.saturating_sub(back);
+            if ahead == 0 {
+                return None;
+            }
+            let tat_l = now_l + ahead;
+            let expires_ms = tat_l.div_ceil(per_ms);
+            Some(Entry::Gcra {
+                early: (expires_ms * per_ms - tat_l) as u64,
+                expires_ms: expires_ms as u64,
+            })
+        }
+    }
+}
