@@ -20,5 +20,7 @@ mod doc;
 mod flash_sale;
 #[path = "recipes/lock.rs"]
 mod lock;
+#[path = "recipes/login.rs"]
+mod login;
 #[path = "recipes/ocr_quota.rs"]
 mod ocr_quota;
