@@ -105,7 +105,13 @@ async fn a_login_guard_counts_failures_only_and_exactly() {
         login_guard(server.store().await).unwrap(),
     ];
     let (wrong, right) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let alice = |i: usize| ("alice".to_owned(), "198.51.100.7".to_owned(), i % 4 == 0);
+    let alice = |i: usize| {
+        (
+            "alice".to_owned(),
+            "198.51.100.7".to_owned(),
+            i.is_multiple_of(4),
+        )
+    };
     let mixed: Vec<_> = (0..40).map(alice).collect();
     let (guesses, goods): (Vec<_>, Vec<_>) = mixed.into_iter().partition(|(_, _, r)| !r);
     let (a, b) = tokio::join!(
