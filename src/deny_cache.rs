@@ -13,6 +13,8 @@ use crate::Decision;
 /// Bounded in entries: the least recently useful are evicted first.
 pub(crate) struct DenyCache {
     cache: Cache<String, Entry>,
+    /// The longest an entry is used, whatever its retry time.
+    max_age: Duration,
 }
 
 #[derive(Clone)]
@@ -28,14 +30,16 @@ impl fmt::Debug for DenyCache {
         f.debug_struct("DenyCache")
             .field("len", &self.cache.len())
             .field("capacity", &self.cache.capacity())
+            .field("max_age", &self.max_age)
             .finish()
     }
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, max_age: Duration) -> Self {
         Self {
             cache: Cache::new(capacity),
+            max_age,
         }
     }
 
@@ -61,11 +65,13 @@ impl DenyCache {
         self.cache.clear();
     }
 
-    /// Remembers a denial of `key` at `cost`, until its retry time.
+    /// Remembers a denial of `key` at `cost`, until its retry time or for
+    /// the cache's max age, whichever is sooner.
     pub(crate) fn insert(&self, key: String, cost: u64, decision: &Decision) {
         let Some(wait) = decision.retry_after() else {
             return;
         };
+        let wait = wait.min(self.max_age);
         if wait < Duration::from_millis(1) {
             return;
         }

@@ -73,6 +73,13 @@ pub enum ConfigError {
     /// The quota was invalid.
     #[error(transparent)]
     Quota(#[from] QuotaError),
+    /// Another live limiter on the same store instance already counts under
+    /// these store keys (prefix, algorithm and name; see
+    /// [`LimiterBuilder::name`](crate::LimiterBuilder::name)).
+    #[error(
+        "another live limiter on this store already counts under {0:?}: give this limit its own `.name(..)`, clone the existing limiter to share its counters, or opt in with `.share_counters()`"
+    )]
+    SharedCounters(String),
     /// A prefix or policy name used characters that do not belong in a Redis
     /// key or a header.
     #[error("invalid {what} {value:?}: use 1 to 64 ASCII letters, digits or -._~:@/+=")]

@@ -1,5 +1,10 @@
 //! Building store keys: `{prefix}:{algo}:{policy}:{<client>}`.
 //!
+//! `{policy}` is the limit's name, or for a first limit left unnamed its
+//! name and quota, `default.{limit}-{window_ms}` (`-b{burst}` for GCRA):
+//! safe characters, at most 63 bytes, within the 64 that `validate` allows
+//! a name (see `LimiterBuilder::name`).
+//!
 //! For a limiter with one limit, the client part is the cluster hash tag, so
 //! keys spread over the cluster by client. A limiter with several limits
 //! may key them differently (per IP, per API key, global), and one atomic

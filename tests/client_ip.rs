@@ -243,13 +243,16 @@ async fn hostile_key_material_makes_bounded_distinct_redis_keys() {
         assert!(decision.is_allowed());
         let store_key = limiter.store_key(&key);
         assert!(
-            store_key.len() <= "rl:fw:default:".len() + RAW_KEY_MAX + 2,
+            store_key.len() <= "rl:fw:default.5-60000:".len() + RAW_KEY_MAX + 2,
             "{store_key}"
         );
         assert_eq!(store_key.matches('{').count(), 1, "{store_key}");
         assert_eq!(store_key.matches('}').count(), 1, "{store_key}");
         assert!(store_key.ends_with('}'), "{store_key}");
-        assert!(store_key.starts_with("rl:fw:default:{"), "{store_key}");
+        assert!(
+            store_key.starts_with("rl:fw:default.5-60000:{"),
+            "{store_key}"
+        );
         store_keys.insert(store_key);
     }
     assert_eq!(store_keys.len(), values.len(), "every value its own key");

@@ -127,7 +127,7 @@ async fn requests_without_a_key_are_refused_not_let_through() {
     let b = Backend::redis().await;
     scenarios::missing_key_is_refused(&Axum, &b).await;
     // PeerIp behind an axum server that was not given connect info.
-    let by_ip = RateLimitLayer::new(b.limiter("5/1m"), PeerIp);
+    let by_ip = RateLimitLayer::new(b.builder("5/1m").name("by-ip").build().unwrap(), PeerIp);
     let url = spawn_axum(app().layer(by_ip), false).await;
     for res in Caller::with_key(None).get_n(&url, 3).await {
         let res = res.expect(500, &log(&b));

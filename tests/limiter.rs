@@ -106,7 +106,12 @@ async fn concurrent_two_replicas(b: Backend) {
 
 async fn names_and_prefixes_separate_counters(b: Backend) {
     let a = b.builder("1/1m").name("a").build().unwrap();
-    let a_again = b.builder("1/1m").name("a").build().unwrap();
+    let a_again = b
+        .builder("1/1m")
+        .name("a")
+        .share_counters()
+        .build()
+        .unwrap();
     let other = b.builder("1/1m").name("b").build().unwrap();
     let other_prefix = b.builder("1/1m").name("a").prefix("x").build().unwrap();
     assert!(a.check("k", 1).await.unwrap().is_allowed());

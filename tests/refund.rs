@@ -155,7 +155,8 @@ for_every_store!(
     concurrent_spends_and_refunds_never_pass_the_limit,
 );
 
-/// On a cluster: every algorithm, several limits, one call each.
+/// On a cluster: refund, peek and reset for every algorithm and several
+/// limits, one call each (a CROSSSLOT error would fail it).
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn refunds_work_on_a_cluster() {
@@ -174,5 +175,21 @@ async fn refunds_work_on_a_cluster() {
             .map(|l| l.remaining())
             .collect();
         assert_eq!(left, [2, 3], "{name}");
+        let d = l.check_each(&["alice", "all"], 2).await.unwrap();
+        assert!(d.is_allowed());
+        assert!(
+            !l.peek_each(&["alice", "all"], 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        l.reset_each(&["alice", "all"]).await.unwrap();
+        assert!(
+            l.peek_each(&["alice", "all"], 2)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        l.reset("bob").await.unwrap();
     }
 }

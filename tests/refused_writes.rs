@@ -58,6 +58,8 @@ impl Algo {
 fn limiter(algo: Algo, store: RedisStore) -> Limiter {
     Limiter::builder(algo.quota())
         .name("l")
+        // The servers of one test are one service's replicas on purpose.
+        .share_counters()
         .store(store)
         .timeout(TEST_TIMEOUT)
         .deny_cache(0)

@@ -313,3 +313,23 @@ impl Limiter {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_static<F: Future + Send + 'static>(f: F) -> F {
+        f
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refunding_is_an_owned_future_the_middleware_can_spawn() {
+        let l = Limiter::new(Quota::per_minute(2));
+        let d = l.check("k", 2).await.unwrap();
+        let key = String::from("k");
+        let refund = send_static(l.refunding(&[key.as_bytes()], &d));
+        drop((key, d));
+        tokio::spawn(refund).await.unwrap().unwrap();
+        assert_eq!(l.peek("k", 1).await.unwrap().remaining(), 2);
+    }
+}

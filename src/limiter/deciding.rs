@@ -67,6 +67,8 @@ impl Future for Deciding {
 impl Inner {
     /// The decision from the store's states: checks their number, picks the
     /// binding limit, caches a denial under `cache_key`, counts and logs it.
+    /// `at` is when it was decided, for a refund; `None` for a peek, which
+    /// is neither cached nor counted.
     pub(super) fn conclude(
         &self,
         states: States,
@@ -80,9 +82,16 @@ impl Inner {
             return Err(Error::UnexpectedReply(reply));
         }
         let mut decision = Decision::new(states, self.policies.clone());
-        if let Some(at) = at {
-            decision = decision.with_spent(cost, at);
-        }
+        let Some(at) = at else {
+            // A peek: not a decision to count in the metrics.
+            tracing::trace!(
+                limit = decision.policy(),
+                allowed = decision.is_allowed(),
+                "rate limit peek"
+            );
+            return Ok(decision);
+        };
+        decision = decision.with_spent(cost, at);
         if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key)
             && !decision.is_allowed()
         {

@@ -19,6 +19,7 @@ pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
 mod admin;
 pub(crate) mod builder;
 mod deciding;
+mod registry;
 mod wait;
 
 /// The default bound on every store call.
@@ -87,13 +88,16 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// **It never admits a request the store would deny**: it only ever denies,
 /// and everything it does not hold goes to the store. A cached denial for a
 /// cost `c` is used only for requests of cost `c` or more, for the same keys,
-/// and only until the denial's `Retry-After` has passed; in that time the
-/// store's own answer could only have become stricter (other requests spend;
-/// nothing refunds). **It can deny a request the store would have allowed**
-/// when the store's state changed behind its back: an operator deleted or
-/// lowered the counter (an admin reset), the quota was raised in another
-/// process, or Redis lost its data (restart, failover). Such a client waits at
-/// most the `Retry-After` it was already told.
+/// and only until the denial's `Retry-After` has passed or it is
+/// [`deny_cache_max_age`](LimiterBuilder::deny_cache_max_age) old (1 s by
+/// default), whichever is sooner. **It can deny a request the store would
+/// have allowed** when the store's state changed behind its back: a
+/// [`reset`](Limiter::reset) or [`refund`](Limiter::refund) made by another
+/// replica (this limiter's own drop its entry for those keys; a reset
+/// clears the whole cache), an operator who deleted the counter, a quota
+/// raised in another process, or Redis losing its data (restart, failover).
+/// Such a client is denied for at most the max age after the change, and
+/// never longer than the `Retry-After` it was already told.
 ///
 /// A cached answer has the status and headers of the denial it repeats, with
 /// the waits shortened by the time since. With several limits, another limit
@@ -323,7 +327,10 @@ impl Limiter {
     }
 
     /// The store key that holds `key`'s count for the first limit, e.g.
-    /// `rl:fw:default:{203.0.113.9}`; hostile or long keys appear hashed.
+    /// `rl:fw:login:{203.0.113.9}` for a limit named `login`, or
+    /// `rl:fw:default.5-60000:{203.0.113.9}` for an unnamed 5/min one (an
+    /// unnamed limit's quota is part of its key; a named one's is not: see
+    /// [`LimiterBuilder::name`]). Hostile or long keys appear hashed.
     pub fn store_key<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> String {
         self.key_of(0, key.as_ref())
     }

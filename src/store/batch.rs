@@ -98,6 +98,11 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
+    /// The same for every clone of this batcher (of one store).
+    pub(super) fn instance(&self) -> usize {
+        Arc::as_ptr(&self.queue) as *const () as usize
+    }
+
     /// Queues a request, or hands it back when it cannot be batched (no
     /// Tokio runtime to run the task, the task gone, or the queue full).
     pub(super) fn submit<C: Batched>(

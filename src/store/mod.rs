@@ -105,6 +105,16 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>>;
 
+    /// An identity shared by this store and its clones (say, the address of
+    /// their shared state), while any of them lives. A
+    /// [`Limiter`](crate::Limiter) uses it to refuse, at build time, counters
+    /// that a live limiter on the same store already uses (see
+    /// [`LimiterBuilder::share_counters`](crate::LimiterBuilder::share_counters)).
+    /// The default, `None`, skips that check.
+    fn instance(&self) -> Option<usize> {
+        None
+    }
+
     /// Like [`decide`](Self::decide), but spends nothing: whether `cost`
     /// would be admitted now, with the states a check would report
     /// (`remaining` before spending; `retry_ms` when it would deny).

@@ -398,6 +398,10 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn instance(&self) -> Option<usize> {
+        Some(self.batcher.instance())
+    }
+
     fn peek(
         &self,
         checks: Vec<LimitCheck>,

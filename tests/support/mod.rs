@@ -443,6 +443,7 @@ impl Backend {
             Backend::Memory(m) => builder.store(m.clone()),
             Backend::Redis(server, _) => builder.store(server.store().await),
         }
+        .share_counters()
         .build()
         .unwrap()
     }

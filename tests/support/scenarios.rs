@@ -309,14 +309,15 @@ pub async fn parity_sequence(s: &impl Serve, b: &Backend) -> Vec<Reply> {
 /// client, and never the key itself; with one `partition_key_secret`, the
 /// same on two servers (replicas).
 pub async fn partition_key(s: &impl Serve, b: &Backend) {
-    let plain = s.serve(by_key(b.limiter("2/1m"))).await;
+    let named = |name: &str| b.builder("2/1m").name(name).build().unwrap();
+    let plain = s.serve(by_key(named("plain"))).await;
     let res = Caller::with_key(Some("alice"))
         .get(&plain)
         .await
         .expect(200, &log(b));
     assert_eq!(res.pk(), None, "{res:?}");
 
-    let url = s.serve(by_key(b.limiter("2/1m")).partition_key(true)).await;
+    let url = s.serve(by_key(named("pk")).partition_key(true)).await;
     let (alice, bob) = (
         Caller::with_key(Some("alice")),
         Caller::with_key(Some("bob")),
@@ -338,11 +339,14 @@ pub async fn partition_key(s: &impl Serve, b: &Backend) {
     }
     let bobs = bob.get(&url).await.expect(200, &log(b)).pk().unwrap();
     assert_ne!(bobs, pk, "another client, another partition");
-    let again = s.serve(by_key(b.limiter("2/1m")).partition_key(true)).await;
+    let again = s.serve(by_key(named("again")).partition_key(true)).await;
     let res = bob.get(&again).await.expect(200, &log(b));
     assert_ne!(res.pk().unwrap(), bobs, "a fresh random secret per layer");
 
-    let replica = || by_key(b.limiter("100/1m")).partition_key_secret("shared secret");
+    let replica = || {
+        let shared = b.builder("100/1m").share_counters().build().unwrap();
+        by_key(shared).partition_key_secret("shared secret")
+    };
     let (one, two) = (s.serve(replica()).await, s.serve(replica()).await);
     let at_one = alice.get(&one).await.expect(200, &log(b)).pk();
     let at_two = alice.get(&two).await.expect(200, &log(b)).pk();

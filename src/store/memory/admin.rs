@@ -1,12 +1,59 @@
-//! The memory store's peek, refund and reset: `lua/peek` (decide.lua without
-//! spending), `lua/refund.lua` and `lua/reset.lua`, in Rust.
+//! The memory store's `Store` impl, and its peek, refund and reset: the
+//! peek script (decide.lua keeping no spend), `lua/refund.lua` and
+//! `lua/reset.lua`, in Rust.
 
 use super::{
     Counters, MemoryStore,
     algorithms::{Entry, Now, Packed},
     ids::KeyId,
 };
-use crate::{Algorithm, Quota, store::LimitCheck, store::LimitState};
+use crate::{
+    Algorithm, Error, Quota,
+    store::{BoxFuture, LimitCheck, LimitState, Refund, Store},
+};
+
+impl Store for MemoryStore {
+    fn decide(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        let states = self.decide_now(checks, cost);
+        Box::pin(std::future::ready(Ok(states)))
+    }
+
+    fn instance(&self) -> Option<usize> {
+        Some(std::sync::Arc::as_ptr(&self.inner) as *const () as usize)
+    }
+
+    fn peek(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        Box::pin(std::future::ready(Ok(self.peek_now(&checks, cost))))
+    }
+
+    fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
+        let now = self.now_ms() as i64;
+        let credits: Vec<_> = refunds
+            .iter()
+            .map(|r| Credit {
+                key: r.key.as_bytes(),
+                quota: r.quota,
+                cost: r.cost,
+                end_ms: now.saturating_add(r.window_end_in_ms),
+            })
+            .collect();
+        self.refund_now(&credits);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
+        self.reset_now(&keys);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
 
 /// One limit's refund, with its window's end on the store's own clock (ms;
 /// negative or past once it has ended).

@@ -10,8 +10,8 @@ use self::{
     ids::{KeyId, Secret, Table},
     shards::Shards,
 };
-use super::{BoxFuture, LimitCheck, LimitState, Refund, Store};
-use crate::{Algorithm, Error, Quota};
+use super::{LimitCheck, LimitState};
+use crate::{Algorithm, Quota};
 
 mod admin;
 mod algorithms;
@@ -68,7 +68,11 @@ mod shards;
 ///
 /// let store = MemoryStore::new();
 /// let a = Limiter::builder(Quota::per_minute(1)).store(store.clone()).build().unwrap();
-/// let b = Limiter::builder(Quota::per_minute(1)).store(store).build().unwrap();
+/// let b = Limiter::builder(Quota::per_minute(1))
+///     .store(store)
+///     .share_counters() // on purpose (see LimiterBuilder::name)
+///     .build()
+///     .unwrap();
 /// assert!(a.check("k", 1).await?.is_allowed());
 /// assert!(!b.check("k", 1).await?.is_allowed()); // same store, same counter
 ///
@@ -326,45 +330,6 @@ fn check_in<const N: usize, A>(
         _ => {}
     }
     Found::Held(c)
-}
-
-impl Store for MemoryStore {
-    fn decide(
-        &self,
-        checks: Vec<LimitCheck>,
-        cost: u64,
-    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        let states = self.decide_now(checks, cost);
-        Box::pin(std::future::ready(Ok(states)))
-    }
-
-    fn peek(
-        &self,
-        checks: Vec<LimitCheck>,
-        cost: u64,
-    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        Box::pin(std::future::ready(Ok(self.peek_now(&checks, cost))))
-    }
-
-    fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
-        let now = self.now_ms() as i64;
-        let credits: Vec<_> = refunds
-            .iter()
-            .map(|r| admin::Credit {
-                key: r.key.as_bytes(),
-                quota: r.quota,
-                cost: r.cost,
-                end_ms: now.saturating_add(r.window_end_in_ms),
-            })
-            .collect();
-        self.refund_now(&credits);
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
-        self.reset_now(&keys);
-        Box::pin(std::future::ready(Ok(())))
-    }
 }
 
 #[cfg(test)]

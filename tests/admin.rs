@@ -1,0 +1,350 @@
+//! The admin and business-code API beside `check`: `peek` spends nothing
+//! and says when a request would fit, `reset` starts a client afresh (store
+//! and deny caches, this replica at once and others within the deny cache's
+//! max age), and `until_ready` waits until a request fits, never past its
+//! bound, without two replicas together passing the quota.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::AsyncCommands;
+use redis_ratelimit::{Limiter, Quota};
+use support::{Backend, RedisServer, TEST_TIMEOUT, for_every_store};
+
+/// The three algorithms at `limit` per `window`.
+fn algorithms(limit: u64, window: &str) -> [(&'static str, Quota); 3] {
+    let q: Quota = format!("{limit}/{window}").parse().unwrap();
+    [
+        ("fw", q),
+        ("sw", q.sliding_window()),
+        ("gcra", q.gcra(limit).unwrap()),
+    ]
+}
+
+fn limiter(b: &Backend, name: &str, quota: Quota) -> Limiter {
+    b.builder_for(quota).name(name).build().unwrap()
+}
+
+async fn admitted(l: &Limiter, key: &str, n: u64) -> u64 {
+    let mut count = 0;
+    for _ in 0..n {
+        count += u64::from(l.check(key, 1).await.unwrap().is_allowed());
+    }
+    count
+}
+
+/// How many counters the backend holds.
+async fn held(b: &Backend) -> usize {
+    match b {
+        Backend::Memory(m) => m.len(),
+        Backend::Redis(server, _) => server.keys_with_ttl().await.len(),
+    }
+}
+
+async fn a_peek_spends_nothing_and_says_when(b: Backend) {
+    for (name, quota) in algorithms(3, "10s") {
+        let l = limiter(&b, name, quota);
+        let before = held(&b).await;
+        let fresh = l.peek("new", 2).await.unwrap();
+        assert!(fresh.is_allowed(), "{name}");
+        assert_eq!(
+            (fresh.remaining(), fresh.retry_after()),
+            (3, None),
+            "{name}"
+        );
+        assert_eq!(held(&b).await, before, "{name}: a peek stored a counter");
+        assert!(l.check("k", 2).await.unwrap().is_allowed());
+        for _ in 0..5 {
+            let p = l.peek("k", 2).await.unwrap();
+            assert!(!p.is_allowed(), "{name}");
+            assert_eq!(p.remaining(), 1, "{name}");
+            let wait = p.retry_after().expect("a denied peek says when");
+            assert!(
+                wait > Duration::ZERO && wait <= Duration::from_secs(20),
+                "{name} {wait:?}"
+            );
+            assert!(l.peek("k", 1).await.unwrap().is_allowed(), "{name}");
+        }
+        // Nothing spent by the peeks: exactly one more fits.
+        assert_eq!(admitted(&l, "k", 3).await, 1, "{name}");
+        let denied = l.check("k", 1).await.unwrap();
+        let peek = l.peek("k", 1).await.unwrap();
+        assert_eq!(peek.retry_after().is_some(), denied.retry_after().is_some());
+    }
+    if let Some(server) = b.server() {
+        server.assert_every_key_has_ttl().await;
+    }
+}
+
+async fn peek_each_decides_every_limit(b: Backend) {
+    let l = b
+        .builder("2/10s")
+        .name("user")
+        .limit("all", Quota::per_minute(3))
+        .build()
+        .unwrap();
+    assert!(l.check_each(&["a", "all"], 2).await.unwrap().is_allowed());
+    let by_user = l.peek_each(&["a", "all"], 1).await.unwrap();
+    assert_eq!((by_user.is_allowed(), by_user.policy()), (false, "user"));
+    let other = l.peek_each(&["b", "all"], 1).await.unwrap();
+    let left: Vec<_> = other.limits().map(|l| l.remaining()).collect();
+    assert!(other.is_allowed());
+    assert_eq!(left, [2, 1]);
+    assert!(!l.peek_each(&["b", "all"], 2).await.unwrap().is_allowed());
+}
+
+async fn reset_starts_a_client_afresh(b: Backend) {
+    for (name, quota) in algorithms(2, "1h") {
+        let l = b
+            .builder_for(quota)
+            .name(format!("{name}-user"))
+            .limit(format!("{name}-day"), Quota::per_day(3))
+            .build()
+            .unwrap();
+        assert_eq!(admitted(&l, "k", 3).await, 2, "{name}");
+        assert_eq!(admitted(&l, "other", 1).await, 1, "{name}");
+        l.reset("k").await.unwrap();
+        assert_eq!(admitted(&l, "k", 3).await, 2, "{name}: reset at once");
+        // Other clients keep their counts.
+        assert_eq!(admitted(&l, "other", 2).await, 1, "{name}");
+        l.reset_each(&["k", "k"]).await.unwrap();
+        assert_eq!(admitted(&l, "k", 3).await, 2, "{name}");
+    }
+    if let Some(server) = b.server() {
+        server.assert_every_key_has_ttl().await;
+    }
+}
+
+for_every_store!(
+    a_peek_spends_nothing_and_says_when,
+    peek_each_decides_every_limit,
+    reset_starts_a_client_afresh,
+);
+
+/// A limiter on its own connection to `server`, as a replica would have.
+async fn replica(server: &RedisServer, quota: &str, max_age: Duration) -> Limiter {
+    Limiter::builder(quota.parse().unwrap())
+        .name("api")
+        .share_counters()
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .deny_cache_max_age(max_age)
+        .build()
+        .unwrap()
+}
+
+/// Fails on the code before `deny_cache_max_age`: a denial cached for an
+/// hour outlived an operator's `DEL` of the counter by the whole window.
+#[tokio::test]
+async fn a_deleted_counter_is_seen_within_the_max_age() {
+    let server = RedisServer::start();
+    let l = server.limiter("1/1h").await;
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    assert!(!l.check("k", 1).await.unwrap().is_allowed());
+    let mut conn = server.conn().await;
+    let _: () = conn.del(l.store_key("k")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_reset_reaches_this_replica_at_once_and_others_within_the_max_age() {
+    let server = RedisServer::start();
+    let a = replica(&server, "1/1h", Duration::from_secs(3600)).await;
+    let b = replica(&server, "1/1h", Duration::from_millis(300)).await;
+    assert!(a.check("k", 1).await.unwrap().is_allowed());
+    // Both cache the denial.
+    assert!(!a.check("k", 1).await.unwrap().is_allowed());
+    assert!(!b.check("k", 1).await.unwrap().is_allowed());
+    a.reset("k").await.unwrap();
+    assert!(server.keys_with_ttl().await.is_empty());
+    assert!(
+        a.check("k", 1).await.unwrap().is_allowed(),
+        "own deny cache cleared"
+    );
+    assert!(a.reset("k").await.is_ok());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        b.check("k", 1).await.unwrap().is_allowed(),
+        "the other replica's cache aged out"
+    );
+}
+
+#[tokio::test]
+async fn a_peek_neither_fills_nor_trusts_the_deny_cache() {
+    let server = RedisServer::start();
+    let l = server.limiter("2/1h").await;
+    assert_eq!(admitted(&l, "k", 2).await, 2); // no denial cached
+    assert!(!l.peek("k", 1).await.unwrap().is_allowed());
+    let mut conn = server.conn().await;
+    let _: () = conn.del(l.store_key("k")).await.unwrap();
+    assert!(
+        l.check("k", 1).await.unwrap().is_allowed(),
+        "the peek's denial was cached"
+    );
+}
+
+/// Two replicas throttling calls to one partner API at 4 per 400 ms: every
+/// caller gets through, and no window admits more than 4.
+#[tokio::test]
+async fn until_ready_throttles_across_replicas() {
+    let server = RedisServer::start();
+    let a = replica(&server, "4/400ms", Duration::from_secs(1)).await;
+    let b = replica(&server, "4/400ms", Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let callers = (0..16).map(|i| {
+        let l = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move {
+            let d = l
+                .until_ready("partner", 1, Duration::from_secs(20))
+                .await
+                .unwrap();
+            // The window this admission counts in, by its end.
+            (d.is_allowed(), Instant::now() + d.reset_after())
+        }
+    });
+    let results = join_all(callers).await;
+    assert!(results.iter().all(|r| r.0), "every caller got through");
+    // 16 calls at 4 per window need at least 3 windows after the first.
+    assert!(
+        started.elapsed() >= Duration::from_millis(1100),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut ends: Vec<Instant> = results.iter().map(|r| r.1).collect();
+    ends.sort();
+    let mut groups = vec![1];
+    for pair in ends.windows(2) {
+        if pair[1] - pair[0] > Duration::from_millis(150) {
+            groups.push(0);
+        }
+        *groups.last_mut().unwrap() += 1;
+    }
+    assert!(
+        groups.iter().all(|&n| n <= 4),
+        "admissions per window: {groups:?}"
+    );
+}
+
+#[tokio::test]
+async fn until_ready_returns_at_once_when_the_wait_is_too_long() {
+    let server = RedisServer::start();
+    let l = server.limiter("1/10s").await;
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    let started = Instant::now();
+    let d = l.until_ready("k", 1, Duration::from_secs(3)).await.unwrap();
+    assert!(!d.is_allowed());
+    assert!(d.retry_after() > Some(Duration::from_secs(3)));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn until_ready_waits_for_the_window_and_no_longer_than_allowed() {
+    let l = Limiter::new("2/1s".parse().unwrap());
+    assert_eq!(admitted(&l, "k", 2).await, 2);
+    let started = tokio::time::Instant::now();
+    let d = l.until_ready("k", 1, Duration::from_secs(5)).await.unwrap();
+    assert!(d.is_allowed());
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1) && waited <= Duration::from_millis(1130),
+        "{waited:?}"
+    );
+    // The window is full again: a 100 ms bound returns the denial, unslept.
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    let started = tokio::time::Instant::now();
+    let d = l
+        .until_ready("k", 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+/// A store written before peek, refund and reset: it still compiles, its
+/// limiters still check, and the new calls are errors, never a lifted limit.
+#[derive(Debug)]
+struct OldStore(redis_ratelimit::MemoryStore);
+
+impl redis_ratelimit::Store for OldStore {
+    fn decide(
+        &self,
+        checks: Vec<redis_ratelimit::LimitCheck>,
+        cost: u64,
+    ) -> redis_ratelimit::store::BoxFuture<
+        'static,
+        Result<Vec<redis_ratelimit::LimitState>, redis_ratelimit::Error>,
+    > {
+        self.0.decide(checks, cost)
+    }
+}
+
+#[tokio::test]
+async fn a_custom_store_without_the_new_methods_reports_them_unsupported() {
+    use redis_ratelimit::Error;
+    let l = Limiter::builder(Quota::per_minute(1))
+        .store(OldStore(redis_ratelimit::MemoryStore::new()))
+        .build()
+        .unwrap();
+    let d = l.check("k", 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert!(matches!(
+        l.peek("k", 1).await,
+        Err(Error::Unsupported("peek"))
+    ));
+    assert!(matches!(
+        l.refund("k", &d).await,
+        Err(Error::Unsupported("refund"))
+    ));
+    assert!(matches!(
+        l.reset("k").await,
+        Err(Error::Unsupported("reset"))
+    ));
+    assert!(!l.check("k", 1).await.unwrap().is_allowed());
+}
+
+/// A refund or reset to a dead Redis is an error, not a panic or a hang.
+#[tokio::test]
+async fn refunds_and_resets_to_a_dead_redis_are_errors() {
+    let mut server = RedisServer::start();
+    let l = server.limiter("5/1m").await;
+    let d = l.check("k", 1).await.unwrap();
+    server.kill();
+    assert!(l.refund("k", &d).await.is_err());
+    assert!(l.reset("k").await.is_err());
+    assert!(l.peek("k", 1).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn until_ready_each_waits_for_every_limit() {
+    let l = Limiter::builder("5/1s".parse().unwrap())
+        .name("user")
+        .limit("all", "2/10s".parse().unwrap())
+        .build()
+        .unwrap();
+    let keys = ["a", "all"];
+    for _ in 0..2 {
+        let d = l
+            .until_ready_each(&keys, 1, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+    }
+    // "all" is full for 10 s: a 1 s bound returns its denial at once.
+    let d = l
+        .until_ready_each(&keys, 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!((d.is_allowed(), d.policy()), (false, "all"));
+    let d = l
+        .until_ready_each(&keys, 1, Duration::from_secs(11))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+}
