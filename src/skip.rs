@@ -53,8 +53,8 @@ use std::{fmt, net::IpAddr, sync::Arc};
 use ipnet::IpNet;
 
 use crate::{
-    ConfigError, Limiter,
-    key::{self, ClientIp, Key, KeyError, KeyExtractor, PeerIp, RequestInfo},
+    ConfigError,
+    key::{self, ClientIp, KeyExtractor, Part, PeerIp, RequestInfo, With},
 };
 
 /// Says whether a request of type `R` is not limited at all.
@@ -175,9 +175,17 @@ impl<R: ?Sized, A: ClientAddr<R>> Skip<R> for Networks<A> {
 
 /// An extractor that also skips some requests; made by
 /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip).
-pub struct Skipping<K, S> {
-    keys: Arc<K>,
-    skip: S,
+pub type Skipping<K, S> = With<K, SkipWith<S>>;
+
+/// The [`Part`] of [`Skipping`]: a request either the extractor or `S`
+/// skips goes through unlimited.
+#[derive(Clone)]
+pub struct SkipWith<S>(S);
+
+impl<S> fmt::Debug for SkipWith<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SkipWith").finish_non_exhaustive()
+    }
 }
 
 impl<K, S> Skipping<K, S> {
@@ -189,51 +197,17 @@ impl<K, S> Skipping<K, S> {
 
     /// With an extractor a layer already holds, without cloning it.
     pub(crate) fn shared(keys: Arc<K>, skip: S) -> Self {
-        Self { keys, skip }
+        Self::wrap(keys, SkipWith(skip))
     }
 }
 
-impl<K, S: Clone> Clone for Skipping<K, S> {
-    fn clone(&self) -> Self {
-        Self::shared(self.keys.clone(), self.skip.clone())
-    }
-}
-
-impl<K: fmt::Debug, S> fmt::Debug for Skipping<K, S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Skipping")
-            .field("keys", &self.keys)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<R: ?Sized, K, S> KeyExtractor<R> for Skipping<K, S>
+impl<R: ?Sized, K, S> Part<R, K> for SkipWith<S>
 where
     K: KeyExtractor<R>,
     S: Skip<R>,
 {
-    fn extract(&self, req: &R) -> Result<Key, KeyError> {
-        self.keys.extract(req)
-    }
-
-    fn key_count(&self) -> usize {
-        self.keys.key_count()
-    }
-
-    fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
-        self.keys.extract_all(req, keys)
-    }
-
-    fn cost(&self, req: &R) -> u64 {
-        self.keys.cost(req)
-    }
-
-    fn skip(&self, req: &R) -> bool {
-        self.keys.skip(req) || self.skip.skip(req)
-    }
-
-    fn tier(&self, req: &R) -> Option<&Limiter> {
-        self.keys.tier(req)
+    fn skip(&self, keys: &K, req: &R) -> bool {
+        keys.skip(req) || self.0.skip(req)
     }
 }
 

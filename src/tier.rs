@@ -31,7 +31,7 @@ use std::{collections::HashMap, fmt, sync::Arc};
 
 use crate::{
     Decision, Error, Limiter,
-    key::{Key, KeyError, KeyExtractor},
+    key::{KeyExtractor, Part, With},
 };
 
 /// A default [`Limiter`] and named tiers, each with its own limiter.
@@ -145,8 +145,11 @@ impl Tiers {
 
 /// An extractor that also picks each request's tier; made by
 /// [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered).
-pub struct Tiered<K, T> {
-    keys: Arc<K>,
+pub type Tiered<K, T> = With<K, TierBy<T>>;
+
+/// The [`Part`] of [`Tiered`]: the tier named by `T`'s key for the request.
+#[derive(Clone, Debug)]
+pub struct TierBy<T> {
     select: T,
     tiers: Tiers,
 }
@@ -155,67 +158,23 @@ impl<K, T> Tiered<K, T> {
     /// Keys with `keys`, and limits each request by the tier `select` names
     /// (its key is the tier's name).
     pub fn new(keys: K, select: T, tiers: Tiers) -> Self {
-        Self::shared(Arc::new(keys), select, tiers)
-    }
-
-    pub(crate) fn shared(keys: Arc<K>, select: T, tiers: Tiers) -> Self {
-        Self {
-            keys,
-            select,
-            tiers,
-        }
+        Self::wrap(Arc::new(keys), TierBy { select, tiers })
     }
 
     /// The tiers.
     pub fn tiers(&self) -> &Tiers {
-        &self.tiers
+        &self.part().tiers
     }
 }
 
-impl<K, T: Clone> Clone for Tiered<K, T> {
-    fn clone(&self) -> Self {
-        Self::shared(self.keys.clone(), self.select.clone(), self.tiers.clone())
-    }
-}
-
-impl<K: fmt::Debug, T: fmt::Debug> fmt::Debug for Tiered<K, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tiered")
-            .field("keys", &self.keys)
-            .field("select", &self.select)
-            .field("tiers", &self.tiers)
-            .finish()
-    }
-}
-
-impl<R: ?Sized, K, T> KeyExtractor<R> for Tiered<K, T>
+impl<R: ?Sized, K, T> Part<R, K> for TierBy<T>
 where
     K: KeyExtractor<R>,
     T: KeyExtractor<R>,
 {
-    fn extract(&self, req: &R) -> Result<Key, KeyError> {
-        self.keys.extract(req)
-    }
-
-    fn key_count(&self) -> usize {
-        self.keys.key_count()
-    }
-
-    fn extract_all(&self, req: &R, keys: &mut Vec<Key>) -> Result<(), KeyError> {
-        self.keys.extract_all(req, keys)
-    }
-
-    fn cost(&self, req: &R) -> u64 {
-        self.keys.cost(req)
-    }
-
-    fn skip(&self, req: &R) -> bool {
-        self.keys.skip(req)
-    }
-
     /// The named tier's limiter; the default's (`Some`) when the selector
     /// fails or names no tier.
-    fn tier(&self, req: &R) -> Option<&Limiter> {
+    fn tier<'a>(&'a self, _: &'a K, req: &R) -> Option<&'a Limiter> {
         if self.tiers.is_empty() {
             return Some(self.tiers.default_limiter());
         }

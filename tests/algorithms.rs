@@ -317,6 +317,7 @@ fn admitted_in(reply: &support::Reply) -> u64 {
 async fn gcra_batch_at_one_instant_admits_exactly_the_burst_at_edge_quotas() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
+    let mut read = 0;
     for (i, (text, burst)) in EDGES.into_iter().enumerate() {
         let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
         let key = format!("edge{i}");
@@ -329,18 +330,25 @@ async fn gcra_batch_at_one_instant_admits_exactly_the_burst_at_edge_quotas() {
             "{text} burst {burst}: {:?}",
             reply.0
         );
-        // The TAT is stored exactly: "a:b", b in units of 1/per_us µs.
-        let stored: String = redis::cmd("GET")
+        // The TAT is stored exactly: "a:b", b in units of 1/per_us µs. A
+        // key whose whole burst lasts a millisecond or two may have expired
+        // by the time a loaded machine reads it; most edges last longer.
+        let stored: Option<String> = redis::cmd("GET")
             .arg(&key)
             .query_async(&mut conn)
             .await
             .unwrap();
-        let (a, b) = stored.split_once(':').unwrap_or_else(|| panic!("{stored}"));
-        assert!(
-            a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok(),
-            "{stored}"
-        );
+        if let Some(stored) = stored {
+            let (a, b) = stored.split_once(':').unwrap_or_else(|| panic!("{stored}"));
+            assert!(
+                a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok(),
+                "{stored}"
+            );
+            read += 1;
+        }
     }
+    // Seven edges keep their TAT for a third of a second or more.
+    assert!(read >= 7, "only {read} TATs were read");
     server.assert_every_key_has_ttl().await;
 }
 

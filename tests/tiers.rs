@@ -101,7 +101,7 @@ async fn no_tier_or_an_unknown_one_gets_the_default(b: Backend) {
         keys.sort();
         assert_eq!(
             keys,
-            ["rl:fw:default:{bob}", "rl:fw:pro:{bob}"],
+            ["rl:fw:default.1-60000:{bob}", "rl:fw:pro:{bob}"],
             "{}",
             server.log()
         );

@@ -58,7 +58,7 @@ mod request;
 mod tonic;
 mod value;
 mod warnings;
-mod with_cost;
+mod with;
 
 pub use client_ip::ClientIp;
 pub(crate) use client_ip::{canonical_net, parse_networks};
@@ -73,7 +73,7 @@ pub use header::{Header, MAX_HEADER_KEY_LEN};
 pub use peer_ip::PeerIp;
 pub use request::RequestInfo;
 pub use value::Key;
-pub use with_cost::WithCost;
+pub use with::{Cost, Part, With, WithCost};
 
 #[doc = include_str!("../../docs/proxies.md")]
 pub mod proxies {}
