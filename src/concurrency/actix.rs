@@ -1,6 +1,7 @@
 //! The concurrency limit as actix-web 4 middleware (the `actix` feature).
 //!
-//! [`InFlightLimitMiddleware`] is an actix [`Transform`]: register it with
+//! [`InFlightLimitMiddleware`] is an actix
+//! [`Transform`](actix_web::dev::Transform): register it with
 //! `App::wrap` or `Scope::wrap`; it makes an
 //! [`InFlightLimitMiddlewareService`] per worker. Keys, answers, headers and the
 //! store-error policy are the tower layer's, and so is the lease's span: it is
