@@ -379,11 +379,22 @@ impl RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        self.call_one(checks, cost, decide_invocation)
+    }
+
+    /// One request, alone in the call `invocation` makes of it (a decision,
+    /// or a peek), and its states.
+    pub(super) fn call_one(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+        invocation: fn(&[Request<'_>]) -> Call,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         let request = [Request {
             checks: &checks,
             cost,
         }];
-        let reply = self.run::<Packed>(decide_invocation(&request));
+        let reply = self.run::<Packed>(invocation(&request));
         Box::pin(async move {
             let request = [Request {
                 checks: &checks,

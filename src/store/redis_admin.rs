@@ -1,7 +1,7 @@
 //! The Redis store's peek, refund and reset: one script call each, never
 //! batched with decisions (they are rare, and each must be its own call).
 
-use super::{Packed, RedisStore, Request, general_invocation, parse_batch};
+use super::{RedisStore, general_invocation};
 use crate::{
     Algorithm, Error,
     store::{BoxFuture, LimitCheck, LimitState, Refund, call::Call, scripts},
@@ -32,20 +32,8 @@ impl RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        let request = [Request {
-            checks: &checks,
-            cost,
-        }];
-        let reply = self.run::<Packed>(general_invocation(&scripts::PEEK, &request));
-        Box::pin(async move {
-            let request = [Request {
-                checks: &checks,
-                cost,
-            }];
-            let mut states = parse_batch(&reply.await?.0, &request)?;
-            states
-                .pop()
-                .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
+        self.call_one(checks, cost, |request| {
+            general_invocation(&scripts::PEEK, request)
         })
     }
 

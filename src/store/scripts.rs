@@ -45,17 +45,27 @@ pub(crate) fn all() -> [(&'static Script, &'static str); 8] {
     ]
 }
 
+/// `lua/lib.lua` and the algorithm modules, joined, then `$tail`: the
+/// scripts that decide, peek or refund with them.
+macro_rules! after_the_algorithms {
+    ($($tail:expr),+ $(,)?) => {
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            "\n",
+            include_str!("../../lua/fixed_window.lua"),
+            "\n",
+            include_str!("../../lua/sliding_window.lua"),
+            "\n",
+            include_str!("../../lua/gcra.lua"),
+            $($tail),+
+        )
+    };
+}
+
 /// The source of the general script [`RedisStore`](super::RedisStore) runs, for
 /// inspection and tooling: `lua/lib.lua`, `fixed_window.lua`,
 /// `sliding_window.lua`, `gcra.lua` and `decide.lua`, joined.
-pub const DECIDE_LUA: &str = concat!(
-    include_str!("../../lua/lib.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
+pub const DECIDE_LUA: &str = after_the_algorithms!(
     "\nlocal peek = false\n",
     include_str!("../../lua/decide.lua"),
 );
@@ -63,31 +73,14 @@ pub const DECIDE_LUA: &str = concat!(
 /// The source of the script that answers [`Limiter::peek`](crate::Limiter::peek):
 /// [`DECIDE_LUA`] with `local peek = true`, so it decides and replies as
 /// ever but keeps no spend (see `decide.lua`'s header).
-pub const PEEK_LUA: &str = concat!(
-    include_str!("../../lua/lib.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
+pub const PEEK_LUA: &str = after_the_algorithms!(
     "\nlocal peek = true\n",
     include_str!("../../lua/decide.lua"),
 );
 
 /// The source of the refund script: `lua/lib.lua`, the algorithm modules
 /// and `lua/refund.lua` (whose header documents KEYS, ARGV and the reply).
-pub const REFUND_LUA: &str = concat!(
-    include_str!("../../lua/lib.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../lua/refund.lua"),
-);
+pub const REFUND_LUA: &str = after_the_algorithms!("\n", include_str!("../../lua/refund.lua"),);
 
 /// `lua/reset.lua`: deletes a client's counters in one call.
 pub const RESET_LUA: &str = include_str!("../../lua/reset.lua");
