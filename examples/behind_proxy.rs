@@ -41,8 +41,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Each tier is a limiter named after its plan: its headers and counters
     // are its own. Requests with no known plan get the first ("free").
-    let tiers = Tiers::new(Limiter::builder(Quota::per_minute(3)).name("free").build()?)
-        .tier(Limiter::builder(Quota::per_minute(10)).name("pro").build()?);
+    let tiers = Tiers::new(
+        Limiter::builder(Quota::per_minute(3))
+            .name("free")
+            .build()?,
+    )
+    .tier(
+        Limiter::builder(Quota::per_minute(10))
+            .name("pro")
+            .build()?,
+    );
     let plan = key::from_fn(|p: &Parts| {
         let plan = p.extensions.get::<Plan>().map_or("free", |plan| plan.0);
         Ok::<_, KeyError>(Key::from(plan))

@@ -75,6 +75,13 @@ impl Limiter {
             }
             Backend::Other(store) => store,
         };
+        // A reservation that holds enough answers for itself.
+        if let Some(reservations) = &inner.reservations
+            && cost > 0
+            && let Some(state) = reservations.peek(&checks[0].key, cost)
+        {
+            return inner.conclude([state].into(), cost, None, None);
+        }
         let pass = inner.breaker.pass();
         if pass == Pass::Open {
             return Err(Error::CircuitOpen);
@@ -235,7 +242,16 @@ impl Limiter {
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
-            (Backend::Other(store), Stamp::Local(at)) => {
+            (Backend::Other(_), Stamp::Reserved { end, .. })
+                if inner
+                    .reservations
+                    .as_ref()
+                    .is_some_and(|r| r.give_back(&self.key_of(0, keys[0]), spent.cost, end)) =>
+            {
+                // Back to the live reservation it came from: no store call.
+                Ok(RefundWork::Nothing)
+            }
+            (Backend::Other(store), Stamp::Local(at) | Stamp::Reserved { at, .. }) => {
                 let elapsed = at.elapsed().as_millis() as i64;
                 let refunds = spent_limits
                     .map(|(key, quota, end)| {
@@ -255,7 +271,9 @@ impl Limiter {
     }
 
     /// Forgets `key`'s counters in every limit, in one atomic store call,
-    /// and this limiter's local deny cache: the client starts afresh.
+    /// and this limiter's local deny cache and
+    /// [reservation](super::LimiterBuilder::local_reservation) of `key`: the
+    /// client starts afresh.
     ///
     /// Other limiters' deny caches (other replicas) do not hear of it: a
     /// denial they cached before the reset is repeated for at most
@@ -292,6 +310,9 @@ impl Limiter {
         let store_keys: Vec<String> = (0..inner.limits.len())
             .map(|i| self.key_of(i, keys[i.min(keys.len() - 1)]))
             .collect();
+        if let Some(reservations) = &inner.reservations {
+            reservations.drop_key(&store_keys[0]);
+        }
         let result = match &inner.store {
             Backend::Memory(memory) => {
                 memory.reset_now(&store_keys);
