@@ -22,16 +22,6 @@ pub(crate) enum Stamp {
     Memory(u64),
     /// This process's clock when the store's answer arrived.
     Local(tokio::time::Instant),
-    /// Admitted from a local reservation (see
-    /// [`LimiterBuilder::local_reservation`](crate::LimiterBuilder::local_reservation)):
-    /// when, and the local end of the reservation's window, which tells a
-    /// refund whether that reservation is still the one held.
-    Reserved {
-        /// When the decision was made, on this process's clock.
-        at: tokio::time::Instant,
-        /// When the reservation it spent from stops being spent.
-        end: tokio::time::Instant,
-    },
 }
 
 /// What a decision spent, for a refund: its cost and when it was decided.

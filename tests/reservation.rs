@@ -272,20 +272,20 @@ async fn refund_gives_a_reserved_unit_back_to_the_reservation() {
 }
 
 #[tokio::test]
-async fn refund_after_a_reset_goes_to_the_store() {
+async fn reset_drops_the_reservation_and_a_refund_does_not_revive_it() {
     let server = RedisServer::start();
     let l = reserving(server.store().await, "100/60s", 10);
     let d = l.check(KEY, 1).await.unwrap();
     l.reset(KEY).await.unwrap();
     assert_eq!(counter(&server, &l).await, 0);
-    // The reservation is gone: a new one.
+    // No reservation to give back to: the store's, whose key is gone.
+    l.refund(KEY, &d).await.unwrap();
+    assert_eq!(counter(&server, &l).await, 0);
+    // The nine units held before the reset are gone: a new reservation.
     server.reset_stats().await;
     assert!(l.check(KEY, 1).await.unwrap().is_allowed());
     assert_eq!(server.script_calls().await, 1);
     assert_eq!(counter(&server, &l).await, 10);
-    // The old decision's reservation is gone: refunded to Redis's window.
-    l.refund(KEY, &d).await.unwrap();
-    assert_eq!(counter(&server, &l).await, 9);
     server.assert_every_key_has_ttl().await;
 }
 
@@ -337,4 +337,19 @@ async fn a_cluster_reserves_on_the_keys_master() {
     });
     let admitted = join_all(checks).await.into_iter().filter(|x| *x).count();
     assert!((180..=200).contains(&admitted), "{admitted}");
+}
+
+#[tokio::test]
+async fn requests_waiting_on_a_denied_flight_share_its_denial() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "5/60s", 10);
+    server.reset_stats().await;
+    let decisions = join_all((0..100).map(|_| l.check(KEY, 1))).await;
+    let admitted = decisions
+        .iter()
+        .filter(|d| d.as_ref().unwrap().is_allowed());
+    assert_eq!(admitted.count(), 5);
+    // One call took the 5 units, one was denied: the other waiters share it.
+    assert_eq!(server.script_calls().await, 2);
+    server.assert_every_key_has_ttl().await;
 }

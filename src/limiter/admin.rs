@@ -1,7 +1,7 @@
 //! The limiter's business-code API beside `check`: [`Limiter::peek`],
 //! [`Limiter::refund`] and [`Limiter::reset`].
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use super::{Backend, Inner, Limiter, deciding::ProbeGuard};
 use crate::{
@@ -242,16 +242,11 @@ impl Limiter {
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
-            (Backend::Other(_), Stamp::Reserved { end, .. })
-                if inner
-                    .reservations
-                    .as_ref()
-                    .is_some_and(|r| r.give_back(&self.key_of(0, keys[0]), spent.cost, end)) =>
-            {
+            (Backend::Other(_), Stamp::Local(at)) if self.gave_back(keys, decision, at) => {
                 // Back to the live reservation it came from: no store call.
                 Ok(RefundWork::Nothing)
             }
-            (Backend::Other(store), Stamp::Local(at) | Stamp::Reserved { at, .. }) => {
+            (Backend::Other(store), Stamp::Local(at)) => {
                 let elapsed = at.elapsed().as_millis() as i64;
                 let refunds = spent_limits
                     .map(|(key, quota, end)| {
@@ -268,6 +263,18 @@ impl Limiter {
             }
             _ => Err(Error::ForeignDecision),
         }
+    }
+
+    /// With reservations, gives an admitted decision's cost back to the
+    /// reservation of the window it spent, if this limiter still holds one:
+    /// the window ended (locally) `reset` after the decision.
+    fn gave_back(&self, keys: &[&[u8]], decision: &Decision, at: tokio::time::Instant) -> bool {
+        let (Some(reservations), Some(spent)) = (&self.inner.reservations, decision.spent()) else {
+            return false;
+        };
+        let end = at + Duration::from_millis(decision.state_of(0).reset_ms);
+        let half_window = Duration::from_millis(self.quota().window_ms() / 2);
+        reservations.give_back(&self.key_of(0, keys[0]), spent.cost, end, half_window)
     }
 
     /// Forgets `key`'s counters in every limit, in one atomic store call,

@@ -232,9 +232,9 @@ impl Limiter {
         // A reserved unit is spent before anything else is asked.
         let reserving = inner.reservations.as_ref().filter(|_| cost > 0);
         if let Some(reservations) = reserving
-            && let Some((state, end)) = reservations.take(&checks[0].key, cost)
+            && let Some(state) = reservations.take(&checks[0].key, cost)
         {
-            return done(Ok(inner.reserved_decision(state, cost, end)));
+            return done(Ok(inner.reserved_decision(state, cost)));
         }
         // Borrowed for the lookup; owned (for an insert, should the store
         // deny) only after a miss.

@@ -90,8 +90,9 @@ impl Pool {
     }
 
     /// Takes `cost` (> 0) from the reservation if it holds that much: the
-    /// state to report, and the reservation's end.
-    fn take(&mut self, cost: u64, now: Instant) -> Option<(LimitState, Instant)> {
+    /// state to report (its `reset` is the reservation's end, which a
+    /// refund uses to find it again).
+    fn take(&mut self, cost: u64, now: Instant) -> Option<LimitState> {
         if !self.live(now) || self.units < cost {
             return None;
         }
@@ -101,15 +102,14 @@ impl Pool {
 
     /// The state a request admitted now would report: `remaining` is the
     /// units held here plus what the store had left at the last reservation.
-    fn peek(&self, now: Instant) -> Option<(LimitState, Instant)> {
+    fn peek(&self, now: Instant) -> Option<LimitState> {
         let end = self.end?;
-        let state = LimitState {
+        Some(LimitState {
             allowed: true,
             remaining: self.units.saturating_add(self.left),
             reset_ms: end.saturating_duration_since(now).as_millis() as u64,
             retry_ms: 0,
-        };
-        Some((state, end))
+        })
     }
 }
 
@@ -141,7 +141,7 @@ impl Reservations {
 
     /// Spends `cost` from `key`'s reservation without a store call, if it
     /// holds that much in a live window.
-    pub(super) fn take(&self, key: &str, cost: u64) -> Option<(LimitState, Instant)> {
+    pub(super) fn take(&self, key: &str, cost: u64) -> Option<LimitState> {
         let slot = self.slots.get(key)?;
         Self::pool(&slot).take(cost, Instant::now())
     }
@@ -155,18 +155,30 @@ impl Reservations {
         if !pool.live(now) || pool.units < cost {
             return None;
         }
-        pool.peek(now).map(|(state, _)| state)
+        pool.peek(now)
     }
 
-    /// Gives `cost` back to `key`'s reservation if it is still the one
-    /// that ends at `end`; false if it is gone (the caller refunds the
-    /// store instead).
-    pub(super) fn give_back(&self, key: &str, cost: u64, end: Instant) -> bool {
+    /// Gives `cost` back to `key`'s reservation if it holds units of the
+    /// window that ends (locally) at `end`: a reservation of the same
+    /// window ends within the reserve calls' latency of it, one of a later
+    /// window a whole window later, so `half_window` tells them apart.
+    /// False if there is none (the caller refunds the store instead).
+    pub(super) fn give_back(
+        &self,
+        key: &str,
+        cost: u64,
+        end: Instant,
+        half_window: Duration,
+    ) -> bool {
         let Some(slot) = self.slots.get(key) else {
             return false;
         };
         let mut pool = Self::pool(&slot);
-        if !pool.live(Instant::now()) || pool.end != Some(end) {
+        let Some(held) = pool.end.filter(|_| pool.live(Instant::now())) else {
+            return false;
+        };
+        let apart = held.max(end) - held.min(end);
+        if apart >= half_window {
             return false;
         }
         pool.units = pool.units.saturating_add(cost);
@@ -184,10 +196,9 @@ impl Reservations {
 
 impl Inner {
     /// The decision of a request admitted from a reservation.
-    pub(super) fn reserved_decision(&self, state: LimitState, cost: u64, end: Instant) -> Decision {
-        let at = Instant::now();
+    pub(super) fn reserved_decision(&self, state: LimitState, cost: u64) -> Decision {
         let d = Decision::new([state], self.policies.clone())
-            .with_spent(cost, Stamp::Reserved { at, end });
+            .with_spent(cost, Stamp::Local(Instant::now()));
         metrics::decision(&d, true);
         tracing::trace!(
             limit = d.policy(),
@@ -217,9 +228,9 @@ pub(super) async fn reserving(
     {
         let mut pool = Reservations::pool(&slot);
         let now = Instant::now();
-        if let Some((state, end)) = pool.take(cost, now) {
+        if let Some(state) = pool.take(cost, now) {
             drop(pool);
-            return Ok(inner.reserved_decision(state, cost, end));
+            return Ok(inner.reserved_decision(state, cost));
         }
         if pool.flights != seen {
             // A flight ended while this request waited: share its answer.
@@ -298,12 +309,7 @@ pub(super) async fn reserving(
         state.reset_ms = 0;
     }
     drop(pool);
-    inner.conclude(
-        [state].into(),
-        cost,
-        None,
-        Some(Stamp::Reserved { at: now, end }),
-    )
+    inner.conclude([state].into(), cost, None, Some(Stamp::Local(now)))
 }
 
 /// The same error, for each request that waited on a failed flight.
