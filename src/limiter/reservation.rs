@@ -324,3 +324,48 @@ fn copy(e: &Error) -> Error {
         other => Error::UnexpectedReply(other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `key` holding `units` until `ms` from now, as a grant leaves it.
+    fn holding(r: &Reservations, key: &str, units: u64, ms: u64) {
+        let slot = r.slot(key);
+        let mut pool = Reservations::pool(&slot);
+        pool.units = units;
+        pool.end = Some(Instant::now() + Duration::from_millis(ms));
+        pool.left = 50;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn units_are_spent_only_while_their_window_lasts() {
+        let r = Reservations::new(10);
+        assert!(r.take("k", 1).is_none());
+        holding(&r, "k", 3, 1_000);
+        let state = r.take("k", 2).unwrap();
+        assert_eq!((state.remaining, state.reset_ms), (51, 1_000));
+        assert!(r.take("k", 2).is_none(), "only 1 held");
+        assert!(r.peek("k", 1).is_some());
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert!(r.take("k", 1).is_none(), "the window ended");
+        assert!(r.peek("k", 1).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_goes_back_only_to_a_reservation_of_its_window() {
+        let r = Reservations::new(10);
+        holding(&r, "k", 0, 10_000);
+        let end = Instant::now() + Duration::from_millis(10_000);
+        let half = Duration::from_millis(5_000);
+        // Same window, measured a few ms apart: given back.
+        assert!(r.give_back("k", 2, end - Duration::from_millis(3), half));
+        assert_eq!(r.take("k", 2).unwrap().remaining, 50);
+        // A window that ended before this one: not.
+        assert!(!r.give_back("k", 1, end - Duration::from_millis(9_000), half));
+        // No reservation: not.
+        r.drop_key("k");
+        assert!(!r.give_back("k", 1, end, half));
+        assert!(r.take("k", 1).is_none());
+    }
+}
