@@ -9,7 +9,8 @@ use redis::{
 };
 
 use super::{
-    BoxFuture, LimitCheck, LimitState, Refund, Store, batch::Batcher, call::Call, scripts,
+    BoxFuture, LimitCheck, LimitState, Refund, Reservation, Store, batch::Batcher, call::Call,
+    scripts,
 };
 use crate::{Algorithm, Error};
 
@@ -427,6 +428,19 @@ impl Store for RedisStore {
 
     fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
         self.reset_call(keys)
+    }
+
+    fn supports_reservation(&self) -> bool {
+        true
+    }
+
+    fn reserve(
+        &self,
+        check: LimitCheck,
+        need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        self.reserve_call(check, need, want)
     }
 
     fn decide(

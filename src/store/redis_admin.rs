@@ -4,7 +4,7 @@
 use super::{RedisStore, general_invocation};
 use crate::{
     Algorithm, Error,
-    store::{BoxFuture, LimitCheck, LimitState, Refund, call::Call, scripts},
+    store::{BoxFuture, LimitCheck, LimitState, Refund, Reservation, call::Call, scripts},
 };
 
 /// refund.lua's call.
@@ -46,6 +46,33 @@ impl RedisStore {
         }
         let reply = self.run::<i64>(refund_invocation(&refunds));
         Box::pin(async move { reply.await.map(drop) })
+    }
+
+    /// reserve.lua's call: `{granted, remaining, ttl_ms}`.
+    pub(super) fn reserve_call(
+        &self,
+        check: LimitCheck,
+        need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        let mut call = Call::new(&scripts::RESERVE, &[check.key.as_str()]);
+        call.arg(check.quota.limit())
+            .arg(check.quota.window_ms())
+            .arg(need)
+            .arg(want);
+        let reply = self.run::<Vec<i64>>(call);
+        Box::pin(async move {
+            let reply = reply.await?;
+            let n = |i: usize| reply.get(i).and_then(|v| u64::try_from(*v).ok());
+            match (reply.len(), n(0), n(1), n(2)) {
+                (3, Some(granted), Some(remaining), Some(ttl)) if granted <= want => {
+                    Ok(Reservation::new(granted, remaining, ttl))
+                }
+                _ => Err(Error::UnexpectedReply(format!(
+                    "reserve returned {reply:?}"
+                ))),
+            }
+        })
     }
 
     pub(super) fn reset_call(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
