@@ -119,6 +119,12 @@ pub enum ConfigError {
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,
+    /// [`local_reservation`](crate::LimiterBuilder::local_reservation) was
+    /// asked of a limiter it cannot serve exactly: a limit that is not a
+    /// fixed window, several limits, or a store without
+    /// [`Store::reserve`](crate::Store::reserve). The message says which.
+    #[error("local_reservation: {0}")]
+    Reservation(&'static str),
     /// A concurrency limit was 0 or above [`MAX_LIMIT`](crate::quota::MAX_LIMIT).
     #[error(
         "concurrency limit {0} is out of range: allow at least 1 request in flight (and at most 2^50)"

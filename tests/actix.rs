@@ -14,7 +14,7 @@ use redis_ratelimit::{
 };
 use support::{
     Backend,
-    http::{Caller, Reply, get_with},
+    http::{Caller, Reply, get_forwarded, get_with},
     scenarios::{self, exact_count, log},
     servers::{Actix, Axum, spawn_actix},
 };
@@ -257,14 +257,7 @@ async fn actix_skip(b: Backend) {
     }
     let get = |ip, xff: &'static str, path: &'static str| {
         let url = format!("{url}{path}");
-        async move {
-            get_with(
-                &Caller::from_ip(ip).client(),
-                &url,
-                &[("x-forwarded-for", xff)],
-            )
-            .await
-        }
+        async move { get_forwarded(ip, &url, xff).await }
     };
     for _ in 0..3 {
         for r in [

@@ -11,29 +11,10 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use redis::AsyncCommands;
 use redis_ratelimit::{Limiter, Quota};
-use support::{Backend, RedisServer, TEST_TIMEOUT, for_every_store};
-
-/// The three algorithms at `limit` per `window`.
-fn algorithms(limit: u64, window: &str) -> [(&'static str, Quota); 3] {
-    let q: Quota = format!("{limit}/{window}").parse().unwrap();
-    [
-        ("fw", q),
-        ("sw", q.sliding_window()),
-        ("gcra", q.gcra(limit).unwrap()),
-    ]
-}
-
-fn limiter(b: &Backend, name: &str, quota: Quota) -> Limiter {
-    b.builder_for(quota).name(name).build().unwrap()
-}
-
-async fn admitted(l: &Limiter, key: &str, n: u64) -> u64 {
-    let mut count = 0;
-    for _ in 0..n {
-        count += u64::from(l.check(key, 1).await.unwrap().is_allowed());
-    }
-    count
-}
+use support::{
+    Backend, RedisServer, TEST_TIMEOUT, for_every_store,
+    limits::{admitted, algorithms, limiter},
+};
 
 /// How many counters the backend holds.
 async fn held(b: &Backend) -> usize {

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use support::http::{Caller, Reply, get_with};
+use support::http::{Caller, Reply, get_forwarded, get_with};
 
 const EXAMPLES: [&str; 3] = ["axum", "hyper", "actix"];
 
@@ -216,14 +216,7 @@ async fn rate_limit_skip_never_limits_those_clients() {
         let url = format!("{}/", ex.url);
         let via = |ip, xff: &'static str| {
             let url = url.clone();
-            async move {
-                get_with(
-                    &Caller::from_ip(ip).client(),
-                    &url,
-                    &[("x-forwarded-for", xff)],
-                )
-                .await
-            }
+            async move { get_forwarded(ip, &url, xff).await }
         };
         for _ in 0..3 {
             let r = via([127, 0, 0, 4], "10.1.2.3").await;

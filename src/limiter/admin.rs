@@ -1,7 +1,7 @@
 //! The limiter's business-code API beside `check`: [`Limiter::peek`],
 //! [`Limiter::refund`] and [`Limiter::reset`].
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use super::{Backend, Inner, Limiter, deciding::ProbeGuard};
 use crate::{
@@ -75,6 +75,13 @@ impl Limiter {
             }
             Backend::Other(store) => store,
         };
+        // A reservation that holds enough answers for itself.
+        if let Some(reservations) = &inner.reservations
+            && cost > 0
+            && let Some(state) = reservations.peek(&checks[0].key, cost)
+        {
+            return inner.conclude([state].into(), cost, None, None);
+        }
         let pass = inner.breaker.pass();
         if pass == Pass::Open {
             return Err(Error::CircuitOpen);
@@ -235,6 +242,10 @@ impl Limiter {
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
+            (Backend::Other(_), Stamp::Local(at)) if self.gave_back(keys, decision, at) => {
+                // Back to the live reservation it came from: no store call.
+                Ok(RefundWork::Nothing)
+            }
             (Backend::Other(store), Stamp::Local(at)) => {
                 let elapsed = at.elapsed().as_millis() as i64;
                 let refunds = spent_limits
@@ -254,8 +265,22 @@ impl Limiter {
         }
     }
 
+    /// With reservations, gives an admitted decision's cost back to the
+    /// reservation of the window it spent, if this limiter still holds one:
+    /// the window ended (locally) `reset` after the decision.
+    fn gave_back(&self, keys: &[&[u8]], decision: &Decision, at: tokio::time::Instant) -> bool {
+        let (Some(reservations), Some(spent)) = (&self.inner.reservations, decision.spent()) else {
+            return false;
+        };
+        let end = at + Duration::from_millis(decision.state_of(0).reset_ms);
+        let half_window = Duration::from_millis(self.quota().window_ms() / 2);
+        reservations.give_back(&self.key_of(0, keys[0]), spent.cost, end, half_window)
+    }
+
     /// Forgets `key`'s counters in every limit, in one atomic store call,
-    /// and this limiter's local deny cache: the client starts afresh.
+    /// and this limiter's local deny cache and
+    /// [reservation](super::LimiterBuilder::local_reservation) of `key`: the
+    /// client starts afresh.
     ///
     /// Other limiters' deny caches (other replicas) do not hear of it: a
     /// denial they cached before the reset is repeated for at most
@@ -292,6 +317,9 @@ impl Limiter {
         let store_keys: Vec<String> = (0..inner.limits.len())
             .map(|i| self.key_of(i, keys[i.min(keys.len() - 1)]))
             .collect();
+        if let Some(reservations) = &inner.reservations {
+            reservations.drop_key(&store_keys[0]);
+        }
         let result = match &inner.store {
             Backend::Memory(memory) => {
                 memory.reset_now(&store_keys);

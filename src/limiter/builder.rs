@@ -30,6 +30,8 @@ pub struct LimiterBuilder {
     /// Whether the first limit was named with [`name`](Self::name).
     named: bool,
     share_counters: bool,
+    /// Units per local reservation; 0 for none.
+    reservation: u64,
 }
 
 impl LimiterBuilder {
@@ -46,6 +48,7 @@ impl LimiterBuilder {
             shadow: Vec::new(),
             named: false,
             share_counters: false,
+            reservation: 0,
         }
     }
 
@@ -164,6 +167,82 @@ impl LimiterBuilder {
         self
     }
 
+    /// Reserves up to `n` units of a key at a time from the store, and
+    /// admits requests from them in process, without a store call, until
+    /// they run out or their window ends (default 0: off). For hot keys: a
+    /// global limit ("5,000/s for everyone") or one big tenant is a single
+    /// key, so without this every request for it is a script call on the
+    /// one Redis master that owns it. With it, about one call in `n`.
+    ///
+    /// This is the approach of CockroachDB's and Doorman's central
+    /// limiters (instances lease capacity from the centre), made exact in
+    /// the over-admission direction:
+    ///
+    /// - **Never over-admits**, across any number of instances: reserved
+    ///   units are spent in the store's counter when they are reserved (one
+    ///   atomic call, `lua/reserve.lua`, on Redis's clock), so the counter
+    ///   never passes the limit, and this instance stops spending them when
+    ///   the window ends, measured from before the call was sent (so always
+    ///   at or before Redis's end of the window).
+    /// - **Can under-admit** by at most `n` units per instance per window:
+    ///   units reserved and not spent when the window ends expire with it
+    ///   (they are not given back to the store). A request whose cost is
+    ///   more than this instance holds reserves at least its cost again
+    ///   (a cost above `n` reserves exactly that much); if the store has
+    ///   less than that left, the request is denied, even if other instances
+    ///   still hold units.
+    /// - Requests for one key that find its reservation short wait for one
+    ///   reserve call (single flight), then share its answer: its units, its
+    ///   denial, or its error. Other keys are not blocked. At most 10,000
+    ///   keys hold a reservation per limiter; evicting one only under-admits.
+    /// - A denial is the store's: `Retry-After` is the window's time left,
+    ///   and it goes to the [deny cache](crate::Limiter#the-local-deny-cache)
+    ///   as ever. Store errors, the timeout and the
+    ///   [circuit breaker](crate::Breaker) apply to reserve calls as to
+    ///   checks: a failing store never admits more than the units already
+    ///   reserved, and never after their window ends.
+    /// - A decision from the reservation reports as `remaining` the units
+    ///   this instance still holds plus what the store had left at its last
+    ///   reservation (other instances may have spent some since), and as
+    ///   `reset` the time until its local window ends.
+    /// - [`peek`](Limiter::peek) answers from the reservation when it holds
+    ///   enough, else asks the store; [`refund`](Limiter::refund) of a
+    ///   reserved decision gives the units back to the reservation it came
+    ///   from while it lives, else to the store's window;
+    ///   [`reset`](Limiter::reset) drops this instance's reservation too.
+    ///   Other instances keep theirs (at most `n` units each) until their
+    ///   window ends, on top of the fresh counter; so does a Redis that loses
+    ///   its data.
+    ///
+    /// Only for a limiter with **one fixed-window limit**, on a store that
+    /// implements [`Store::reserve`] ([`RedisStore`](crate::RedisStore)
+    /// does): otherwise [`build`](Self::build) fails with
+    /// [`ConfigError::Reservation`]. A sliding window or GCRA counts a spend
+    /// by when it happened, so units spent in advance would be charged at
+    /// the wrong time, and proving that never over-admits is not simple;
+    /// several limits would need units reserved in all of them at once. The
+    /// [`MemoryStore`] ignores the setting: it decides in process anyway.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_ratelimit::{Limiter, Quota, RedisStore};
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// // 5,000/s for everyone, about one Redis call per 50 requests.
+    /// let global = Limiter::builder(Quota::per_second(5_000))
+    ///     .name("global")
+    ///     .store(store)
+    ///     .local_reservation(50)
+    ///     .build()?;
+    /// assert!(global.check("all", 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn local_reservation(mut self, n: u64) -> Self {
+        self.reservation = n;
+        self
+    }
+
     /// The store key prefix (default `"rl"`).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -194,6 +273,9 @@ impl LimiterBuilder {
             .find(|s| !self.limits.iter().any(|(n, _)| n == *s))
         {
             return Err(ConfigError::UnknownLimit(unknown.clone()));
+        }
+        if self.reservation > 0 {
+            self.check_reservation()?;
         }
         let shadow = self
             .limits
@@ -228,6 +310,8 @@ impl LimiterBuilder {
         // The in-memory store has no use for a deny cache.
         let deny_cache = (self.deny_cache > 0 && !matches!(store, Backend::Memory(_)))
             .then(|| DenyCache::new(self.deny_cache, self.deny_cache_max_age));
+        let reservations = (self.reservation > 0 && !matches!(store, Backend::Memory(_)))
+            .then(|| super::reservation::Reservations::new(self.reservation));
         let instance = match &store {
             Backend::Memory(memory) => memory.instance(),
             Backend::Other(store) => store.instance(),
@@ -240,11 +324,36 @@ impl LimiterBuilder {
             timeout: self.timeout,
             breaker: breaker::State::new(self.breaker),
             deny_cache,
+            reservations,
         });
         if let Some(instance) = instance {
             super::registry::register(instance, &counters, self.share_counters, &inner)?;
         }
         Ok(Limiter { inner })
+    }
+}
+
+impl LimiterBuilder {
+    /// Whether a local reservation can serve this limiter exactly.
+    fn check_reservation(&self) -> Result<(), ConfigError> {
+        if self.limits.len() > 1 {
+            return Err(ConfigError::Reservation(
+                "a limiter with several limits cannot reserve: use one limiter per limit",
+            ));
+        }
+        if self.limits[0].1.algorithm() != crate::Algorithm::FixedWindow {
+            return Err(ConfigError::Reservation(
+                "only a fixed window can reserve units exactly: drop .sliding_window()/.gcra() or the reservation",
+            ));
+        }
+        if let Some(Backend::Other(store)) = &self.store
+            && !store.supports_reservation()
+        {
+            return Err(ConfigError::Reservation(
+                "this store does not implement Store::reserve: use a RedisStore",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -120,22 +120,32 @@ pub(super) struct ProbeGuard {
 
 impl ProbeGuard {
     pub(super) async fn settle(
-        mut self,
-        mut states: BoxFuture<'static, Result<Vec<LimitState>, Error>>,
+        self,
+        states: BoxFuture<'static, Result<Vec<LimitState>, Error>>,
         cost: u64,
         cache_key: Option<String>,
         spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
+        let states = self.call(states).await?;
+        let at = spends.then(|| Stamp::Local(tokio::time::Instant::now()));
+        inner.conclude(states.into(), cost, cache_key, at)
+    }
+
+    /// Awaits one store call, bounded by the timeout, and records its
+    /// outcome with the breaker and the metrics.
+    pub(super) async fn call<T>(
+        mut self,
+        mut reply: BoxFuture<'static, Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let inner = self.inner.clone();
         let started = metrics::clock();
         // A store that answers at once needs no timer: registering one in
         // Tokio's wheel costs more than such a store's whole decision.
-        let now = states
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()));
+        let now = reply.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         let result = match now {
             Poll::Ready(result) => result,
-            Poll::Pending => match tokio::time::timeout(inner.timeout, states).await {
+            Poll::Pending => match tokio::time::timeout(inner.timeout, reply).await {
                 Ok(result) => result,
                 Err(_) => Err(Error::Timeout(inner.timeout)),
             },
@@ -143,10 +153,9 @@ impl ProbeGuard {
         metrics::store_latency(inner.policies.name(0), started);
         self.settled = true;
         match result {
-            Ok(states) => {
+            Ok(value) => {
                 inner.breaker.record(self.pass, true);
-                let at = spends.then(|| Stamp::Local(tokio::time::Instant::now()));
-                inner.conclude(states.into(), cost, cache_key, at)
+                Ok(value)
             }
             Err(e) => {
                 if inner.breaker.record(self.pass, false) {

@@ -20,6 +20,7 @@ mod admin;
 pub(crate) mod builder;
 mod deciding;
 mod registry;
+mod reservation;
 mod wait;
 
 /// The default bound on every store call.
@@ -127,6 +128,9 @@ struct Inner {
     timeout: Duration,
     breaker: breaker::State,
     deny_cache: Option<DenyCache>,
+    /// Local reservations of the lone limit's keys, if enabled (never for
+    /// the in-memory store).
+    reservations: Option<reservation::Reservations>,
 }
 
 /// Where the counts live. The in-memory store is called directly: it decides
@@ -155,6 +159,7 @@ impl fmt::Debug for Limiter {
             .field("timeout", &self.inner.timeout)
             .field("breaker", &self.inner.breaker)
             .field("deny_cache", &self.inner.deny_cache)
+            .field("reservations", &self.inner.reservations)
             .finish()
     }
 }
@@ -220,10 +225,17 @@ impl Limiter {
             Backend::Memory(memory) => return done(self.decide_in_memory(memory, keys, cost)),
             Backend::Other(store) => store,
         };
-        let checks = match self.checks(keys, cost) {
+        let mut checks = match self.checks(keys, cost) {
             Ok(checks) => checks,
             Err(e) => return done(Err(e)),
         };
+        // A reserved unit is spent before anything else is asked.
+        let reserving = inner.reservations.as_ref().filter(|_| cost > 0);
+        if let Some(reservations) = reserving
+            && let Some(state) = reservations.take(&checks[0].key, cost)
+        {
+            return done(Ok(inner.reserved_decision(state, cost)));
+        }
         // Borrowed for the lookup; owned (for an insert, should the store
         // deny) only after a miss.
         let cache_key = inner.deny_cache.as_ref().map(|cache| {
@@ -248,12 +260,19 @@ impl Limiter {
             );
             return done(Ok(d));
         }
+        let cache_key = cache_key.map(|(_, key)| key.into_owned());
+        if reserving.is_some() {
+            // The breaker is asked by the one request of the key's flight.
+            let check = checks.pop().expect("a reserving limiter has one limit");
+            let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
+            let fut = reservation::reserving(inner.clone(), store.clone(), check, cost, cache_key);
+            return Deciding::Waiting(Box::pin(tracing::Instrument::instrument(fut, span)));
+        }
         let pass = inner.breaker.pass();
         if pass == Pass::Open {
             metrics::store_error(self.limits().map(|(name, _)| name));
             return done(Err(Error::CircuitOpen));
         }
-        let cache_key = cache_key.map(|(_, key)| key.into_owned());
         let states = store.decide(checks, cost);
         let probe = ProbeGuard {
             inner: inner.clone(),

@@ -23,7 +23,7 @@ pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 pub use self::scripts::{
     ACQUIRE_LUA, DECIDE_FIXED_LUA, DECIDE_LUA, PEEK_LUA, REFUND_LUA, RELEASE_LUA, RENEW_LUA,
-    RESET_LUA,
+    RESERVE_LUA, RESET_LUA,
 };
 
 /// A boxed, `Send` future, as [`Store`] methods return.
@@ -88,6 +88,33 @@ impl Refund {
     }
 }
 
+/// What [`Store::reserve`] took from a fixed window's counter for a
+/// [local reservation](crate::LimiterBuilder::local_reservation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reservation {
+    /// The units taken (spent in the store now); 0 when fewer than `need`
+    /// were left, which is a denial that took nothing.
+    pub granted: u64,
+    /// The units the counter has left after the grant.
+    pub remaining: u64,
+    /// Milliseconds left in the window, by the store's clock, when it
+    /// answered: the grant must not be spent after that.
+    pub window_left_ms: u64,
+}
+
+impl Reservation {
+    /// A store's answer: `granted` units, `remaining` left in the counter,
+    /// `window_left_ms` until the window ends.
+    pub fn new(granted: u64, remaining: u64, window_left_ms: u64) -> Self {
+        Self {
+            granted,
+            remaining,
+            window_left_ms,
+        }
+    }
+}
+
 /// A backend that decides rate-limit checks atomically.
 ///
 /// One call decides every limit of a request **all or nothing**: if every
@@ -140,6 +167,31 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
         let _ = refunds;
         Box::pin(std::future::ready(Err(Error::Unsupported("refund"))))
+    }
+
+    /// Whether this store implements [`reserve`](Self::reserve). A
+    /// [`LimiterBuilder::local_reservation`](crate::LimiterBuilder::local_reservation)
+    /// on a store that does not is refused at build time. The default is
+    /// `false`.
+    fn supports_reservation(&self) -> bool {
+        false
+    }
+
+    /// Takes between `need` and `want` units (`1 <= need <= want`) of the
+    /// fixed-window counter `check.key` in one atomic call: as many as are
+    /// left, up to `want`, if that is at least `need`, else none. The units
+    /// taken are spent in the counter at once, exactly as admitted requests
+    /// are, and the counter keeps (or, new, gets) its window's expiry.
+    ///
+    /// The default fails with [`Error::Unsupported`].
+    fn reserve(
+        &self,
+        check: LimitCheck,
+        need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        let _ = (check, need, want);
+        Box::pin(std::future::ready(Err(Error::Unsupported("reserve"))))
     }
 
     /// Deletes `keys` (every limit's counter of a client), in one atomic

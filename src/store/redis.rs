@@ -9,7 +9,8 @@ use redis::{
 };
 
 use super::{
-    BoxFuture, LimitCheck, LimitState, Refund, Store, batch::Batcher, call::Call, scripts,
+    BoxFuture, LimitCheck, LimitState, Refund, Reservation, Store, batch::Batcher, call::Call,
+    scripts,
 };
 use crate::{Algorithm, Error};
 
@@ -379,11 +380,22 @@ impl RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        self.call_one(checks, cost, decide_invocation)
+    }
+
+    /// One request, alone in the call `invocation` makes of it (a decision,
+    /// or a peek), and its states.
+    pub(super) fn call_one(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+        invocation: fn(&[Request<'_>]) -> Call,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         let request = [Request {
             checks: &checks,
             cost,
         }];
-        let reply = self.run::<Packed>(decide_invocation(&request));
+        let reply = self.run::<Packed>(invocation(&request));
         Box::pin(async move {
             let request = [Request {
                 checks: &checks,
@@ -416,6 +428,19 @@ impl Store for RedisStore {
 
     fn reset(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
         self.reset_call(keys)
+    }
+
+    fn supports_reservation(&self) -> bool {
+        true
+    }
+
+    fn reserve(
+        &self,
+        check: LimitCheck,
+        need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        self.reserve_call(check, need, want)
     }
 
     fn decide(

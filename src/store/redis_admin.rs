@@ -1,10 +1,10 @@
 //! The Redis store's peek, refund and reset: one script call each, never
 //! batched with decisions (they are rare, and each must be its own call).
 
-use super::{Packed, RedisStore, Request, general_invocation, parse_batch};
+use super::{RedisStore, general_invocation};
 use crate::{
     Algorithm, Error,
-    store::{BoxFuture, LimitCheck, LimitState, Refund, call::Call, scripts},
+    store::{BoxFuture, LimitCheck, LimitState, Refund, Reservation, call::Call, scripts},
 };
 
 /// refund.lua's call.
@@ -32,20 +32,8 @@ impl RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        let request = [Request {
-            checks: &checks,
-            cost,
-        }];
-        let reply = self.run::<Packed>(general_invocation(&scripts::PEEK, &request));
-        Box::pin(async move {
-            let request = [Request {
-                checks: &checks,
-                cost,
-            }];
-            let mut states = parse_batch(&reply.await?.0, &request)?;
-            states
-                .pop()
-                .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
+        self.call_one(checks, cost, |request| {
+            general_invocation(&scripts::PEEK, request)
         })
     }
 
@@ -58,6 +46,33 @@ impl RedisStore {
         }
         let reply = self.run::<i64>(refund_invocation(&refunds));
         Box::pin(async move { reply.await.map(drop) })
+    }
+
+    /// reserve.lua's call: `{granted, remaining, ttl_ms}`.
+    pub(super) fn reserve_call(
+        &self,
+        check: LimitCheck,
+        need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        let mut call = Call::new(&scripts::RESERVE, &[check.key.as_str()]);
+        call.arg(check.quota.limit())
+            .arg(check.quota.window_ms())
+            .arg(need)
+            .arg(want);
+        let reply = self.run::<Vec<i64>>(call);
+        Box::pin(async move {
+            let reply = reply.await?;
+            let n = |i: usize| reply.get(i).and_then(|v| u64::try_from(*v).ok());
+            match (reply.len(), n(0), n(1), n(2)) {
+                (3, Some(granted), Some(remaining), Some(ttl)) if granted <= want => {
+                    Ok(Reservation::new(granted, remaining, ttl))
+                }
+                _ => Err(Error::UnexpectedReply(format!(
+                    "reserve returned {reply:?}"
+                ))),
+            }
+        })
     }
 
     pub(super) fn reset_call(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {

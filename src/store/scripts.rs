@@ -24,6 +24,9 @@ pub(crate) static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(REFUND
 /// `lua/reset.lua`.
 pub(crate) static RESET: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_LUA));
 
+/// `lua/reserve.lua` after the modules it uses: see [`RESERVE_LUA`].
+pub(crate) static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(RESERVE_LUA));
+
 /// `lua/concurrency_acquire.lua`, run by the lease store.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 /// `lua/concurrency_renew.lua`.
@@ -32,8 +35,9 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_L
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
 /// Every script the Redis store runs, with its source, for loading them all.
-pub(crate) fn all() -> [(&'static Script, &'static str); 8] {
+pub(crate) fn all() -> [(&'static Script, &'static str); 9] {
     [
+        (&RESERVE, RESERVE_LUA),
         (&DECIDE, DECIDE_LUA),
         (&DECIDE_FIXED, DECIDE_FIXED_LUA),
         (&PEEK, PEEK_LUA),
@@ -45,17 +49,27 @@ pub(crate) fn all() -> [(&'static Script, &'static str); 8] {
     ]
 }
 
+/// `lua/lib.lua` and the algorithm modules, joined, then `$tail`: the
+/// scripts that decide, peek or refund with them.
+macro_rules! after_the_algorithms {
+    ($($tail:expr),+ $(,)?) => {
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            "\n",
+            include_str!("../../lua/fixed_window.lua"),
+            "\n",
+            include_str!("../../lua/sliding_window.lua"),
+            "\n",
+            include_str!("../../lua/gcra.lua"),
+            $($tail),+
+        )
+    };
+}
+
 /// The source of the general script [`RedisStore`](super::RedisStore) runs, for
 /// inspection and tooling: `lua/lib.lua`, `fixed_window.lua`,
 /// `sliding_window.lua`, `gcra.lua` and `decide.lua`, joined.
-pub const DECIDE_LUA: &str = concat!(
-    include_str!("../../lua/lib.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
+pub const DECIDE_LUA: &str = after_the_algorithms!(
     "\nlocal peek = false\n",
     include_str!("../../lua/decide.lua"),
 );
@@ -63,30 +77,25 @@ pub const DECIDE_LUA: &str = concat!(
 /// The source of the script that answers [`Limiter::peek`](crate::Limiter::peek):
 /// [`DECIDE_LUA`] with `local peek = true`, so it decides and replies as
 /// ever but keeps no spend (see `decide.lua`'s header).
-pub const PEEK_LUA: &str = concat!(
-    include_str!("../../lua/lib.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
+pub const PEEK_LUA: &str = after_the_algorithms!(
     "\nlocal peek = true\n",
     include_str!("../../lua/decide.lua"),
 );
 
 /// The source of the refund script: `lua/lib.lua`, the algorithm modules
 /// and `lua/refund.lua` (whose header documents KEYS, ARGV and the reply).
-pub const REFUND_LUA: &str = concat!(
+pub const REFUND_LUA: &str = after_the_algorithms!("\n", include_str!("../../lua/refund.lua"),);
+
+/// The source of the local reservation script
+/// ([`LimiterBuilder::local_reservation`](crate::LimiterBuilder::local_reservation)):
+/// `lua/lib.lua`, `lua/fixed_window.lua` and `lua/reserve.lua` (whose header
+/// documents KEYS, ARGV and the reply), joined.
+pub const RESERVE_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
     "\n",
     include_str!("../../lua/fixed_window.lua"),
     "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../lua/refund.lua"),
+    include_str!("../../lua/reserve.lua"),
 );
 
 /// `lua/reset.lua`: deletes a client's counters in one call.

@@ -188,6 +188,13 @@ pub async fn get(
     get_with(client, url, &headers).await
 }
 
+/// `GET url` from the local address `ip` (a peer such as a proxy), with
+/// `X-Forwarded-For: xff`.
+pub async fn get_forwarded(ip: [u8; 4], url: &str, xff: &str) -> Reply {
+    let client = Caller::from_ip(ip).client();
+    get_with(&client, url, &[("x-forwarded-for", xff)]).await
+}
+
 /// `GET url` with `client` and `headers`; fails the test after 30 s.
 pub async fn get_with(
     client: &Client<HttpConnector, Empty<Bytes>>,

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod http;
 pub mod inproc;
 pub mod lease;
+pub mod limits;
 pub mod refusal;
 pub mod scenarios;
 #[cfg(feature = "sentinel")]

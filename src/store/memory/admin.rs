@@ -75,20 +75,7 @@ impl MemoryStore {
     /// Whether `cost` would be admitted now by every limit, spending
     /// nothing: the states a check would report, before spending.
     pub(crate) fn peek_now(&self, checks: &[LimitCheck], cost: u64) -> Vec<LimitState> {
-        let ids: Vec<_> = checks
-            .iter()
-            .map(|c| self.secret.id(c.key.as_bytes()))
-            .collect();
-        let now = self.now();
-        let mut counters = self.lock();
-        let mut placed = Vec::new();
-        let mut states = Vec::with_capacity(checks.len());
-        for (c, id) in checks.iter().zip(ids) {
-            let (checked, new) = counters.check(id, c.quota, cost, now, false, &placed);
-            placed.extend(new);
-            states.push(checked.state(false));
-        }
-        states
+        self.decide_all(checks, cost, false).0
     }
 
     /// Gives back each credit's cost to the window it names, if that window

@@ -183,6 +183,18 @@ impl MemoryStore {
             let (state, at) = self.decide_one(check.key.as_bytes(), check.quota, cost);
             return (vec![state], at);
         }
+        self.decide_all(&checks, cost, true)
+    }
+
+    /// Several limits at once: each one's state and the store's time (ms).
+    /// With `spend`, all or nothing, as [`decide_now_at`](Self::decide_now_at);
+    /// without it a peek, which only looks.
+    pub(crate) fn decide_all(
+        &self,
+        checks: &[LimitCheck],
+        cost: u64,
+        spend: bool,
+    ) -> (Vec<LimitState>, u64) {
         let ids: Vec<_> = checks
             .iter()
             .map(|c| self.secret.id(c.key.as_bytes()))
@@ -203,10 +215,11 @@ impl MemoryStore {
                 checked
             })
             .collect();
-        let all = checks
-            .iter()
-            .zip(&checked)
-            .all(|(l, c)| c.allowed || l.shadow);
+        let all = spend
+            && checks
+                .iter()
+                .zip(&checked)
+                .all(|(l, c)| c.allowed || l.shadow);
         let mut states = Vec::with_capacity(checked.len());
         for (id, c) in ids.into_iter().zip(checked) {
             let spends = all && c.allowed;

@@ -1,0 +1,355 @@
+//! `LimiterBuilder::local_reservation`: a hot key's units reserved in one
+//! atomic call and spent in process. Never over-admits across instances,
+//! under-admits by at most n per instance per window, one script call per
+//! about n requests, one reserve call per key at a time, no unit used after
+//! its window, and a failing Redis follows the store-error path.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis_ratelimit::{Breaker, ConfigError, Error, Limiter, MemoryStore, Quota, RedisStore};
+use support::{RedisServer, TEST_TIMEOUT};
+
+const KEY: &str = "all";
+
+/// A limiter named "global" reserving `n` units at a time on `store`.
+fn reserving(store: RedisStore, quota: &str, n: u64) -> Limiter {
+    Limiter::builder(quota.parse().unwrap())
+        .name("global")
+        .store(store)
+        .timeout(TEST_TIMEOUT)
+        .local_reservation(n)
+        .build()
+        .unwrap()
+}
+
+/// The Redis counter of the hot key (0 when absent).
+async fn counter(server: &RedisServer, limiter: &Limiter) -> u64 {
+    let value: Option<u64> = redis::cmd("GET")
+        .arg(limiter.store_key(KEY))
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    value.unwrap_or(0)
+}
+
+/// Admitted decisions' local window ends, from tasks hammering `limiter`
+/// until `until`.
+async fn hammer(limiter: Limiter, until: Instant) -> Vec<Instant> {
+    let mut ends = Vec::new();
+    while Instant::now() < until {
+        let d = limiter.check(KEY, 1).await.unwrap();
+        if d.is_allowed() {
+            ends.push(Instant::now() + d.reset_after());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    ends
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_never_over_admit_a_window_and_under_admit_at_most_n_each() {
+    let server = RedisServer::start();
+    // Two instances: a ConnectionManager and a bb8 pool, each its own
+    // connections.
+    let a = reserving(server.store().await, "200/2s", 10);
+    let b = reserving(server.pool_store(4).await, "200/2s", 10);
+    let until = Instant::now() + Duration::from_millis(7_000);
+    let tasks = (0..16).map(|i| {
+        let l = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tokio::spawn(hammer(l, until))
+    });
+    let mut ends: Vec<Instant> = join_all(tasks)
+        .await
+        .into_iter()
+        .flat_map(Result::unwrap)
+        .collect();
+    ends.sort();
+    // One Redis window's admissions end within the reserve calls' latency
+    // of each other; windows are 2 s apart.
+    let mut windows: Vec<Vec<Instant>> = Vec::new();
+    for end in ends {
+        match windows.last_mut() {
+            Some(w) if end - *w.last().unwrap() < Duration::from_millis(1_000) => w.push(end),
+            _ => windows.push(vec![end]),
+        }
+    }
+    let counts: Vec<usize> = windows.iter().map(Vec::len).collect();
+    assert!(counts.len() >= 3, "{counts:?}");
+    for (i, &count) in counts.iter().enumerate() {
+        assert!(count <= 200, "window {i} admitted {count}: {counts:?}");
+        // The last window may be cut short by the end of the run.
+        if i + 1 < counts.len() {
+            assert!(
+                count >= 200 - 2 * 10,
+                "window {i} admitted {count}: {counts:?}"
+            );
+        }
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn one_long_window_admits_between_quota_minus_2n_and_quota() {
+    let server = RedisServer::start();
+    let a = reserving(server.store().await, "200/60s", 10);
+    let b = reserving(server.store().await, "200/60s", 10);
+    let checks = (0..600).map(|i| {
+        let l = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move { l.check(KEY, 1).await.unwrap().is_allowed() }
+    });
+    let admitted = join_all(checks).await.into_iter().filter(|x| *x).count();
+    assert!((180..=200).contains(&admitted), "{admitted}");
+    assert!(counter(&server, &a).await <= 200);
+}
+
+#[tokio::test]
+async fn about_one_script_call_per_n_requests() {
+    let server = RedisServer::start();
+    let a = reserving(server.store().await, "10000/60s", 10);
+    let b = reserving(server.store().await, "10000/60s", 10);
+    server.reset_stats().await;
+    // Sequential, so that the store's batching cannot merge calls.
+    for i in 0..1_000 {
+        let l = if i % 2 == 0 { &a } else { &b };
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    let calls = server.script_calls().await;
+    assert!(calls <= 1_000 / 10 + 2, "{calls} script calls");
+    assert_eq!(counter(&server, &a).await, calls * 10);
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn concurrent_first_requests_make_one_reserve_call() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "1000/60s", 100);
+    server.reset_stats().await;
+    let checks = (0..100).map(|_| l.check(KEY, 1));
+    let decisions = join_all(checks).await;
+    assert!(decisions.iter().all(|d| d.as_ref().unwrap().is_allowed()));
+    assert_eq!(server.script_calls().await, 1);
+    assert_eq!(counter(&server, &l).await, 100);
+}
+
+#[tokio::test]
+async fn units_of_an_ended_window_are_not_used() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/1s", 10);
+    let first = l.check(KEY, 1).await.unwrap();
+    assert!(first.is_allowed());
+    assert!(first.reset_after() <= Duration::from_secs(1));
+    assert_eq!(counter(&server, &l).await, 10);
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    // Nine units are still held, from the window that ended: a new
+    // reservation in a new window, not one of them.
+    server.reset_stats().await;
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!(server.script_calls().await, 1);
+    assert_eq!(counter(&server, &l).await, 10);
+}
+
+#[tokio::test]
+async fn a_frozen_redis_admits_only_units_already_reserved_and_never_after_their_window() {
+    let server = RedisServer::start();
+    let l = Limiter::builder("100/2s".parse().unwrap())
+        .store(server.store().await)
+        .timeout(Duration::from_millis(300))
+        .breaker(Breaker::disabled())
+        .local_reservation(10)
+        .build()
+        .unwrap();
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    server.freeze(true);
+    // Units held: admitted without Redis, while their window lasts.
+    for _ in 0..5 {
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    // A cost above what is held asks Redis, and waiters share its error:
+    // one timeout for all of them, not one each in turn.
+    let started = Instant::now();
+    let results = join_all((0..20).map(|_| l.check(KEY, 5))).await;
+    assert!(
+        results.iter().all(|r| matches!(r, Err(Error::Timeout(_)))),
+        "{results:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(1_500));
+    // The window has ended: the four units still held are never used.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let after = l.check(KEY, 1).await;
+    assert!(matches!(after, Err(Error::Timeout(_))), "{after:?}");
+    server.freeze(false);
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_killed_redis_follows_the_store_error_path() {
+    let mut server = RedisServer::start();
+    let l = reserving(server.store().await, "100/2s", 10);
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    server.kill();
+    for _ in 0..9 {
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    // Nothing held any more: an error, never an admission.
+    assert!(l.check(KEY, 1).await.is_err());
+}
+
+#[tokio::test]
+async fn a_denial_is_the_stores_with_the_windows_retry_after_and_is_cached() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "15/60s", 10);
+    server.reset_stats().await;
+    for _ in 0..15 {
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(server.script_calls().await, 2); // 10, then the last 5
+    let denied = l.check(KEY, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert_eq!(denied.remaining(), 0);
+    let retry = denied.retry_after().unwrap();
+    assert!(retry > Duration::from_secs(50) && retry <= Duration::from_secs(60));
+    // From the deny cache: no call.
+    assert!(!l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!(server.script_calls().await, 3);
+    assert_eq!(counter(&server, &l).await, 15);
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn a_cost_above_n_or_above_what_is_held_reserves_again() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/60s", 10);
+    assert!(l.check(KEY, 25).await.unwrap().is_allowed());
+    assert_eq!(counter(&server, &l).await, 25);
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed()); // reserves 10, holds 9
+    assert!(l.check(KEY, 9).await.unwrap().is_allowed()); // from the 9 held
+    assert_eq!(counter(&server, &l).await, 35);
+    assert!(l.check(KEY, 3).await.unwrap().is_allowed()); // reserves 10, holds 7
+    assert!(l.check(KEY, 8).await.unwrap().is_allowed()); // 7 held: reserves 10
+    assert_eq!(counter(&server, &l).await, 55);
+    // 45 left in Redis: a cost of 50 is denied (the 9 held stay held).
+    let big = l.check(KEY, 50).await.unwrap();
+    assert!(!big.is_allowed());
+    assert_eq!(big.remaining(), 45);
+    assert!(l.check(KEY, 9).await.unwrap().is_allowed());
+    assert_eq!(counter(&server, &l).await, 55);
+}
+
+#[tokio::test]
+async fn peek_answers_from_the_reservation_when_it_holds_enough() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/60s", 10);
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    server.reset_stats().await;
+    let peek = l.peek(KEY, 9).await.unwrap();
+    assert!(peek.is_allowed());
+    // Held (9) plus what Redis had left (90).
+    assert_eq!(peek.remaining(), 99);
+    assert_eq!(server.script_calls().await, 0);
+    // More than is held: Redis answers, spending nothing.
+    let peek = l.peek(KEY, 20).await.unwrap();
+    assert!(peek.is_allowed());
+    assert_eq!(peek.remaining(), 90);
+    assert_eq!(counter(&server, &l).await, 10);
+}
+
+#[tokio::test]
+async fn refund_gives_a_reserved_unit_back_to_the_reservation() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/60s", 10);
+    let d = l.check(KEY, 1).await.unwrap();
+    server.reset_stats().await;
+    l.refund(KEY, &d).await.unwrap();
+    // Ten held again: ten checks without a store call.
+    for _ in 0..10 {
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(server.script_calls().await, 0);
+    assert_eq!(counter(&server, &l).await, 10);
+}
+
+#[tokio::test]
+async fn reset_drops_the_reservation_and_a_refund_does_not_revive_it() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/60s", 10);
+    let d = l.check(KEY, 1).await.unwrap();
+    l.reset(KEY).await.unwrap();
+    assert_eq!(counter(&server, &l).await, 0);
+    // No reservation to give back to: the store's, whose key is gone.
+    l.refund(KEY, &d).await.unwrap();
+    assert_eq!(counter(&server, &l).await, 0);
+    // The nine units held before the reset are gone: a new reservation.
+    server.reset_stats().await;
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!(server.script_calls().await, 1);
+    assert_eq!(counter(&server, &l).await, 10);
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn only_one_fixed_window_limit_can_reserve() {
+    let q = Quota::per_second(10);
+    let store = || MemoryStore::new();
+    let build = |b: redis_ratelimit::LimiterBuilder| b.local_reservation(5).build().unwrap_err();
+    let sliding = build(Limiter::builder(q.sliding_window()).store(store()));
+    assert!(matches!(sliding, ConfigError::Reservation(_)), "{sliding}");
+    let gcra = build(Limiter::builder(q.gcra(10).unwrap()).store(store()));
+    assert!(matches!(gcra, ConfigError::Reservation(_)), "{gcra}");
+    let two = build(
+        Limiter::builder(q)
+            .limit("day", Quota::per_day(9))
+            .store(store()),
+    );
+    assert!(matches!(two, ConfigError::Reservation(_)), "{two}");
+    // Off (0) is always fine.
+    Limiter::builder(q.sliding_window())
+        .local_reservation(0)
+        .build()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_memory_store_ignores_the_reservation_and_stays_exact() {
+    let l = Limiter::builder("5/60s".parse().unwrap())
+        .local_reservation(3)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    assert!(!l.check(KEY, 1).await.unwrap().is_allowed());
+    let d = l.peek(KEY, 0).await.unwrap();
+    assert_eq!(d.remaining(), 0);
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn a_cluster_reserves_on_the_keys_master() {
+    let cluster = support::cluster::RedisCluster::start();
+    let a = reserving(cluster.store().await, "200/60s", 10);
+    let b = reserving(cluster.pool_store(2).await, "200/60s", 10);
+    let checks = (0..400).map(|i| {
+        let l = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move { l.check(KEY, 1).await.unwrap().is_allowed() }
+    });
+    let admitted = join_all(checks).await.into_iter().filter(|x| *x).count();
+    assert!((180..=200).contains(&admitted), "{admitted}");
+}
+
+#[tokio::test]
+async fn requests_waiting_on_a_denied_flight_share_its_denial() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "5/60s", 10);
+    server.reset_stats().await;
+    let decisions = join_all((0..100).map(|_| l.check(KEY, 1))).await;
+    let admitted = decisions
+        .iter()
+        .filter(|d| d.as_ref().unwrap().is_allowed());
+    assert_eq!(admitted.count(), 5);
+    // One call took the 5 units, one was denied: the other waiters share it.
+    assert_eq!(server.script_calls().await, 2);
+    server.assert_every_key_has_ttl().await;
+}
