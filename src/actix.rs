@@ -44,7 +44,7 @@
 
 use std::{
     fmt,
-    future::{Future, Ready, ready},
+    future::{Future, Ready, poll_fn, ready},
     net::SocketAddr,
     pin::Pin,
     rc::Rc,
@@ -61,7 +61,8 @@ use http::{HeaderName, HeaderValue};
 
 use crate::{
     Limiter, OnStoreError, Rejection, Respond,
-    core::{Core, Start, Verdict},
+    core::Core,
+    gate::{Admit, Gate, Start},
     headers::HeaderSink,
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
@@ -76,19 +77,21 @@ use crate::{
 #[deprecated(note = "renamed `RateLimitMiddleware`")]
 pub type RateLimit<K, R = DefaultResponse> = RateLimitMiddleware<K, R>;
 
-/// Rate limits an actix-web app or scope with a [`Limiter`], keyed by a
-/// [`KeyExtractor`] of actix's `ServiceRequest`: register it with
-/// `App::wrap` or `Scope::wrap`.
+/// actix-web middleware that limits requests with its gate `L`, keyed by a
+/// [`KeyExtractor`] of actix's `ServiceRequest`: [`RateLimitMiddleware`]
+/// when `L` is a [`Limiter`],
+/// [`InFlightLimitMiddleware`](crate::concurrency::actix::InFlightLimitMiddleware)
+/// when it is a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter). Register
+/// it with `App::wrap` or `Scope::wrap`. The builder methods here are both
+/// middlewares'; the rate limit has more.
 ///
-/// The actix counterpart of [`RateLimitLayer`](crate::RateLimitLayer), with
-/// the same builder methods. Clones, and every service they make, share one
-/// `Arc` of state, so they count against the same limiter.
+/// Clones, and every service they make, share one `Arc` of state.
 #[derive(Debug)]
-pub struct RateLimitMiddleware<K, R = DefaultResponse> {
-    core: Arc<Core<K, R>>,
+pub struct LimitMiddleware<K, R, L> {
+    core: Arc<Core<K, R, L>>,
 }
 
-impl<K, R> Clone for RateLimitMiddleware<K, R> {
+impl<K, R, L> Clone for LimitMiddleware<K, R, L> {
     fn clone(&self) -> Self {
         Self {
             core: self.core.clone(),
@@ -96,25 +99,78 @@ impl<K, R> Clone for RateLimitMiddleware<K, R> {
     }
 }
 
-impl<K: KeyExtractor<ServiceRequest>> RateLimitMiddleware<K> {
-    /// Limits with `limiter`, keying requests with `extractor`.
-    pub fn new(limiter: Limiter, extractor: K) -> Self {
+/// Serves a tower layer's configuration under actix, sharing its state: the
+/// limiter, keys (which must also key a `ServiceRequest`, as the built-in
+/// extractors do), store-error policy, headers and responder.
+impl<K: KeyExtractor<ServiceRequest>, R, L> From<crate::LimitLayer<K, R, L>>
+    for LimitMiddleware<K, R, L>
+{
+    fn from(layer: crate::LimitLayer<K, R, L>) -> Self {
         Self {
-            core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
+            core: layer.into_core(),
         }
     }
 }
 
-/// Serves a tower layer's configuration under actix, sharing its state: the
-/// limiter, keys (which must also key a `ServiceRequest`, as the built-in
-/// extractors do), store-error policy, headers and responder.
-impl<K: KeyExtractor<ServiceRequest>, R> From<crate::RateLimitLayer<K, R>>
-    for RateLimitMiddleware<K, R>
-{
-    fn from(layer: crate::RateLimitLayer<K, R>) -> Self {
+impl<K, R, L: Clone> LimitMiddleware<K, R, L> {
+    pub(crate) fn from_core(core: Core<K, R, L>) -> Self {
         Self {
-            core: layer.into_core(),
+            core: Arc::new(core),
         }
+    }
+
+    fn map<K2, R2>(
+        self,
+        f: impl FnOnce(Core<K, R, L>) -> Core<K2, R2, L>,
+    ) -> LimitMiddleware<K2, R2, L> {
+        LimitMiddleware {
+            core: Core::rebuild(self.core, f),
+        }
+    }
+
+    fn set(self, f: impl FnOnce(&mut Core<K, R, L>)) -> Self {
+        Self {
+            core: Core::with(self.core, f),
+        }
+    }
+
+    /// What to do when the store fails or times out (default: allow).
+    #[must_use]
+    pub fn on_store_error(self, policy: OnStoreError) -> Self {
+        self.set(|c| c.on_error = policy)
+    }
+
+    /// Builds rejections with a `Fn(&Rejection) -> HttpResponse` closure.
+    /// Rate-limit headers are added to what it returns. Under the
+    /// concurrency limit, a refused request is [`Rejection::Busy`].
+    #[must_use]
+    pub fn respond_with<F>(self, respond: F) -> LimitMiddleware<K, F, L>
+    where
+        F: Fn(&Rejection) -> HttpResponse + Send + Sync + 'static,
+    {
+        self.responder(respond)
+    }
+
+    /// Builds rejections with a [`Respond`] implementation.
+    #[must_use]
+    pub fn responder<R2>(self, respond: R2) -> LimitMiddleware<K, R2, L> {
+        self.map(|c| c.with_respond(respond))
+    }
+}
+
+/// Rate limits an actix-web app or scope with a [`Limiter`], keyed by a
+/// [`KeyExtractor`] of actix's `ServiceRequest`: register it with
+/// `App::wrap` or `Scope::wrap`.
+///
+/// The actix counterpart of [`RateLimitLayer`](crate::RateLimitLayer), with
+/// the same builder methods. Clones, and every service they make, share one
+/// `Arc` of state, so they count against the same limiter.
+pub type RateLimitMiddleware<K, R = DefaultResponse> = LimitMiddleware<K, R, Limiter>;
+
+impl<K: KeyExtractor<ServiceRequest>> RateLimitMiddleware<K> {
+    /// Limits with `limiter`, keying requests with `extractor`.
+    pub fn new(limiter: Limiter, extractor: K) -> Self {
+        Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }
 
@@ -154,25 +210,11 @@ where
 }
 
 impl<K, R> RateLimitMiddleware<K, R> {
-    fn map(self, f: impl FnOnce(&mut Core<K, R>)) -> Self {
-        let mut core = Arc::unwrap_or_clone(self.core);
-        f(&mut core);
-        Self {
-            core: Arc::new(core),
-        }
-    }
-
-    /// What to do when the store fails or times out (default: allow).
-    #[must_use]
-    pub fn on_store_error(self, policy: OnStoreError) -> Self {
-        self.map(|c| c.on_error = policy)
-    }
-
     /// Also send the `X-RateLimit-*` headers (default: off); see
     /// [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers).
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
-        self.map(|c| c.legacy_headers = enabled)
+        self.set(|c| c.legacy_headers = enabled)
     }
 
     /// Also write the draft's `pk` partition key on `RateLimit`; see
@@ -180,7 +222,7 @@ impl<K, R> RateLimitMiddleware<K, R> {
     #[must_use]
     pub fn partition_key(self, enabled: bool) -> Self {
         let keys = enabled.then(PartitionKeys::random);
-        self.map(|c| c.partition_keys = keys)
+        self.set(|c| c.partition_keys = keys)
     }
 
     /// Write `pk` hashed with a key derived from `secret`, so replicas
@@ -189,7 +231,7 @@ impl<K, R> RateLimitMiddleware<K, R> {
     #[must_use]
     pub fn partition_key_secret(self, secret: impl AsRef<[u8]>) -> Self {
         let keys = PartitionKeys::from_secret(secret.as_ref());
-        self.map(|c| c.partition_keys = Some(keys))
+        self.set(|c| c.partition_keys = Some(keys))
     }
 
     /// Makes each request spend `cost(request)` units instead of 1; see
@@ -199,11 +241,7 @@ impl<K, R> RateLimitMiddleware<K, R> {
     where
         F: Fn(&ServiceRequest) -> u64 + Send + Sync + 'static,
     {
-        let core = Arc::unwrap_or_clone(self.core);
-        let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
-        RateLimitMiddleware {
-            core: Arc::new(core),
-        }
+        self.map(|c| c.map_extractor(|keys| key::WithCost::shared(keys, cost)))
     }
 
     /// Gives a passed request's cost back when its response's status is
@@ -211,7 +249,7 @@ impl<K, R> RateLimitMiddleware<K, R> {
     /// [`RateLimitLayer::refund_when`](crate::RateLimitLayer::refund_when).
     #[must_use]
     pub fn refund_when(self, refund: Refund) -> Self {
-        self.map(|c| c.refund = Some(refund))
+        self.set(|c| c.refund = Some(refund))
     }
 
     /// Lets the requests `skip` picks through unlimited: no store call, no
@@ -242,30 +280,7 @@ impl<K, R> RateLimitMiddleware<K, R> {
     /// unlimited.
     #[must_use]
     pub fn skip_by<S>(self, skip: S) -> RateLimitMiddleware<Skipping<K, S>, R> {
-        let core = Arc::unwrap_or_clone(self.core);
-        let core = core.map_extractor(|keys| Skipping::shared(keys, skip));
-        RateLimitMiddleware {
-            core: Arc::new(core),
-        }
-    }
-
-    /// Builds rejections with a `Fn(&Rejection) -> HttpResponse` closure.
-    /// Rate-limit headers are added to what it returns.
-    #[must_use]
-    pub fn respond_with<F>(self, respond: F) -> RateLimitMiddleware<K, F>
-    where
-        F: Fn(&Rejection) -> HttpResponse + Send + Sync + 'static,
-    {
-        self.responder(respond)
-    }
-
-    /// Builds rejections with a [`Respond`] implementation.
-    #[must_use]
-    pub fn responder<R2>(self, respond: R2) -> RateLimitMiddleware<K, R2> {
-        let core = Arc::unwrap_or_clone(self.core);
-        RateLimitMiddleware {
-            core: Arc::new(core.with_respond(respond)),
-        }
+        self.map(|c| c.map_extractor(|keys| Skipping::shared(keys, skip)))
     }
 }
 
@@ -324,45 +339,49 @@ impl Respond<HttpResponse> for DefaultResponse {
     }
 }
 
-impl<S, B, K, R> Transform<S, ServiceRequest> for RateLimitMiddleware<K, R>
+impl<S, B, K, R, L> Transform<S, ServiceRequest> for LimitMiddleware<K, R, L>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
     B: MessageBody + 'static,
     K: KeyExtractor<ServiceRequest>,
     R: Respond<HttpResponse>,
+    L: Admit + 'static,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<EitherBody<<L as Gate>::Body<B>>>;
     type Error = S::Error;
-    type Transform = RateLimitMiddlewareService<S, K, R>;
+    type Transform = LimitMiddlewareService<S, K, R, L>;
     type InitError = ();
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(RateLimitMiddlewareService {
+        ready(Ok(LimitMiddlewareService {
             service: Rc::new(service),
             core: self.core.clone(),
         }))
     }
 }
 
-/// The actix-web service made by [`RateLimitMiddleware`].
+/// The actix-web service made by a [`LimitMiddleware`].
 ///
 /// Readiness is the inner service's; a rejection is a response, never an
 /// error, and errors are the inner service's own.
-pub struct RateLimitMiddlewareService<S, K, R> {
+pub struct LimitMiddlewareService<S, K, R, L> {
     service: Rc<S>,
-    core: Arc<Core<K, R>>,
+    core: Arc<Core<K, R, L>>,
 }
 
-impl<S, K, R> fmt::Debug for RateLimitMiddlewareService<S, K, R> {
+/// The actix-web service made by [`RateLimitMiddleware`].
+pub type RateLimitMiddlewareService<S, K, R> = LimitMiddlewareService<S, K, R, Limiter>;
+
+impl<S, K, R, L> fmt::Debug for LimitMiddlewareService<S, K, R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitMiddlewareService")
+        f.debug_struct("LimitMiddlewareService")
             .finish_non_exhaustive()
     }
 }
 
 /// The middleware's own answer, on the right side of `EitherBody`.
-pub(crate) fn answer<B, K, R, L>(
+fn answer<B, K, R, L>(
     req: ServiceRequest,
     core: &Core<K, R, L>,
     rejection: Rejection,
@@ -380,46 +399,48 @@ fn status_of<B>(res: &ServiceResponse<B>) -> http::StatusCode {
     http::StatusCode::from_u16(res.status().as_u16()).unwrap_or(http::StatusCode::OK)
 }
 
-/// The boxed future of [`RateLimitMiddlewareService`].
+/// The boxed future of [`LimitMiddlewareService`].
 pub type MiddlewareFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<ServiceResponse<EitherBody<B>>, E>>>>;
 
-impl<S, B, K, R> Service<ServiceRequest> for RateLimitMiddlewareService<S, K, R>
+impl<S, B, K, R, L> Service<ServiceRequest> for LimitMiddlewareService<S, K, R, L>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
     B: MessageBody + 'static,
     K: KeyExtractor<ServiceRequest>,
     R: Respond<HttpResponse>,
+    L: Admit + 'static,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<EitherBody<<L as Gate>::Body<B>>>;
     type Error = S::Error;
-    type Future = MiddlewareFuture<B, S::Error>;
+    type Future = MiddlewareFuture<<L as Gate>::Body<B>, S::Error>;
 
     forward_ready!(service);
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
         let core = self.core.clone();
         let service = self.service.clone();
-        let check = core.start(&req);
+        let start = L::start(&core, &req);
         Box::pin(async move {
-            let (result, spent) = match check {
-                Ok(Start::Check(check, spent)) => (check.await, spent),
-                Ok(Start::Skip) => return Ok(service.call(req).await?.map_into_left_body()),
+            let held = match start {
+                Ok(Start::Check(mut check)) => {
+                    match poll_fn(|cx| L::poll(&core, &mut check, cx)).await {
+                        Ok(held) => Some(held),
+                        Err(rejection) => return Ok(answer(req, &core, rejection)),
+                    }
+                }
+                Ok(Start::Skip) => None,
                 Err(rejection) => return Ok(answer(req, &core, rejection)),
             };
-            match core.verdict(result) {
-                Verdict::Pass(decision) => {
-                    let mut res = service.call(req).await?;
-                    if let Some(d) = decision {
-                        if let Some(spent) = spent {
-                            core.settle(status_of(&res), &d, spent);
-                        }
-                        core.decorate(res.response_mut(), &d);
-                    }
-                    Ok(res.map_into_left_body())
-                }
-                Verdict::Reject(rejection) => Ok(answer(req, &core, rejection)),
-            }
+            // An error or a panic in the inner service drops `held` here.
+            let mut res = service.call(req).await?;
+            let kept = match held {
+                Some(held) => L::finish(&core, held, status_of(&res), res.response_mut()),
+                None => L::Kept::default(),
+            };
+            Ok(res
+                .map_body(|_, body| L::body(body, kept))
+                .map_into_left_body())
         })
     }
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use crate::{
     Decision, Error, Limiter, OnStoreError, Rejection, Respond,
+    gate::{Start, Started},
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
@@ -78,6 +79,29 @@ impl<K, R, L> Core<K, R, L> {
             refund: None,
             logs: Logs::default(),
         }
+    }
+
+    /// One by-value builder step on a layer's shared core: `f` rebuilds a
+    /// copy (the core itself, when no clone of the layer shares it).
+    pub(crate) fn rebuild<K2, R2>(
+        core: Arc<Self>,
+        f: impl FnOnce(Self) -> Core<K2, R2, L>,
+    ) -> Arc<Core<K2, R2, L>>
+    where
+        L: Clone,
+    {
+        Arc::new(f(Arc::unwrap_or_clone(core)))
+    }
+
+    /// [`rebuild`](Self::rebuild), changing settings only.
+    pub(crate) fn with(core: Arc<Self>, f: impl FnOnce(&mut Self)) -> Arc<Self>
+    where
+        L: Clone,
+    {
+        Self::rebuild(core, |mut c| {
+            f(&mut c);
+            c
+        })
     }
 
     /// Wraps the extractor, keeping everything else.
@@ -151,19 +175,11 @@ impl<K, R, L> Core<K, R, L> {
     }
 }
 
-/// How a request's check starts.
-pub(crate) enum Start {
-    /// The request is skipped: call the inner service, no headers.
-    Skip,
-    /// The check is on its way; with refunds on, what it spends.
-    Check(Deciding, Option<Charged>),
-}
-
 impl<K, R> Core<K, R> {
     /// Derives the request's keys, cost and limiter (its tier's) and starts
     /// its check; skips it; or rejects it at once when no key can be
     /// derived.
-    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Result<Start, Rejection>
+    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Started<(Deciding, Option<Charged>)>
     where
         K: KeyExtractor<Req>,
     {
@@ -180,7 +196,7 @@ impl<K, R> Core<K, R> {
                 .refund
                 .as_ref()
                 .map(|_| Charged::new(limiter, smallvec::smallvec![key]));
-            return Ok(Start::Check(deciding, spent));
+            return Ok(Start::Check((deciding, spent)));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
         if let Err(e) = self.extractor.extract_all(req, &mut keys) {
@@ -194,7 +210,7 @@ impl<K, R> Core<K, R> {
             .refund
             .as_ref()
             .map(|_| Charged::new(limiter, SmallVec::from_vec(keys)));
-        Ok(Start::Check(deciding, spent))
+        Ok(Start::Check((deciding, spent)))
     }
 
     /// After a passed request's response: gives `spent` back if the

@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the response future of [`RateLimitService`](crate::RateLimitService).
+//! [`ResponseFuture`]: the response future of [`LimitService`](crate::LimitService).
 
 use std::{
     fmt,
@@ -13,43 +13,50 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::{
-    Decision, Error, Rejection, Respond,
-    core::{Core, Verdict},
-    limiter::Deciding,
-    refund::Charged,
+    Limiter, Rejection, Respond,
+    core::Core,
+    gate::{Admit, Gate},
     respond::Format,
 };
 
 pin_project! {
-    /// Waits for the rate-limit check, then either answers the rejection or
-    /// calls the inner service and adds the rate-limit headers to its response.
-    pub struct ResponseFuture<S, ReqBody, K, R>
+    /// Waits for the gate's check, then either answers the rejection or
+    /// calls the inner service and ends the gate's hold on its response:
+    /// under the rate limit ([`RateLimitService`](crate::RateLimitService),
+    /// the default `L`), it adds the rate-limit headers; under the
+    /// concurrency limit ([`InFlightLimitService`](crate::concurrency::InFlightLimitService)),
+    /// it hands the lease to the response body.
+    // `Admit` is sealed and crate-private: `L` is a `Limiter` or a
+    // `ConcurrencyLimiter`, nothing else.
+    #[allow(private_bounds)]
+    pub struct ResponseFuture<S, ReqBody, K, R, L = Limiter>
     where
         S: Service<Request<ReqBody>>,
+        L: Admit,
     {
         #[pin]
-        state: State<S, ReqBody>,
-        core: Arc<Core<K, R>>,
+        state: State<S, ReqBody, L>,
+        core: Arc<Core<K, R, L>>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqBody>
+    enum State<S, ReqBody, L>
     where
         S: Service<Request<ReqBody>>,
+        L: Admit,
     {
         Checking {
-            check: Deciding,
+            check: L::Pending,
             svc: Option<S>,
             req: Option<Request<ReqBody>>,
-            spent: Option<Charged>,
         },
         Calling {
             #[pin]
             fut: S::Future,
-            decision: Option<Decision>,
-            spent: Option<Charged>,
+            // None for a skipped request.
+            held: Option<L::Held>,
         },
         Answered {
             rejection: Option<Rejection>,
@@ -58,76 +65,61 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody, K, R> fmt::Debug for ResponseFuture<S, ReqBody, K, R>
+impl<S, ReqBody, K, R, L> fmt::Debug for ResponseFuture<S, ReqBody, K, R, L>
 where
     S: Service<Request<ReqBody>>,
+    L: Admit,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
-impl<S, ReqBody, K, R> ResponseFuture<S, ReqBody, K, R>
+#[allow(private_bounds)] // as on the struct
+impl<S, ReqBody, K, R, L> ResponseFuture<S, ReqBody, K, R, L>
 where
     S: Service<Request<ReqBody>>,
+    L: Admit,
 {
     pub(crate) fn checking(
-        check: Deciding,
+        check: L::Pending,
         svc: S,
         req: Request<ReqBody>,
-        core: Arc<Core<K, R>>,
-        spent: Option<Charged>,
+        core: Arc<Core<K, R, L>>,
     ) -> Self {
         Self {
             state: State::Checking {
                 check,
                 svc: Some(svc),
                 req: Some(req),
-                spent,
             },
             core,
         }
     }
 
-    /// The future of a request whose decision is known: the inner service,
-    /// which the caller has polled ready, is called now if it passes. A
-    /// rejected request leaves it ready (tower allows that) for the next.
-    pub(crate) fn decided(
-        result: Result<Decision, Error>,
+    /// The future of a request that passed (or was skipped, with no
+    /// `held`): the inner service, which the caller has polled ready, is
+    /// called now.
+    pub(crate) fn calling(
         svc: &mut S,
         req: Request<ReqBody>,
-        core: &Arc<Core<K, R>>,
-        spent: Option<Charged>,
+        held: Option<L::Held>,
+        core: &Arc<Core<K, R, L>>,
     ) -> Self {
-        match core.verdict(result) {
-            Verdict::Pass(decision) => Self {
-                state: State::Calling {
-                    fut: svc.call(req),
-                    decision,
-                    spent,
-                },
-                core: core.clone(),
-            },
-            Verdict::Reject(rejection) => {
-                Self::rejected(core, rejection, Format::of_headers(req.headers()))
-            }
-        }
-    }
-
-    /// The future of a skipped request: the ready inner service is called
-    /// now, and its response left as it is.
-    pub(crate) fn skipped(svc: &mut S, req: Request<ReqBody>, core: &Arc<Core<K, R>>) -> Self {
         Self {
             state: State::Calling {
                 fut: svc.call(req),
-                decision: None,
-                spent: None,
+                held,
             },
             core: core.clone(),
         }
     }
 
-    pub(crate) fn rejected(core: &Arc<Core<K, R>>, rejection: Rejection, format: Format) -> Self {
+    pub(crate) fn rejected(
+        core: &Arc<Core<K, R, L>>,
+        rejection: Rejection,
+        format: Format,
+    ) -> Self {
         Self {
             state: State::Answered {
                 rejection: Some(rejection),
@@ -138,62 +130,52 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody, K, R> Future for ResponseFuture<S, ReqBody, K, R>
+impl<S, ReqBody, ResBody, K, R, L> Future for ResponseFuture<S, ReqBody, K, R, L>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     R: Respond<Response<ResBody>>,
+    L: Admit,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<<L as Gate>::Body<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
-                StateProj::Checking {
-                    check,
-                    svc,
-                    req,
-                    spent,
-                } => {
-                    let result = ready!(Pin::new(check).poll(cx));
-                    match this.core.verdict(result) {
-                        Verdict::Pass(decision) => {
+            let (rejection, format) = match this.state.as_mut().project() {
+                StateProj::Checking { check, svc, req } => {
+                    match ready!(L::poll(this.core, check, cx)) {
+                        Ok(held) => {
                             let mut svc = svc.take().expect("polled after completion");
                             let req = req.take().expect("polled after completion");
                             let fut = svc.call(req);
-                            let spent = spent.take();
-                            this.state.set(State::Calling {
-                                fut,
-                                decision,
-                                spent,
-                            });
+                            let held = Some(held);
+                            this.state.set(State::Calling { fut, held });
+                            continue;
                         }
-                        Verdict::Reject(rejection) => {
+                        Err(rejection) => {
                             let req = req.as_ref().expect("polled after completion");
-                            let format = Format::of_headers(req.headers());
-                            return Poll::Ready(Ok(this.core.reject(rejection, format)));
+                            (rejection, Format::of_headers(req.headers()))
                         }
                     }
                 }
-                StateProj::Calling {
-                    fut,
-                    decision,
-                    spent,
-                } => {
-                    let mut res = ready!(fut.poll(cx))?;
-                    if let Some(d) = decision.take() {
-                        if let Some(spent) = spent.take() {
-                            this.core.settle(res.status(), &d, spent);
-                        }
-                        this.core.decorate(&mut res, &d);
-                    }
-                    return Poll::Ready(Ok(res));
+                StateProj::Calling { fut, held } => {
+                    let result = ready!(fut.poll(cx));
+                    // Taken first: an error drops what the request held now.
+                    let held = held.take();
+                    let mut res = result?;
+                    let kept = match held {
+                        Some(held) => L::finish(this.core, held, res.status(), &mut res),
+                        None => L::Kept::default(),
+                    };
+                    return Poll::Ready(Ok(res.map(|body| L::body(body, kept))));
                 }
                 StateProj::Answered { rejection, format } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    return Poll::Ready(Ok(this.core.reject(rejection, *format)));
+                    (rejection, *format)
                 }
-            }
+            };
+            let res: Response<ResBody> = this.core.reject(rejection, format);
+            return Poll::Ready(Ok(res.map(|body| L::body(body, L::Kept::default()))));
         }
     }
 }

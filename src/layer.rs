@@ -1,4 +1,5 @@
-//! [`RateLimitLayer`]: the tower layer.
+//! [`LimitLayer`]: the tower layer, over either [`Gate`](crate::Gate), and
+//! [`RateLimitLayer`]'s own builder methods.
 
 use std::sync::Arc;
 
@@ -6,7 +7,7 @@ use http::{Response, request::Parts};
 use tower_layer::Layer;
 
 use crate::{
-    DefaultResponse, Limiter, OnStoreError, RateLimitService, Rejection,
+    DefaultResponse, LimitService, Limiter, OnStoreError, Rejection,
     core::Core,
     headers::PartitionKeys,
     key::{self, KeyExtractor},
@@ -15,6 +16,109 @@ use crate::{
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
 };
+
+/// A tower layer that limits requests with its gate `L`, keyed by a
+/// [`KeyExtractor`]: [`RateLimitLayer`] when `L` is a [`Limiter`],
+/// [`InFlightLimitLayer`](crate::InFlightLimitLayer) when it is a
+/// [`ConcurrencyLimiter`](crate::ConcurrencyLimiter). The builder methods
+/// here are both layers'; the rate limit has more.
+///
+/// Clones of the layer, and every service it makes, share one `Arc` of
+/// state.
+#[derive(Debug)]
+pub struct LimitLayer<K, R, L> {
+    core: Arc<Core<K, R, L>>,
+}
+
+impl<K, R, L> Clone for LimitLayer<K, R, L> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<K, R, L> LimitLayer<K, R, L> {
+    pub(crate) fn from_core(core: Core<K, R, L>) -> Self {
+        Self {
+            core: Arc::new(core),
+        }
+    }
+
+    /// The state shared by every service the layer makes.
+    #[cfg(feature = "actix")]
+    pub(crate) fn into_core(self) -> Arc<Core<K, R, L>> {
+        self.core
+    }
+}
+
+impl<K, R, L: Clone> LimitLayer<K, R, L> {
+    fn map<K2, R2>(
+        self,
+        f: impl FnOnce(Core<K, R, L>) -> Core<K2, R2, L>,
+    ) -> LimitLayer<K2, R2, L> {
+        LimitLayer {
+            core: Core::rebuild(self.core, f),
+        }
+    }
+
+    fn set(self, f: impl FnOnce(&mut Core<K, R, L>)) -> Self {
+        Self {
+            core: Core::with(self.core, f),
+        }
+    }
+
+    /// What to do when the store fails or times out (default: allow).
+    #[must_use]
+    pub fn on_store_error(self, policy: OnStoreError) -> Self {
+        self.set(|c| c.on_error = policy)
+    }
+
+    /// Builds rejections with a closure: `Fn(&Rejection) -> http::Response<B>`
+    /// for any body `B` that converts [`Into`] the service's response body,
+    /// so `Response<String>` fits axum's `Body`. The argument needs no type
+    /// annotation. Rate-limit headers are added to what it returns. Under
+    /// the concurrency limit, a refused request is [`Rejection::Busy`].
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, response::{IntoResponse, Response}, routing::get};
+    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
+    ///
+    /// let limiter = Limiter::new(Quota::per_second(10));
+    /// let short: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(RateLimitLayer::new(limiter.clone(), Global)
+    ///         .respond_with(|r| (r.status(), "slow down").into_response()));
+    /// let built: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(RateLimitLayer::new(limiter, Global).respond_with(|r| {
+    ///         Response::builder().status(r.status()).body(Body::from("slow down")).unwrap()
+    ///     }));
+    /// # let _ = (short, built);
+    /// ```
+    #[must_use]
+    pub fn respond_with<F, B>(self, respond: F) -> LimitLayer<K, respond::FromFn<F>, L>
+    where
+        F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
+    {
+        self.responder(respond::FromFn::new(respond))
+    }
+
+    /// Builds rejections with a [`Respond`](crate::Respond) implementation
+    /// (for a closure, [`respond_with`](Self::respond_with) infers more).
+    #[must_use]
+    pub fn responder<R2>(self, respond: R2) -> LimitLayer<K, R2, L> {
+        self.map(|c| c.with_respond(respond))
+    }
+}
+
+impl<S, K, R, L> Layer<S> for LimitLayer<K, R, L> {
+    type Service = LimitService<S, K, R, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LimitService::new(inner, self.core.clone())
+    }
+}
 
 /// Rate limits requests with a [`Limiter`], keyed by a
 /// [`KeyExtractor`](crate::key::KeyExtractor).
@@ -45,18 +149,7 @@ use crate::{
 /// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
-pub struct RateLimitLayer<K, R = DefaultResponse> {
-    core: Arc<Core<K, R>>,
-}
-
-impl<K, R> Clone for RateLimitLayer<K, R> {
-    fn clone(&self) -> Self {
-        Self {
-            core: self.core.clone(),
-        }
-    }
-}
+pub type RateLimitLayer<K, R = DefaultResponse> = LimitLayer<K, R, Limiter>;
 
 impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
     /// Limits with `limiter`, keying requests with `extractor`: any
@@ -74,9 +167,7 @@ impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
     /// let _ = RateLimitLayer::new(Limiter::new(Quota::per_second(1)), by_other);
     /// ```
     pub fn new(limiter: Limiter, extractor: K) -> Self {
-        Self {
-            core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
-        }
+        Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }
 
@@ -147,31 +238,11 @@ where
 }
 
 impl<K, R> RateLimitLayer<K, R> {
-    /// The state shared by every service the layer makes.
-    #[cfg(feature = "actix")]
-    pub(crate) fn into_core(self) -> Arc<Core<K, R>> {
-        self.core
-    }
-
-    fn map(self, f: impl FnOnce(&mut Core<K, R>)) -> Self {
-        let mut core = Arc::unwrap_or_clone(self.core);
-        f(&mut core);
-        Self {
-            core: Arc::new(core),
-        }
-    }
-
-    /// What to do when the store fails or times out (default: allow).
-    #[must_use]
-    pub fn on_store_error(self, policy: OnStoreError) -> Self {
-        self.map(|c| c.on_error = policy)
-    }
-
     /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
     /// `X-RateLimit-Reset` (default: off).
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
-        self.map(|c| c.legacy_headers = enabled)
+        self.set(|c| c.legacy_headers = enabled)
     }
 
     /// Also write the draft's `pk` partition key on `RateLimit` (default:
@@ -195,7 +266,7 @@ impl<K, R> RateLimitLayer<K, R> {
     #[must_use]
     pub fn partition_key(self, enabled: bool) -> Self {
         let keys = enabled.then(PartitionKeys::random);
-        self.map(|c| c.partition_keys = keys)
+        self.set(|c| c.partition_keys = keys)
     }
 
     /// Write `pk` (see [`partition_key`](Self::partition_key)) hashed with a
@@ -205,7 +276,7 @@ impl<K, R> RateLimitLayer<K, R> {
     #[must_use]
     pub fn partition_key_secret(self, secret: impl AsRef<[u8]>) -> Self {
         let keys = PartitionKeys::from_secret(secret.as_ref());
-        self.map(|c| c.partition_keys = Some(keys))
+        self.set(|c| c.partition_keys = Some(keys))
     }
 
     /// Makes each request spend `cost(request)` units instead of 1: say 5
@@ -229,11 +300,7 @@ impl<K, R> RateLimitLayer<K, R> {
     where
         F: Fn(&Parts) -> u64 + Send + Sync + 'static,
     {
-        let core = Arc::unwrap_or_clone(self.core);
-        let core = core.map_extractor(|keys| key::WithCost::shared(keys, cost));
-        RateLimitLayer {
-            core: Arc::new(core),
-        }
+        self.map(|c| c.map_extractor(|keys| key::WithCost::shared(keys, cost)))
     }
 
     /// Gives a passed request's cost back when its response's status is
@@ -251,7 +318,7 @@ impl<K, R> RateLimitLayer<K, R> {
     /// ```
     #[must_use]
     pub fn refund_when(self, refund: Refund) -> Self {
-        self.map(|c| c.refund = Some(refund))
+        self.set(|c| c.refund = Some(refund))
     }
 
     /// Lets the requests `skip` picks through unlimited: no store call, no
@@ -303,57 +370,6 @@ impl<K, R> RateLimitLayer<K, R> {
     /// unlimited, as [`skip`](Self::skip) does.
     #[must_use]
     pub fn skip_by<S>(self, skip: S) -> RateLimitLayer<Skipping<K, S>, R> {
-        let core = Arc::unwrap_or_clone(self.core);
-        let core = core.map_extractor(|keys| Skipping::shared(keys, skip));
-        RateLimitLayer {
-            core: Arc::new(core),
-        }
-    }
-
-    /// Builds rejections with a closure: `Fn(&Rejection) -> http::Response<B>`
-    /// for any body `B` that converts [`Into`] the service's response body,
-    /// so `Response<String>` fits axum's `Body`. The argument needs no type
-    /// annotation. Rate-limit headers are added to what it returns.
-    ///
-    /// ```
-    /// use axum::{Router, body::Body, response::{IntoResponse, Response}, routing::get};
-    /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
-    ///
-    /// let limiter = Limiter::new(Quota::per_second(10));
-    /// let short: Router = Router::new()
-    ///     .route("/", get(|| async { "ok" }))
-    ///     .layer(RateLimitLayer::new(limiter.clone(), Global)
-    ///         .respond_with(|r| (r.status(), "slow down").into_response()));
-    /// let built: Router = Router::new()
-    ///     .route("/", get(|| async { "ok" }))
-    ///     .layer(RateLimitLayer::new(limiter, Global).respond_with(|r| {
-    ///         Response::builder().status(r.status()).body(Body::from("slow down")).unwrap()
-    ///     }));
-    /// # let _ = (short, built);
-    /// ```
-    #[must_use]
-    pub fn respond_with<F, B>(self, respond: F) -> RateLimitLayer<K, respond::FromFn<F>>
-    where
-        F: Fn(&Rejection) -> Response<B> + Send + Sync + 'static,
-    {
-        self.responder(respond::FromFn::new(respond))
-    }
-
-    /// Builds rejections with a [`Respond`](crate::Respond) implementation
-    /// (for a closure, [`respond_with`](Self::respond_with) infers more).
-    #[must_use]
-    pub fn responder<R2>(self, respond: R2) -> RateLimitLayer<K, R2> {
-        let core = Arc::unwrap_or_clone(self.core);
-        RateLimitLayer {
-            core: Arc::new(core.with_respond(respond)),
-        }
-    }
-}
-
-impl<S, K, R> Layer<S> for RateLimitLayer<K, R> {
-    type Service = RateLimitService<S, K, R>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService::new(inner, self.core.clone())
+        self.map(|c| c.map_extractor(|keys| Skipping::shared(keys, skip)))
     }
 }

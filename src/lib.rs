@@ -14,6 +14,7 @@ mod decision;
 mod deny_cache;
 mod error;
 mod future;
+mod gate;
 pub mod headers;
 pub mod key;
 mod keyspace;
@@ -36,13 +37,14 @@ pub use crate::{
     decision::{Decision, LimitDecision},
     error::{ConfigError, Error},
     future::ResponseFuture,
+    gate::Gate,
     key::{Key, KeyError, KeyExtractor},
     keyspace::RAW_KEY_MAX,
-    layer::RateLimitLayer,
+    layer::{LimitLayer, RateLimitLayer},
     limiter::{DEFAULT_DENY_CACHE, DEFAULT_TIMEOUT, Limiter, LimiterBuilder},
     quota::{Quota, QuotaError},
     respond::{DefaultResponse, OnStoreError, Rejection, Respond},
-    service::RateLimitService,
+    service::{LimitService, RateLimitService},
     store::{LimitCheck, LimitState, MemoryStore, RedisStore, Store},
     tier::Tiers,
 };

@@ -56,3 +56,59 @@ async fn memory_store_decides_in_call_and_keeps_readiness() {
 async fn redis_store_decides_in_the_future_and_keeps_readiness() {
     readiness_is_kept(Backend::redis().await).await;
 }
+
+/// An inner service that counts its clones.
+struct Cloned(Arc<AtomicUsize>);
+
+impl Clone for Cloned {
+    fn clone(&self) -> Self {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Self(self.0.clone())
+    }
+}
+
+impl Service<Request<()>> for Cloned {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        std::future::ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+/// How many times the inner service is cloned over 2 admitted and 2
+/// denied requests.
+async fn clones_over_four_requests(backend: Backend) -> usize {
+    let clones = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(backend.limiter("2/1h"), Global);
+    let mut svc = tower::Layer::layer(&layer, Cloned(clones.clone()));
+    for _ in 0..4 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+    }
+    clones.load(Ordering::SeqCst)
+}
+
+/// A decision known in `call` (the memory store, a cached denial) calls the
+/// ready inner service in place: no clone. A decision that waits for the
+/// store hands the ready service to the future and keeps a clone.
+#[tokio::test]
+async fn a_decision_known_in_call_clones_nothing() {
+    assert_eq!(clones_over_four_requests(Backend::memory()).await, 0);
+    // The admitted requests wait for Redis (a denial may come from the
+    // deny cache, in call).
+    let redis = clones_over_four_requests(Backend::redis().await).await;
+    assert!(redis >= 2, "{redis} clones");
+}

@@ -1,6 +1,7 @@
 //! The concurrency limit as actix-web 4 middleware (the `actix` feature).
 //!
-//! [`InFlightLimitMiddleware`] is an actix [`Transform`]: register it with
+//! [`InFlightLimitMiddleware`] is an actix
+//! [`Transform`](actix_web::dev::Transform): register it with
 //! `App::wrap` or `Scope::wrap`; it makes an
 //! [`InFlightLimitMiddlewareService`] per worker. Keys, answers, headers and the
 //! store-error policy are the tower layer's, and so is the lease's span: it is
@@ -34,25 +35,19 @@
 //! ```
 
 use std::{
-    fmt,
-    future::{Ready, ready},
     pin::Pin,
-    rc::Rc,
-    sync::Arc,
     task::{Context, Poll},
 };
 
 use actix_web::{
-    HttpResponse,
-    body::{BodySize, EitherBody, MessageBody},
-    dev::{Service, ServiceRequest, ServiceResponse, Transform, forward_ready},
+    body::{BodySize, MessageBody},
     web::Bytes,
 };
 
 use super::{ConcurrencyLimiter, LeaseBody};
 use crate::{
-    DefaultResponse, OnStoreError, Rejection, Respond,
-    actix::{MiddlewareFuture, answer},
+    DefaultResponse,
+    actix::{LimitMiddleware, LimitMiddlewareService},
     core::Core,
     key::KeyExtractor,
 };
@@ -63,70 +58,24 @@ pub type ConcurrencyLimitMiddleware<S, K, R> = InFlightLimitMiddlewareService<S,
 
 /// Limits how many requests per key are in flight at once in an actix-web
 /// app or scope, keyed by a [`KeyExtractor`] of actix's `ServiceRequest`:
-/// the actix counterpart of [`InFlightLimitLayer`](super::InFlightLimitLayer).
+/// the actix counterpart of [`InFlightLimitLayer`](super::InFlightLimitLayer),
+/// a [`LimitMiddleware`] over a [`ConcurrencyLimiter`].
 ///
 /// Clones, and every service they make, share one `Arc` of state.
-#[derive(Debug)]
-pub struct InFlightLimitMiddleware<K, R = DefaultResponse> {
-    core: Arc<Core<K, R, ConcurrencyLimiter>>,
-}
+pub type InFlightLimitMiddleware<K, R = DefaultResponse> =
+    LimitMiddleware<K, R, ConcurrencyLimiter>;
 
-impl<K, R> Clone for InFlightLimitMiddleware<K, R> {
-    fn clone(&self) -> Self {
-        Self {
-            core: self.core.clone(),
-        }
-    }
-}
+/// The actix-web service made by [`InFlightLimitMiddleware`].
+///
+/// Readiness is the inner service's; a full key is answered with a 429
+/// response, never an error, and errors are the inner service's own.
+pub type InFlightLimitMiddlewareService<S, K, R> =
+    LimitMiddlewareService<S, K, R, ConcurrencyLimiter>;
 
-impl<K: KeyExtractor<ServiceRequest>> InFlightLimitMiddleware<K> {
+impl<K: KeyExtractor<actix_web::dev::ServiceRequest>> InFlightLimitMiddleware<K> {
     /// Limits with `limiter`, keying requests with `extractor`.
     pub fn new(limiter: ConcurrencyLimiter, extractor: K) -> Self {
-        Self {
-            core: Arc::new(Core::new(limiter, extractor, DefaultResponse)),
-        }
-    }
-}
-
-/// Serves a tower layer's configuration under actix, sharing its state.
-impl<K: KeyExtractor<ServiceRequest>, R> From<super::InFlightLimitLayer<K, R>>
-    for InFlightLimitMiddleware<K, R>
-{
-    fn from(layer: super::InFlightLimitLayer<K, R>) -> Self {
-        Self {
-            core: layer.into_core(),
-        }
-    }
-}
-
-impl<K, R> InFlightLimitMiddleware<K, R> {
-    /// What to do when the store fails or times out (default: allow).
-    #[must_use]
-    pub fn on_store_error(self, policy: OnStoreError) -> Self {
-        let mut core = Arc::unwrap_or_clone(self.core);
-        core.on_error = policy;
-        Self {
-            core: Arc::new(core),
-        }
-    }
-
-    /// Builds rejections with a `Fn(&Rejection) -> HttpResponse` closure; a
-    /// refused request is [`Rejection::Busy`].
-    #[must_use]
-    pub fn respond_with<F>(self, respond: F) -> InFlightLimitMiddleware<K, F>
-    where
-        F: Fn(&Rejection) -> HttpResponse + Send + Sync + 'static,
-    {
-        self.responder(respond)
-    }
-
-    /// Builds rejections with a [`Respond`] implementation.
-    #[must_use]
-    pub fn responder<R2>(self, respond: R2) -> InFlightLimitMiddleware<K, R2> {
-        let core = Arc::unwrap_or_clone(self.core);
-        InFlightLimitMiddleware {
-            core: Arc::new(core.with_respond(respond)),
-        }
+        Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }
 
@@ -142,80 +91,5 @@ impl<B: MessageBody> MessageBody for LeaseBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, Self::Error>>> {
         self.poll_inner(cx, B::poll_next)
-    }
-}
-
-impl<S, B, K, R> Transform<S, ServiceRequest> for InFlightLimitMiddleware<K, R>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
-    B: MessageBody + 'static,
-    K: KeyExtractor<ServiceRequest>,
-    R: Respond<HttpResponse>,
-{
-    type Response = ServiceResponse<EitherBody<LeaseBody<B>>>;
-    type Error = S::Error;
-    type Transform = InFlightLimitMiddlewareService<S, K, R>;
-    type InitError = ();
-    type Future = Ready<Result<Self::Transform, Self::InitError>>;
-
-    fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(InFlightLimitMiddlewareService {
-            service: Rc::new(service),
-            core: self.core.clone(),
-        }))
-    }
-}
-
-/// The actix-web service made by [`InFlightLimitMiddleware`].
-///
-/// Readiness is the inner service's; a full key is answered with a 429
-/// response, never an error, and errors are the inner service's own.
-pub struct InFlightLimitMiddlewareService<S, K, R> {
-    service: Rc<S>,
-    core: Arc<Core<K, R, ConcurrencyLimiter>>,
-}
-
-impl<S, K, R> fmt::Debug for InFlightLimitMiddlewareService<S, K, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlightLimitMiddlewareService")
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, B, K, R> Service<ServiceRequest> for InFlightLimitMiddlewareService<S, K, R>
-where
-    S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
-    B: MessageBody + 'static,
-    K: KeyExtractor<ServiceRequest>,
-    R: Respond<HttpResponse>,
-{
-    type Response = ServiceResponse<EitherBody<LeaseBody<B>>>;
-    type Error = S::Error;
-    type Future = MiddlewareFuture<LeaseBody<B>, S::Error>;
-
-    forward_ready!(service);
-
-    fn call(&self, req: ServiceRequest) -> Self::Future {
-        let core = self.core.clone();
-        let service = self.service.clone();
-        let acquire = core.acquire(&req);
-        Box::pin(async move {
-            let result = match acquire {
-                Ok(acquire) => acquire.await,
-                Err(rejection) => return Ok(answer(req, &core, rejection)),
-            };
-            match core.admit(result) {
-                Ok(lease) => {
-                    // An error or a panic in the inner service drops the lease here.
-                    let mut res = service.call(req).await?;
-                    if let Some(lease) = &lease {
-                        lease.write_headers(res.response_mut());
-                    }
-                    let res = res.map_body(|_, body| LeaseBody::new(body, lease));
-                    Ok(res.map_into_left_body())
-                }
-                Err(rejection) => Ok(answer(req, &core, rejection)),
-            }
-        })
     }
 }

@@ -65,21 +65,33 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix;
 mod body;
-mod future;
+mod gate;
 mod headers;
 mod layer;
 mod lease;
 mod limiter;
-mod service;
 
 pub use self::{
     body::LeaseBody,
-    future::ResponseFuture,
     layer::InFlightLimitLayer,
     lease::{Acquired, Busy, Lease},
     limiter::{ConcurrencyLimiter, ConcurrencyLimiterBuilder, DEFAULT_LEASE, DEFAULT_RETRY_AFTER},
-    service::InFlightLimitService,
 };
+
+/// The service made by [`InFlightLimitLayer`]: a
+/// [`LimitService`](crate::LimitService) over a [`ConcurrencyLimiter`].
+///
+/// `poll_ready` forwards to the inner service: a full key is answered with a
+/// 429 response, never with backpressure, and errors are the inner service's
+/// own. Response bodies are wrapped in a [`LeaseBody`], which holds the lease
+/// until the body ends.
+pub type InFlightLimitService<S, K, R> = crate::LimitService<S, K, R, ConcurrencyLimiter>;
+
+/// The response future of [`InFlightLimitService`]: waits for a slot, then
+/// either answers the rejection or calls the inner service, holding the
+/// lease, and hands the lease to the response body.
+pub type ResponseFuture<S, ReqBody, K, R> =
+    crate::ResponseFuture<S, ReqBody, K, R, ConcurrencyLimiter>;
 
 /// The tower layer, renamed [`InFlightLimitLayer`] so it does not clash with
 /// `tower::limit::ConcurrencyLimitLayer`.
