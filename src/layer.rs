@@ -330,7 +330,7 @@ impl<K, R> RateLimitLayer<K, R> {
     /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp};
     ///
     /// let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), PeerIp)
-    ///     .skip(|p| p.uri.path() == "/healthz" || p.headers.contains_key("x-internal-token"));
+    ///     .skip(|p| p.uri.path() == "/healthz");
     /// # let _ = layer;
     /// ```
     #[must_use]
