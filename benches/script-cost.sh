@@ -46,11 +46,10 @@ for i in 1 2 3 4 5 6 7 8; do keys+=("k:__rand_int__:$i"); done
 # algorithm, limit, window_ms, burst, shadow.
 general=(8)
 # decide_fixed.lua: policies, one policy (limit, window_ms, shadow), then
-# requests, then per request cost, limits, policy.
-fast=(1 1000000000 3600000 0 8)
+# runs, then the run: 8 requests, cost 1, 1 limit, policy 1.
+fast=(1 1000000000 3600000 0 1 8 1 1 1)
 for _ in 1 2 3 4 5 6 7 8; do
   general+=(1 1 1 1000000000 3600000 0 0)
-  fast+=(1 1 1)
 done
 
 # The harness's free port (benches/harness/procs.py).

@@ -4,11 +4,14 @@
 -- general script does (fixed_window.lua documents the algorithm) and replies
 -- exactly as decide.lua does, in less work. Lua's own time (converting
 -- arguments, calling functions, building tables) was most of Redis's CPU per
--- decision, far more than the Redis commands it ran.
+-- decision, far more than the Redis commands it ran; each argument alone
+-- cost Redis about 1,000 instructions (callgrind, benches/script-cost.sh).
 --
 -- One call decides a batch of independent requests (often one), each all or
 -- nothing. The limits of a batch (often one limiter's) are sent once, as
--- policies, and each limit of a request names its policy by number.
+-- policies, and consecutive requests alike (the same cost and the same
+-- policies, as a batch from one limiter almost always is) are sent once, as
+-- a run: such a request costs one argument, its key.
 --
 -- KEYS     every limit's key: request 1's limits in order, then request 2's...
 -- ARGV[1]  P, the number of policies, >= 1
@@ -16,9 +19,10 @@
 --   limit      >= 1, units per window
 --   window_ms  >= 1
 --   shadow     1 if the limit only observes (dry run), else 0
--- then the number of requests, >= 1, and per request:
---   cost       integer >= 0, the units it spends (0 only looks)
---   limits     integer >= 1, how many limits (keys) it has
+-- then the number of runs, >= 1, and per run:
+--   requests   integer >= 1, how many requests the run holds
+--   cost       integer >= 0, the units each spends (0 only looks)
+--   limits     integer >= 1, how many limits (keys) each has
 --   then per limit: its policy, 1..P
 -- Every integer is plain decimal ("1000", not "1e3"): some go to Redis as
 -- they are.
@@ -30,14 +34,10 @@
 -- Every argument is validated before the first write; every key written gets
 -- a TTL.
 
-local function bad(what)
-  return redis.error_reply('ERR decide_fixed: ' .. what)
-end
-
 -- Validation, before any write, keeping every number once parsed.
 local policies = whole(ARGV[1], 1)
 if not policies then
-  return bad('ARGV[1] must be the number of policies (>= 1)')
+  return redis.error_reply('ERR decide_fixed: ARGV[1] must be the number of policies (>= 1)')
 end
 local limit, window, window_s, shadow = {}, {}, {}, {}
 for p = 1, policies do
@@ -45,80 +45,134 @@ for p = 1, policies do
   limit[p], window[p], shadow[p] = whole(ARGV[a], 1), whole(ARGV[a + 1], 1), whole(ARGV[a + 2], 0)
   window_s[p] = ARGV[a + 1]
   if not limit[p] or not window[p] or not shadow[p] or shadow[p] > 1 then
-    return bad('policy ' .. p .. ': bad limit, window_ms or shadow')
+    return redis.error_reply('ERR decide_fixed: policy ' .. p .. ': bad limit, window_ms or shadow')
   end
 end
-local first = 2 + policies * 3 -- ARGV index of the number of requests
-local requests = whole(ARGV[first], 1)
-if not requests then
-  return bad('the number of requests (>= 1) expected after the policies')
+local first = 2 + policies * 3 -- ARGV index of the number of runs
+local runs = whole(ARGV[first], 1)
+if not runs then
+  return redis.error_reply('ERR decide_fixed: the number of runs (>= 1) expected after the policies')
 end
 local arg, keys = first + 1, 0
-for r = 1, requests do
-  local cost, n = whole(ARGV[arg], 0), whole(ARGV[arg + 1], 1)
-  if not cost or not n then
-    return bad('request ' .. r .. ': cost (>= 0) and number of limits (>= 1) expected')
+for r = 1, runs do
+  local count, cost, n = whole(ARGV[arg], 1), whole(ARGV[arg + 1], 0), whole(ARGV[arg + 2], 1)
+  if not count or not cost or not n then
+    return redis.error_reply('ERR decide_fixed: run ' .. r .. ': requests (>= 1), cost (>= 0) and number of limits (>= 1) expected')
   end
-  for j = arg + 2, arg + 1 + n do
+  for j = arg + 3, arg + 2 + n do
     local p = whole(ARGV[j], 1)
     if not p or p > policies then
-      return bad('request ' .. r .. ': a policy number in 1..' .. policies .. ' expected')
+      return redis.error_reply('ERR decide_fixed: run ' .. r .. ': a policy number in 1..' .. policies .. ' expected')
     end
   end
-  arg, keys = arg + 2 + n, keys + n
+  arg, keys = arg + 3 + n, keys + count * n
 end
 if arg ~= #ARGV + 1 or keys ~= #KEYS then
-  return bad('ARGV and KEYS do not match the requests they describe')
+  return redis.error_reply('ERR decide_fixed: ARGV and KEYS do not match the requests they describe')
 end
 
 -- Every argument is valid now, and `parsed` holds its number (a lookup,
--- cheaper than a table of its own). Scratch per limit of the request being
--- decided, reused across the batch.
-local before, ttls, fresh = {}, {}, {}
-local look, spend, settle = fixed_window.look, fixed_window.spend, fixed_window.settle
+-- cheaper than a table of its own or a call of whole()).
 local reply, at = {}, 0
-local key = 0
+local key = 0 -- KEYS index before the request being decided
+
+-- The fixed-window module (fixed_window.lua), built on first use: the
+-- common run below needs none of it.
+local fw
+local before, ttls, fresh
+
 arg = first + 1
-for _ = 1, requests do
-  local cost_s = ARGV[arg]
-  local cost, n = parsed[cost_s], parsed[ARGV[arg + 1]]
-  local all = true
-  for i = 1, n do
-    local p, k = parsed[ARGV[arg + 1 + i]], KEYS[key + i]
-    if cost == 0 then
-      before[i], ttls[i] = look(k, window[p], window_s[p])
-      fresh[i] = false
-    else
-      before[i], ttls[i], fresh[i] = spend(k, cost, cost_s, window[p], window_s[p])
+for _ = 1, runs do
+  local count, cost_s, n = parsed[ARGV[arg]], ARGV[arg + 1], parsed[ARGV[arg + 2]]
+  local cost = parsed[cost_s]
+  if n == 1 and cost > 0 then
+    -- The common run, one limit and a cost, decided inline, exactly as
+    -- fixed_window.spend and settle would: function calls and table
+    -- accesses were most of what a decision cost Redis.
+    local p = parsed[ARGV[arg + 3]]
+    local lim, win, win_s, shade = limit[p], window[p], window_s[p], shadow[p]
+    for i = key + 1, key + count do
+      local k = KEYS[i]
+      local total = redis.pcall('INCRBY', k, cost_s)
+      if type(total) ~= 'number' or total < cost then
+        fw = fw or fixed_window_module()
+        total = fw.respend(k, total, cost_s)
+      end
+      local ttl = win -- a counter the spend created: a whole window
+      if total ~= cost then
+        ttl = redis.call('PTTL', k)
+        if ttl < 0 or ttl > win then
+          fw = fw or fixed_window_module()
+          ttl = fw.heal(k, ttl, win, win_s)
+        end
+      end
+      if total <= lim then
+        if total == cost then
+          redis.call('PEXPIRE', k, win_s)
+        end
+        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, 1, lim - total, ttl, 0
+      else
+        if total == cost then
+          redis.call('DEL', k)
+        else
+          redis.call('DECRBY', k, cost_s)
+        end
+        local left = lim - total + cost
+        if left < 0 then
+          left = 0 -- a lowered limit can be passed
+        end
+        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = shade, 0, left, ttl, ttl
+      end
+      at = at + 5
     end
-    if before[i] + cost > limit[p] and shadow[p] == 0 then
-      all = false
+    key = key + count
+  else
+    -- Any other run (several limits, or a cost of 0 that only looks):
+    -- each request all or nothing across its limits.
+    fw = fw or fixed_window_module()
+    before, ttls, fresh = before or {}, ttls or {}, fresh or {}
+    local first_policy = arg + 3
+    for _ = 1, count do
+      local all = true
+      for i = 1, n do
+        local p, k = parsed[ARGV[first_policy + i - 1]], KEYS[key + i]
+        if cost == 0 then
+          before[i], ttls[i] = fw.look(k, window[p], window_s[p])
+          fresh[i] = false
+        else
+          before[i], ttls[i], fresh[i] = fw.spend(k, cost, cost_s, window[p], window_s[p])
+        end
+        if before[i] + cost > limit[p] and shadow[p] == 0 then
+          all = false
+        end
+      end
+      reply[at + 1] = all and 1 or 0
+      at = at + 1
+      for i = 1, n do
+        local p = parsed[ARGV[first_policy + i - 1]]
+        local spent, ttl = before[i], ttls[i]
+        local allowed = spent + cost <= limit[p]
+        local left = limit[p] - spent
+        local keep = all and allowed
+        if keep then
+          left = left - cost
+        end
+        if cost > 0 then
+          fw.settle(KEYS[key + i], keep, spent, fresh[i], cost_s, window_s[p])
+        end
+        if left < 0 then
+          left = 0 -- a lowered limit can be passed
+        end
+        if allowed then
+          reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = 1, left, ttl, 0
+        else
+          reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = 0, left, ttl, ttl
+        end
+        at = at + 4
+      end
+      key = key + n
     end
   end
-  reply[at + 1] = all and 1 or 0
-  at = at + 1
-  for i = 1, n do
-    local p = parsed[ARGV[arg + 1 + i]]
-    local count, ttl = before[i], ttls[i]
-    local allowed = count + cost <= limit[p]
-    local left = limit[p] - count
-    local keep = all and allowed
-    if keep then
-      left = left - cost
-    end
-    if cost > 0 then
-      settle(KEYS[key + i], keep, count, fresh[i], cost_s, window_s[p])
-    end
-    if left < 0 then
-      left = 0 -- a lowered limit can be passed
-    end
-    if allowed then
-      reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = 1, left, ttl, 0
-    else
-      reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = 0, left, ttl, ttl
-    end
-    at = at + 4
-  end
-  arg, key = arg + 2 + n, key + n
+  arg = arg + 3 + n
 end
 return cmsgpack.pack(reply)

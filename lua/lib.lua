@@ -33,14 +33,14 @@ end
 -- it is: it says nothing about the value, so nothing is repaired for it.
 -- Redis refuses a write only while a script has written nothing, so a refused
 -- write raised here leaves every key as it was.
-local CORRUPT = {
-  'WRONGTYPE ',
-  'ERR value is not an integer',
-  'ERR increment or decrement would overflow',
-}
 local function corruption(reply)
   local err = reply.err
-  for _, prefix in ipairs(CORRUPT) do
+  local corrupt = { -- built here, on this rare path, not at every call
+    'WRONGTYPE ',
+    'ERR value is not an integer',
+    'ERR increment or decrement would overflow',
+  }
+  for _, prefix in ipairs(corrupt) do
     if string.sub(err, 1, #prefix) == prefix then
       return
     end

@@ -204,7 +204,7 @@ async fn denied_fixed_window_requests_leave_no_trace() {
     // The limiter refuses such a cost itself; the script must cope too.
     let huge: support::Reply = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA)
         .key("huge")
-        .arg(&["1", "3", "10000", "0", "1", "5", "1", "1"][..])
+        .arg(&["1", "3", "10000", "0", "1", "1", "5", "1", "1"][..])
         .invoke_async(&mut conn)
         .await
         .unwrap();
@@ -254,8 +254,8 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let script = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA);
-    // ARGV: policies, then per policy: limit, window_ms, shadow; then
-    // requests, then per request: cost, limits, then a policy per limit.
+    // ARGV: policies, then per policy: limit, window_ms, shadow; then runs,
+    // then per run: requests, cost, limits, then a policy per limit.
     let call = |keys: &[&str], argv: &[&str]| {
         let mut call = script.prepare_invoke();
         for k in keys {
@@ -264,13 +264,23 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
         call.arg(argv);
         call
     };
-    let good = ["1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1"];
-    let ok: support::Reply = call(&["k", "k2"], &good)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(ok.0, [1, 1, 4, 1000, 0, 1, 1, 4, 1000, 0]);
-    let _: () = conn.del(&["k", "k2"]).await.unwrap();
+    // Two requests as one run, then as two runs of one: the same reply.
+    for good in [
+        &["1", "5", "1000", "0", "1", "2", "1", "1", "1"][..],
+        &[
+            "1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1", "1", "1",
+        ][..],
+    ] {
+        let ok: support::Reply = call(&["k", "k2"], good)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(ok.0, [1, 1, 4, 1000, 0, 1, 1, 4, 1000, 0], "{good:?}");
+        let _: () = conn.del(&["k", "k2"]).await.unwrap();
+    }
+    let good = [
+        "1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1", "1", "1",
+    ];
     let mut bad: Vec<Vec<&str>> = Vec::new();
     // Each position of the good call, spoiled in turn; every policy field is
     // also tried out of range.
@@ -282,19 +292,26 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
         (2, "0"),
         (2, "-1"),
         (2, "1e3"),
-        (5, "0x1"),
-        (5, " 1"),
+        (6, "0x1"),
+        (6, " 1"),
         (3, "2"),
         (3, "x"),
         (4, "0"),
-        (5, "-1"),
-        (5, "1.5"),
-        (6, "0"),
+        (4, "1"),
+        (4, "3"),
+        (5, "0"),
+        (5, "2"),
+        (6, "-1"),
+        (6, "1.5"),
         (7, "0"),
         (7, "2"),
+        (8, "0"),
+        (8, "2"),
+        (8, "x"),
         (9, "0"),
-        (10, "2"),
-        (10, "x"),
+        (11, "0"),
+        (12, "2"),
+        (12, "x"),
     ] {
         let mut argv = good.to_vec();
         argv[i] = spoiled;

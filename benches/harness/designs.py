@@ -134,8 +134,9 @@ def designs():
 
     def ours(n):
         # decide_fixed.lua: policies (1), the policy (limit, window_ms,
-        # shadow), requests (n), then per request: cost 1, 1 limit, policy 1.
-        tail = [1, LIMIT, WINDOW_MS, 0, n] + [1, 1, 1] * n
+        # shadow), runs (1), then the run: n requests, cost 1, 1 limit,
+        # policy 1 (one limiter's batch, as RedisStore sends it).
+        tail = [1, LIMIT, WINDOW_MS, 0, 1, n, 1, 1, 1]
         return lambda i, sha: command("EVALSHA", sha["ours"], n, *keys(i, n), *tail)
 
     def bare(n):
@@ -158,7 +159,7 @@ def designs():
                lambda i, sha: command("EVALSHA", sha["return1"], 0), 1,
                equals(1, "not the integer 1"), "evalsha", scripts={"return1": "return 1"}),
         *[Design(f"ours: decide_fixed.lua, {n} per call", n, ours(n), 1, check_ours(n),
-                 "evalsha", prefix="k:", scripts={"ours": fast}) for n in (8, 32, 1)],
+                 "evalsha", prefix="k:", scripts={"ours": fast}) for n in (8, 32, 64, 1)],
         # bare.lua sets no TTL: its counters are created with one (SET PX),
         # which INCRBY keeps.
         Design("bare Lua INCRBY + PTTL, 8 per call", 8, bare(8), 1, check_bare(8), "evalsha",

@@ -1,0 +1,211 @@
+//! The decide scripts' calls: a batch of requests encoded as `KEYS` and
+//! `ARGV` (`lua/decide.lua`, or its fixed-window fast path
+//! `lua/decide_fixed.lua`), and their packed reply read back.
+
+use redis::{FromRedisValue, ParsingError, Value, aio::ConnectionLike};
+
+use super::super::{LimitCheck, LimitState, call::Call, scripts};
+use crate::{Algorithm, Error};
+
+/// One request of a decide call: its limits and cost.
+pub(in crate::store) struct Request<'a> {
+    pub(in crate::store) checks: &'a [LimitCheck],
+    pub(in crate::store) cost: u64,
+}
+
+/// Every limit's key of a batch, request by request: the call's `KEYS`.
+fn batch_keys<'a>(requests: &'a [Request<'_>]) -> Vec<&'a str> {
+    let checks = requests.iter().flat_map(|r| r.checks);
+    checks.map(|check| check.key.as_str()).collect()
+}
+
+/// The decide script's call for a batch of requests (often one): `KEYS` are
+/// every limit's key, `ARGV` the batch (see `lua/decide.lua`). A call whose
+/// limits are all fixed windows goes to the fast path instead.
+pub(in crate::store) fn decide_invocation(requests: &[Request<'_>]) -> Call {
+    let fixed = requests.iter().all(|request| {
+        (request.checks.iter()).all(|check| check.quota.algorithm() == Algorithm::FixedWindow)
+    });
+    if fixed {
+        return fixed_invocation(requests);
+    }
+    general_invocation(&scripts::DECIDE, requests)
+}
+
+/// decide.lua's call (or its peek's, with `script` [`scripts::PEEK`]).
+pub(in crate::store) fn general_invocation(
+    script: &'static redis::Script,
+    requests: &[Request<'_>],
+) -> Call {
+    let mut call = Call::new(script, &batch_keys(requests));
+    call.arg(requests.len());
+    for request in requests {
+        call.arg(request.cost).arg(request.checks.len());
+        for check in request.checks {
+            let quota = check.quota;
+            let burst = match quota.algorithm() {
+                Algorithm::Gcra { burst } => burst,
+                _ => 0,
+            };
+            call.arg(quota.algorithm().code())
+                .arg(quota.limit())
+                .arg(quota.window_ms())
+                .arg(burst)
+                .arg(u8::from(check.shadow));
+        }
+    }
+    call
+}
+
+/// The fixed-window fast path's call (see `lua/decide_fixed.lua`): the
+/// batch's distinct policies once, then its requests as runs of alike ones
+/// (the same cost and policies, as one limiter's requests are), each run
+/// sent once: a request of a run costs Redis one argument, its key. Same
+/// reply as [`decide_invocation`]'s.
+fn fixed_invocation(requests: &[Request<'_>]) -> Call {
+    let mut policies: Vec<(u64, u64, bool)> = Vec::new();
+    let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
+    for check in requests.iter().flat_map(|r| r.checks) {
+        let policy = (check.quota.limit(), check.quota.window_ms(), check.shadow);
+        let number = match policies.iter().position(|p| *p == policy) {
+            Some(i) => i + 1,
+            None => {
+                policies.push(policy);
+                policies.len()
+            }
+        };
+        numbers.push(number);
+    }
+    // Each run: its first request's index and policy numbers, its length.
+    let mut runs: Vec<(usize, &[usize], usize)> = Vec::new();
+    let mut at = 0;
+    for (i, request) in requests.iter().enumerate() {
+        let mine = &numbers[at..at + request.checks.len()];
+        at += request.checks.len();
+        match runs.last_mut() {
+            Some((first, theirs, len))
+                if requests[*first].cost == request.cost && *theirs == mine =>
+            {
+                *len += 1;
+            }
+            _ => runs.push((i, mine, 1)),
+        }
+    }
+    let mut call = Call::new(&scripts::DECIDE_FIXED, &batch_keys(requests));
+    call.arg(policies.len());
+    for (limit, window_ms, shadow) in policies {
+        call.arg(limit).arg(window_ms).arg(u8::from(shadow));
+    }
+    call.arg(runs.len());
+    for (first, numbers, len) in runs {
+        call.arg(len).arg(requests[first].cost).arg(numbers.len());
+        for number in numbers {
+            call.arg(*number);
+        }
+    }
+    call
+}
+
+/// The decide scripts' reply: a flat array of integers that the script packs
+/// with `cmsgpack.pack`. It arrives as one bulk string, taken whole; an
+/// array reply is parsed by redis-rs element by element, which cost the
+/// server about 4,500 instructions per request on the 100k-key benchmark.
+pub(in crate::store) struct Packed(pub(in crate::store) Vec<i64>);
+
+impl FromRedisValue for Packed {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let Value::BulkString(bytes) = v else {
+            return Err(format!("decide replied {v:?}, not MessagePack").into());
+        };
+        let bad = || ParsingError::from(format!("decide replied bad MessagePack: {bytes:?}"));
+        let mut rd = bytes.as_slice();
+        let len = rmp::decode::read_array_len(&mut rd).map_err(|_| bad())?;
+        let values = (0..len)
+            .map(|_| rmp::decode::read_int(&mut rd).map_err(|_| bad()))
+            .collect::<Result<Vec<i64>, _>>()?;
+        if !rd.is_empty() {
+            return Err(bad());
+        }
+        Ok(Packed(values))
+    }
+}
+
+/// Splits a batch's flat reply into each request's states, in order.
+pub(in crate::store) fn parse_batch(
+    reply: &[i64],
+    requests: &[Request<'_>],
+) -> Result<Vec<Vec<LimitState>>, Error> {
+    let mut rest = reply;
+    let mut out = Vec::with_capacity(requests.len());
+    for request in requests {
+        let len = 1 + 4 * request.checks.len();
+        if rest.len() < len {
+            break;
+        }
+        out.push(parse_reply(&rest[..len], request.checks.len())?);
+        rest = &rest[len..];
+    }
+    if out.len() != requests.len() || !rest.is_empty() {
+        return Err(Error::UnexpectedReply(format!("decide returned {reply:?}")));
+    }
+    Ok(out)
+}
+
+/// Runs a batch on one connection: one call, one round trip.
+pub(in crate::store) async fn decide<C: ConnectionLike>(
+    conn: &mut C,
+    requests: &[Request<'_>],
+) -> Result<Vec<Vec<LimitState>>, Error> {
+    let Packed(reply) = decide_invocation(requests).invoke(conn).await?;
+    parse_batch(&reply, requests)
+}
+
+/// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
+fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
+    let bad = || Error::UnexpectedReply(format!("decide returned {reply:?}"));
+    if reply.len() != 1 + 4 * limits {
+        return Err(bad());
+    }
+    let states = reply[1..].chunks_exact(4).map(|s| {
+        let n = |i: usize| u64::try_from(s[i]).ok();
+        Some(LimitState {
+            allowed: s[0] == 1,
+            remaining: n(1)?,
+            reset_ms: n(2)?,
+            retry_ms: n(3)?,
+        })
+    });
+    let states: Option<Vec<_>> = states.collect();
+    states.ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packed(values: &[i64], extra: &[u8]) -> Value {
+        let mut bytes = Vec::new();
+        rmp::encode::write_array_len(&mut bytes, values.len() as u32).unwrap();
+        for v in values {
+            rmp::encode::write_sint(&mut bytes, *v).unwrap();
+        }
+        bytes.extend_from_slice(extra);
+        Value::BulkString(bytes)
+    }
+
+    #[test]
+    fn packed_replies_are_read_whole_and_nothing_else_is() {
+        let values = [1, 0, 4, 3_600_000, 0, 1 << 40];
+        let Packed(read) = Packed::from_redis_value(packed(&values, b"")).unwrap();
+        assert_eq!(read, values);
+        // Trailing bytes, a float, an array reply, a truncated array.
+        assert!(Packed::from_redis_value(packed(&values, b"\x01")).is_err());
+        let mut float = Vec::new();
+        rmp::encode::write_array_len(&mut float, 1).unwrap();
+        rmp::encode::write_f64(&mut float, 1.5).unwrap();
+        assert!(Packed::from_redis_value(Value::BulkString(float)).is_err());
+        let array = Value::Array(vec![Value::Int(1)]);
+        assert!(Packed::from_redis_value(array).is_err());
+        assert!(Packed::from_redis_value(Value::BulkString(vec![0x93, 0x01])).is_err());
+    }
+}
