@@ -255,6 +255,54 @@ async fn rate_limit_refund_gives_server_errors_back() {
     }
 }
 
+/// `RATE_LIMIT_RESERVE`: a hot key's units are reserved a few at a call,
+/// and the quota is still exact (one instance: nothing under-admitted).
+#[tokio::test]
+async fn rate_limit_reserve_admits_exactly_the_quota_in_few_calls() {
+    let server = support::RedisServer::start();
+    let url = server.url();
+    let vars = [
+        ("REDIS_URL", url.as_str()),
+        ("RATE_LIMIT", "20/60s"),
+        ("RATE_LIMIT_KEY", "header:x-api-key"),
+        ("RATE_LIMIT_RESERVE", "10"),
+    ];
+    let mut conn = server.conn().await;
+    for name in EXAMPLES {
+        let ex = start(name, &vars);
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let key = [("x-api-key", name)];
+        let got = statuses(&format!("{}/", ex.url), &key, 25).await;
+        let expected: Vec<u16> = [200; 20].into_iter().chain([429; 5]).collect();
+        assert_eq!(got, expected, "{name}");
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let calls = |cmd: &str| -> u64 {
+            let line = stats
+                .lines()
+                .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")));
+            let field = line.and_then(|l| l.split("calls=").nth(1));
+            field
+                .and_then(|f| f.split(',').next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        // Two reservations of 10, a refused one, and at most a few more
+        // (a denial's retry after the deny cache's age, the script loads).
+        let scripts = calls("evalsha") + calls("eval");
+        assert!(
+            (2..=6).contains(&scripts),
+            "{name}: {scripts} script calls\n{stats}"
+        );
+    }
+}
+
 #[test]
 fn bad_values_stop_the_server_naming_the_variable() {
     for (var, value) in [
@@ -265,6 +313,8 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("RATE_LIMIT_TIER_HEADER", "x-plan"),
         ("RATE_LIMIT_SKIP", "10.0.0.0/33"),
         ("RATE_LIMIT_REFUND", "5xx"),
+        ("RATE_LIMIT_RESERVE", "0"),
+        ("RATE_LIMIT_RESERVE", "ten"),
     ] {
         for name in EXAMPLES {
             let out = Command::new(examples_dir().join(name))
@@ -275,6 +325,23 @@ fn bad_values_stop_the_server_naming_the_variable() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{name} {var}={value}: {stderr}");
             assert!(stderr.contains(var), "{name} {var}={value}: {stderr}");
+        }
+    }
+    // A reservation needs one fixed-window quota.
+    for (var, value) in [
+        ("RATE_LIMIT", "10/1s;100/1m"),
+        ("RATE_LIMIT_ALGORITHM", "gcra"),
+    ] {
+        for name in EXAMPLES {
+            let out = Command::new(examples_dir().join(name))
+                .env("BIND", "127.0.0.1:0")
+                .env("RATE_LIMIT_RESERVE", "10")
+                .env(var, value)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} {var}={value}: {stderr}");
+            assert!(stderr.contains("RATE_LIMIT_RESERVE"), "{name}: {stderr}");
         }
     }
 }

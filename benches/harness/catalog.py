@@ -36,6 +36,12 @@ SERVERS = [
            {"RATE_LIMIT_DENY_CACHE": "on"}, redis=True),
     Server("redis manager, deny cache off", "axum",
            {"RATE_LIMIT_DENY_CACHE": "off"}, redis=True),
+    # Hot keys: each instance reserves up to 100 units of a key per Redis
+    # call (RATE_LIMIT_RESERVE, LimiterBuilder::local_reservation) and admits
+    # from them in process: about one script call per 100 requests on one
+    # key, never over the quota.
+    Server("redis manager, local reservation 100", "axum",
+           {"RATE_LIMIT_RESERVE": "100"}, redis=True),
     Server("redis bb8 pool 32, deny cache on", "axum",
            {"REDIS_POOL": "32", "RATE_LIMIT_DENY_CACHE": "on"}, redis=True),
     Server("redis bb8 pool 32, deny cache off", "axum",

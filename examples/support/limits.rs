@@ -1,6 +1,6 @@
 //! `RATE_LIMIT`, `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`,
-//! `RATE_LIMIT_DENY_CACHE` and `RATE_LIMIT_SHADOW`: the limits an example
-//! server enforces, and how.
+//! `RATE_LIMIT_DENY_CACHE`, `RATE_LIMIT_SHADOW` and `RATE_LIMIT_RESERVE`:
+//! the limits an example server enforces, and how.
 
 use redis_ratelimit::{Limiter, LimiterBuilder, Quota};
 
@@ -13,6 +13,8 @@ pub(super) struct Limits {
     burst: Option<u64>,
     deny_cache: bool,
     shadow: bool,
+    /// `RATE_LIMIT_RESERVE`: units reserved per Redis call (hot keys).
+    reserve: Option<u64>,
     /// For the startup line, e.g. `10/1s;1000/1d (gcra, burst 20)`.
     described: String,
 }
@@ -67,6 +69,29 @@ impl Limits {
         }
         let deny_cache = switch("RATE_LIMIT_DENY_CACHE", true)?;
         let shadow = switch("RATE_LIMIT_SHADOW", false)?;
+        let reserve = match var("RATE_LIMIT_RESERVE")? {
+            Some(n) => Some(
+                n.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        Error::config(
+                            "RATE_LIMIT_RESERVE",
+                            &n,
+                            "use a whole number of requests >= 1, such as 50, or unset it",
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        if reserve.is_some() && (algorithm != "fixed-window" || quotas.len() > 1) {
+            return Err(Error::usage(
+                "RATE_LIMIT_RESERVE needs one fixed-window quota: set RATE_LIMIT_ALGORITHM=fixed-window \
+                 and one quota in RATE_LIMIT, or unset RATE_LIMIT_RESERVE"
+                    .into(),
+            ));
+        }
         let list: Vec<String> = quotas.iter().map(Quota::to_string).collect();
         let burst_text = burst.map(|b| format!(", burst {b}")).unwrap_or_default();
         let cache = if deny_cache {
@@ -79,13 +104,20 @@ impl Limits {
         } else {
             ""
         };
-        let described = format!("{} ({algorithm}{burst_text}, {cache}{dry})", list.join(";"));
+        let reserved = reserve
+            .map(|n| format!(", local reservation of {n}"))
+            .unwrap_or_default();
+        let described = format!(
+            "{} ({algorithm}{burst_text}, {cache}{dry}{reserved})",
+            list.join(";")
+        );
         Ok(Some(Self {
             quotas,
             algorithm,
             burst,
             deny_cache,
             shadow,
+            reserve,
             described,
         }))
     }
@@ -96,6 +128,9 @@ impl Limits {
         let mut builder = Limiter::builder(self.quotas[0]).shadow(self.shadow);
         if !self.deny_cache {
             builder = builder.deny_cache(0);
+        }
+        if let Some(n) = self.reserve {
+            builder = builder.local_reservation(n);
         }
         if self.quotas.len() > 1 {
             builder = builder.name(self.quotas[0].to_string());
@@ -120,6 +155,9 @@ impl Limits {
         let mut builder = Limiter::builder(quota).name(name).shadow(self.shadow);
         if !self.deny_cache {
             builder = builder.deny_cache(0);
+        }
+        if let Some(n) = self.reserve {
+            builder = builder.local_reservation(n);
         }
         builder
     }
