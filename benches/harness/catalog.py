@@ -18,7 +18,7 @@ API_KEY = "x-api-key"
 class Server:
     name: str
     # "axum" (examples/axum.rs), or a binary of benches/peers: "governor",
-    # "actix-erl", "redis-floor".
+    # "actix-erl", "tower-redis", "redis-floor".
     binary: str
     env: dict = field(default_factory=dict)
     # Gets REDIS_URL pointing at the benchmark's redis-server.
@@ -48,6 +48,10 @@ SERVERS = [
            {"REDIS_POOL": "32", "RATE_LIMIT_DENY_CACHE": "off"}, redis=True),
     Server("tower_governor (memory)", "governor"),
     Server("actix-extensible-rate-limit (redis)", "actix-erl", redis=True),
+    # GCRA: RATE_LIMIT's HUGE quota is clamped to a burst of 65535 and then
+    # 1000/s per key (benches/peers/src/bin/tower-redis.rs), so on "allowed,
+    # 1 key" it denies most requests.
+    Server("tower-rate-limit-redis (redis)", "tower-redis", redis=True),
     # Not a limiter: shows how much of actix-extensible-rate-limit's ratio is
     # actix-web itself rather than its limiter.
     Server("actix-web, no limiter", "actix-erl", {"RATE_LIMIT": "off"}, limits=False),

@@ -5,7 +5,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `BIND` | `127.0.0.1:3000` | address to listen on |
-//! | `REDIS_URL` | unset | Redis for `actix-erl` (required there unless `RATE_LIMIT=off`); `governor` keeps counters in memory and refuses it |
+//! | `REDIS_URL` | unset | Redis for `actix-erl` and `tower-redis` (required there unless `RATE_LIMIT=off`); `governor` keeps counters in memory and refuses it |
 //! | `RATE_LIMIT` | `100/1s` | one quota `<count>/<window>` (`1000/1s`, `1/1h`), or `off` for no limiter |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address) or `header:<name>` (e.g. `header:x-api-key`) |
 //!
