@@ -178,7 +178,8 @@ def order(servers, workloads, paired, rnd):
     ratio is taken against (report.summarize)."""
     base = next(s for s in servers if s.baseline)
     for w in random.sample(workloads, len(workloads)):
-        shuffled = random.sample(servers, len(servers))
+        runs = [s for s in servers if w.name not in s.skip]
+        shuffled = random.sample(runs, len(runs))
         if not paired:
             for s in shuffled:
                 yield s, w, f"{rnd}"

@@ -152,7 +152,7 @@ def load(path):
     """(meta, servers, workloads, cells) of a JSON file `dump` wrote."""
     with open(path) as f:
         data = json.load(f)
-    servers = [Server(**s) for s in data["servers"]]
+    servers = [Server(**{**s, "skip": tuple(s.get("skip", ()))}) for s in data["servers"]]
     workloads = [Workload(**{**w, "script": tuple(w["script"]) if w["script"] else None})
                  for w in data["workloads"]]
     return data["meta"], servers, workloads, data["cells"]
