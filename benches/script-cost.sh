@@ -35,7 +35,8 @@ for tool in redis-server redis-cli redis-benchmark valgrind callgrind_control ca
 done
 
 join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
-join lib.lua fixed_window.lua sliding_window.lua gcra.lua decide.lua >"$work/general.lua"
+# As store/scripts.rs's DECIDE_LUA: decide.lua after `local peek = false`.
+{ join lib.lua fixed_window.lua sliding_window.lua gcra.lua; echo 'local peek = false'; join decide.lua; } >"$work/general.lua"
 join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
 cp "$root/benches/bare.lua" "$work/bare.lua"
 echo 'return 1' >"$work/return1.lua"
