@@ -71,7 +71,7 @@ What it measures
                 + decide_fixed.lua joined with newlines, exactly as
                 benches/script-cost.sh builds fast.lua (and store/scripts.rs
                 DECIDE_FIXED_LUA), with N = 8 decisions per EVALSHA (what
-                RedisStore's batches reach under load), 32, 64 (the most one
+                RedisStore's batches reach under load), 32, 50 (near the most one
                 batch holds, store/batch.rs MAX_BATCH) and 1
    bare x8      INCRBY + PTTL per key through Lua and the packed reply, nothing
                 else (benches/bare.lua): a floor for any such script.
