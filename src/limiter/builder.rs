@@ -184,9 +184,13 @@ impl LimiterBuilder {
     ///   never passes the limit, and this instance stops spending them when
     ///   the window ends, measured from before the call was sent (so always
     ///   at or before Redis's end of the window).
-    /// - **Can under-admit** by at most `n` units per instance per window:
-    ///   units reserved and not spent when the window ends expire with it
-    ///   (they are not given back to the store). A request whose cost is
+    /// - **Can under-admit** by less than `n + n / 4` units per instance
+    ///   per window: units reserved and not spent when the window ends
+    ///   expire with it (they are not given back to the store). An instance
+    ///   holds at most that many: the request that leaves fewer than `n / 4`
+    ///   reserves `n` more in the background, so that a busy key does not
+    ///   run dry and its requests go on without waiting (about one reserve
+    ///   call per `n` units spent). A request whose cost is
     ///   more than this instance holds reserves at least its cost again
     ///   (a cost above `n` reserves exactly that much); if the store has
     ///   less than that left, the request is denied, even if other instances
@@ -210,7 +214,7 @@ impl LimiterBuilder {
     ///   reserved decision gives the units back to the reservation it came
     ///   from while it lives, else to the store's window;
     ///   [`reset`](Limiter::reset) drops this instance's reservation too.
-    ///   Other instances keep theirs (at most `n` units each) until their
+    ///   Other instances keep theirs (under `n + n / 4` units each) until their
     ///   window ends, on top of the fresh counter; so does a Redis that loses
     ///   its data.
     ///

@@ -232,8 +232,11 @@ impl Limiter {
         // A reserved unit is spent before anything else is asked.
         let reserving = inner.reservations.as_ref().filter(|_| cost > 0);
         if let Some(reservations) = reserving
-            && let Some(state) = reservations.take(&checks[0].key, cost)
+            && let Some((state, refill)) = reservations.take(&checks[0].key, cost)
         {
+            if refill {
+                reservation::refill_behind(inner, store, &checks[0]);
+            }
             return done(Ok(inner.reserved_decision(state, cost)));
         }
         // Borrowed for the lookup; owned (for an insert, should the store

@@ -5,9 +5,12 @@
 //! Per key, a [`Slot`] holds the units this instance reserved (spent in the
 //! store already) and the end of the window they belong to, by this
 //! process's clock. A request takes its cost from the slot without a store
-//! call; one that finds too little waits for the slot's single flight (one
-//! reserve call at a time per key), then looks again, and shares the
-//! flight's denial or error rather than asking again.
+//! call. The request that leaves it below a quarter of `n` starts a refill
+//! in the background ([`refill_behind`]), so that a busy key rarely runs
+//! dry: requests go on spending what is left meanwhile. One that finds too
+//! little waits for the slot's single flight (one reserve call at a time per
+//! key, refills included), then looks again, and shares the flight's denial
+//! or error rather than asking again.
 
 use std::{
     fmt,
@@ -24,7 +27,7 @@ use crate::{
     breaker::Pass,
     decision::Stamp,
     metrics,
-    store::{LimitCheck, Store},
+    store::{LimitCheck, Reservation, Store},
 };
 
 /// How many keys hold a live reservation at most, per limiter. Evicting a
@@ -66,6 +69,8 @@ struct Pool {
     /// Reserve calls finished, and how the last one ended.
     flights: u64,
     last: Option<Outcome>,
+    /// A refill is on its way (at most one per key).
+    refilling: bool,
 }
 
 /// How a finished flight ended, for the requests that waited on it.
@@ -98,6 +103,35 @@ impl Pool {
         }
         self.units -= cost;
         self.peek(now)
+    }
+
+    /// Adds a grant of `r.granted` units, `cost` of them spent at once by
+    /// the request that asked, reserved by a call sent at `sent`: the state
+    /// that request reports. Units left from before are kept, but never
+    /// past either window.
+    fn grant(&mut self, r: &Reservation, cost: u64, sent: Instant) -> LimitState {
+        let now = Instant::now();
+        let end = sent + Duration::from_millis(r.window_left_ms);
+        let end = match self.live(now) && self.units > 0 {
+            true => self.end.map_or(end, |old| old.min(end)),
+            false => end,
+        };
+        self.left = r.remaining;
+        self.units += r.granted - cost;
+        self.end = Some(end);
+        let mut state = LimitState {
+            allowed: true,
+            remaining: self.units.saturating_add(r.remaining),
+            reset_ms: end.saturating_duration_since(now).as_millis() as u64,
+            retry_ms: 0,
+        };
+        if end <= now {
+            // The window ended before the answer arrived: admitted (the
+            // units were spent in it), but nothing is kept.
+            self.units = 0;
+            state.reset_ms = 0;
+        }
+        state
     }
 
     /// The state a request admitted now would report: `remaining` is the
@@ -140,10 +174,22 @@ impl Reservations {
     }
 
     /// Spends `cost` from `key`'s reservation without a store call, if it
-    /// holds that much in a live window.
-    pub(super) fn take(&self, key: &str, cost: u64) -> Option<LimitState> {
+    /// holds that much in a live window; and whether this request is the
+    /// one to start a refill ([`refill_behind`]): it left fewer than a
+    /// quarter of `n` units and no refill is on its way.
+    pub(super) fn take(&self, key: &str, cost: u64) -> Option<(LimitState, bool)> {
         let slot = self.slots.get(key)?;
-        Self::pool(&slot).take(cost, Instant::now())
+        let mut pool = Self::pool(&slot);
+        let state = pool.take(cost, Instant::now())?;
+        let refill = pool.units < self.low_water() && !pool.refilling;
+        pool.refilling |= refill;
+        Some((state, refill))
+    }
+
+    /// Below this many units, a key is refilled ahead of need: a quarter of
+    /// `n`, at least 1.
+    fn low_water(&self) -> u64 {
+        (self.n / 4).max(1)
     }
 
     /// What a request of `cost` would get from `key`'s reservation now,
@@ -272,11 +318,10 @@ pub(super) async fn reserving(
             return Err(e);
         }
     };
-    let end = sent + Duration::from_millis(r.window_left_ms);
-    pool.left = r.remaining;
     if r.granted < cost {
         // Nothing taken: a denial until the window ends, as the store
         // would give it.
+        pool.left = r.remaining;
         let state = LimitState {
             allowed: false,
             remaining: r.remaining,
@@ -287,29 +332,103 @@ pub(super) async fn reserving(
         pool.last = Some(Outcome::Denied(r.remaining, d.clone(), Instant::now()));
         return Ok(d);
     }
-    let now = Instant::now();
-    // Units left from before are kept, but never past either window.
-    let end = match pool.live(now) && pool.units > 0 {
-        true => pool.end.map_or(end, |old| old.min(end)),
-        false => end,
-    };
-    pool.units += r.granted - cost;
-    pool.end = Some(end);
+    let state = pool.grant(&r, cost, sent);
     pool.last = Some(Outcome::Granted);
-    let mut state = LimitState {
-        allowed: true,
-        remaining: pool.units.saturating_add(r.remaining),
-        reset_ms: end.saturating_duration_since(now).as_millis() as u64,
-        retry_ms: 0,
-    };
-    if end <= now {
-        // The window ended before the answer arrived: admitted (the units
-        // were spent in it), but nothing is kept.
-        pool.units = 0;
-        state.reset_ms = 0;
-    }
     drop(pool);
-    inner.conclude([state].into(), cost, None, Some(Stamp::Local(now)))
+    inner.conclude(
+        [state].into(),
+        cost,
+        None,
+        Some(Stamp::Local(Instant::now())),
+    )
+}
+
+/// Starts refilling `check`'s key in the background, for the request that
+/// [`Reservations::take`] named: `n` more units, so that a busy key is
+/// topped up before it runs dry and its requests need not wait. Without a
+/// Tokio runtime to run it, nothing is refilled ahead (requests then
+/// reserve as they run short, as ever).
+pub(super) fn refill_behind(inner: &Arc<Inner>, store: &Arc<dyn Store>, check: &LimitCheck) {
+    let refilling = Refilling {
+        inner: inner.clone(),
+        key: check.key.clone(),
+    };
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(refill(refilling, store.clone(), check.clone()));
+    }
+}
+
+/// A refill on its way: clears the key's `refilling` flag when it ends,
+/// or is dropped unfinished (a runtime shutting down).
+struct Refilling {
+    inner: Arc<Inner>,
+    key: String,
+}
+
+impl Drop for Refilling {
+    fn drop(&mut self) {
+        if let Some(slot) = self
+            .inner
+            .reservations
+            .as_ref()
+            .and_then(|r| r.slots.get(&self.key))
+        {
+            Reservations::pool(&slot).refilling = false;
+        }
+    }
+}
+
+/// One refill: in the key's single flight, reserves `n` more units (so a
+/// key holds fewer than `n + n / 4`), if the breaker lets it. A denial goes
+/// to the deny cache, for the requests that run short next. An error keeps
+/// nothing and answers no one: requests that then run short reserve
+/// themselves and get the store's answer (the breaker and the metrics have
+/// recorded it).
+async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) {
+    let inner = refilling.inner.clone();
+    let reservations = inner
+        .reservations
+        .as_ref()
+        .expect("a limiter with reservations");
+    let slot = reservations.slot(&check.key);
+    let _flight = slot.flight.lock().await;
+    {
+        let mut pool = Reservations::pool(&slot);
+        if pool.live(Instant::now()) && pool.units >= reservations.low_water() {
+            return; // refilled meanwhile, by a request that ran short
+        }
+    }
+    let pass = inner.breaker.pass();
+    if pass == Pass::Open {
+        return;
+    }
+    let probe = ProbeGuard {
+        inner: inner.clone(),
+        pass,
+        settled: false,
+    };
+    let sent = Instant::now();
+    let key = check.key.clone();
+    if let Ok(r) = probe.call(store.reserve(check, 1, reservations.n)).await {
+        let mut pool = Reservations::pool(&slot);
+        pool.left = r.remaining;
+        if r.granted > 0 {
+            pool.grant(&r, 0, sent);
+        } else if let Some(cache) = &inner.deny_cache {
+            // The store is spent: the requests that run short next are
+            // denied from the deny cache, as after any denial, rather than
+            // each asking again.
+            let state = LimitState {
+                allowed: false,
+                remaining: r.remaining,
+                reset_ms: r.window_left_ms,
+                retry_ms: r.window_left_ms,
+            };
+            let d =
+                Decision::new([state], inner.policies.clone()).with_spent(1, Stamp::Local(sent));
+            cache.insert(key, 1, &d);
+        }
+    }
 }
 
 /// The same error, for each request that waited on a failed flight.
@@ -343,7 +462,7 @@ mod tests {
         let r = Reservations::new(10);
         assert!(r.take("k", 1).is_none());
         holding(&r, "k", 3, 1_000);
-        let state = r.take("k", 2).unwrap();
+        let (state, _) = r.take("k", 2).unwrap();
         assert_eq!((state.remaining, state.reset_ms), (51, 1_000));
         assert!(r.take("k", 2).is_none(), "only 1 held");
         assert!(r.peek("k", 1).is_some());
@@ -360,7 +479,7 @@ mod tests {
         let half = Duration::from_millis(5_000);
         // Same window, measured a few ms apart: given back.
         assert!(r.give_back("k", 2, end - Duration::from_millis(3), half));
-        assert_eq!(r.take("k", 2).unwrap().remaining, 50);
+        assert_eq!(r.take("k", 2).unwrap().0.remaining, 50);
         // A window that ended before this one: not.
         assert!(!r.give_back("k", 1, end - Duration::from_millis(9_000), half));
         // No reservation: not.
