@@ -14,6 +14,10 @@
 -- a run: such a request costs one argument, its key.
 --
 -- KEYS     every limit's key: request 1's limits in order, then request 2's...
+--          On a Redis Cluster a call may hold requests of several hash
+--          slots of one node: then KEYS holds only the first request's keys
+--          (they route the call) and the others follow the last run in ARGV,
+--          in the same order (see "A batch per node" below).
 -- ARGV[1]  P, the number of policies, >= 1
 -- then per policy, three integers:
 --   limit      >= 1, units per window
@@ -33,6 +37,16 @@
 --
 -- Every argument is validated before the first write; every key written gets
 -- a TTL.
+--
+-- A batch per node: Redis Cluster routes a call by its declared keys, which
+-- must share a hash slot; a script without a shebang (this one) may still
+-- touch keys of other slots on the same node. So a batch of a node's
+-- requests declares the first request's keys and carries the rest in ARGV.
+-- A key of a slot the node does not hold (a map gone stale: resharding, a
+-- failover) fails the call with Redis's "non local key" error when the
+-- script first touches it: requests decided before it keep their spends
+-- (counted, never over-admitted), and every request of the call gets the
+-- error, which follows the store-error policy.
 
 -- Validation, before any write, keeping every number once parsed.
 local policies = whole(ARGV[1], 1)
@@ -67,7 +81,18 @@ for r = 1, runs do
   end
   arg, keys = arg + 3 + n, keys + count * n
 end
-if arg ~= #ARGV + 1 or keys ~= #KEYS then
+-- The keys: KEYS, then those carried after the last run.
+local key_of = KEYS
+if #ARGV >= arg then
+  key_of = {}
+  for i = 1, #KEYS do
+    key_of[i] = KEYS[i]
+  end
+  for i = arg, #ARGV do
+    key_of[#key_of + 1] = ARGV[i]
+  end
+end
+if #KEYS < 1 or keys ~= #key_of then
   return redis.error_reply('ERR decide_fixed: ARGV and KEYS do not match the requests they describe')
 end
 
@@ -92,7 +117,7 @@ for _ = 1, runs do
     local p = parsed[ARGV[arg + 3]]
     local lim, win, win_s, shade = limit[p], window[p], window_s[p], shadow[p]
     for i = key + 1, key + count do
-      local k = KEYS[i]
+      local k = key_of[i]
       local total = redis.pcall('INCRBY', k, cost_s)
       if type(total) ~= 'number' or total < cost then
         fw = fw or fixed_window_module()
@@ -135,7 +160,7 @@ for _ = 1, runs do
     for _ = 1, count do
       local all = true
       for i = 1, n do
-        local p, k = parsed[ARGV[first_policy + i - 1]], KEYS[key + i]
+        local p, k = parsed[ARGV[first_policy + i - 1]], key_of[key + i]
         if cost == 0 then
           before[i], ttls[i] = fw.look(k, window[p], window_s[p])
           fresh[i] = false
@@ -158,7 +183,7 @@ for _ = 1, runs do
           left = left - cost
         end
         if cost > 0 then
-          fw.settle(KEYS[key + i], keep, spent, fresh[i], cost_s, window_s[p])
+          fw.settle(key_of[key + i], keep, spent, fresh[i], cost_s, window_s[p])
         end
         if left < 0 then
           left = 0 -- a lowered limit can be passed

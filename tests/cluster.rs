@@ -2,8 +2,9 @@
 //! cluster connection and a bb8 pool of them: every algorithm and the
 //! multi-limit script count exactly, keys spread over every master, counts
 //! stay exact under concurrency, the concurrency limit holds, scripts come
-//! back after `SCRIPT FLUSH`, and a limiter finds a promoted replica after
-//! its master dies. Any error (`CROSSSLOT` included) fails a test.
+//! back after `SCRIPT FLUSH`, a limiter finds a promoted replica after its
+//! master dies, and a burst over many slots is batched per node. Any error
+//! (`CROSSSLOT` included) fails a test, but where a test says otherwise.
 
 mod support;
 
@@ -146,6 +147,104 @@ async fn keys_of_many_clients_spread_over_every_master() {
         let keys = &cluster.keys_with_ttl()[&owner];
         assert!(keys.iter().any(|(k, _)| *k == key), "{key} not on {owner}");
     }
+    cluster.assert_every_key_has_ttl();
+}
+
+/// `EVALSHA` calls each master has run since its last `CONFIG RESETSTAT`.
+fn script_calls_per_master(cluster: &RedisCluster) -> Vec<u64> {
+    let info = redis::cmd("INFO").arg("commandstats").clone();
+    let calls = |port: u16| -> u64 {
+        let stats: String = cluster.query(port, &info);
+        let line = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
+        let field = line.and_then(|l| l.split("calls=").nth(1));
+        field
+            .and_then(|f| f.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    cluster.masters().into_iter().map(calls).collect()
+}
+
+fn reset_stats(cluster: &RedisCluster) {
+    for port in cluster.masters() {
+        let () = cluster.query(port, redis::cmd("CONFIG").arg("RESETSTAT"));
+    }
+}
+
+/// 600 clients at once, four checks each, a key each over hundreds of
+/// slots: decided in calls per node, not per slot, and each exactly.
+#[tokio::test]
+async fn a_burst_over_many_slots_is_batched_per_node() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster.limiter("3/1m").await;
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    reset_stats(&cluster);
+    let clients: Vec<String> = (0..600).map(|i| format!("c{i}")).collect();
+    let checks = clients
+        .iter()
+        .flat_map(|c| (0..4).map(|_| limiter.check(c, 1)));
+    let decisions: Vec<bool> = join_all(checks)
+        .await
+        .into_iter()
+        .map(|d| d.unwrap().is_allowed())
+        .collect();
+    for (i, mine) in decisions.chunks(4).enumerate() {
+        let allowed = mine.iter().filter(|a| **a).count();
+        assert_eq!(allowed, 3, "client {i}: {mine:?}");
+    }
+    let calls = script_calls_per_master(&cluster);
+    let all: u64 = calls.iter().sum();
+    // By slot, 2,400 checks of 600 keys (about 590 slots) took hundreds of
+    // calls; by node, a round of up to 512 is a few calls per master.
+    assert!(all < 150, "{all} script calls: {calls:?}");
+    assert!(calls.iter().all(|c| *c > 0), "{calls:?}");
+    cluster.assert_every_key_has_ttl();
+}
+
+/// A slot moves after the batching task read the slot map: a node's call
+/// that meets a key it no longer holds fails as a store error (never an
+/// admission past the limit), the map is read again, and the next checks
+/// are decided exactly.
+#[tokio::test]
+async fn a_stale_slot_map_fails_its_call_then_recovers() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster.limiter("2/1m").await;
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    let key = limiter.store_key("moved");
+    let (slot, from) = (cluster.slot_of(&key), cluster.master_of(&key));
+    let to = cluster.masters().into_iter().find(|p| *p != from).unwrap();
+    cluster.migrate_slot(slot, from, to);
+    cluster.finish_migration(slot, to);
+    // Clients of every slot, "moved" among them.
+    let clients: Vec<String> = (0..300)
+        .map(|i| format!("s{i}"))
+        .chain(["moved".to_owned()])
+        .collect();
+    let mut admitted = vec![0; clients.len()];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let checks = clients.iter().map(|c| limiter.check(c, 1));
+        let results = join_all(checks).await;
+        let ok = results.iter().all(Result::is_ok);
+        for (n, r) in admitted.iter_mut().zip(&results) {
+            *n += usize::from(r.as_ref().is_ok_and(|d| d.is_allowed()));
+        }
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still failing: {results:?}");
+    }
+    // The first round's node call met the moved key (the map was stale).
+    assert!(rounds > 1, "no call failed: the map was not stale?");
+    assert!(admitted.iter().all(|n| *n <= 2), "{admitted:?}");
+    // Once recovered: every client is decided, exactly.
+    let checks = clients.iter().map(|c| limiter.check(c, 1));
+    for (n, r) in admitted.iter_mut().zip(join_all(checks).await) {
+        *n += usize::from(r.unwrap().is_allowed());
+    }
+    assert!(admitted.iter().all(|n| *n <= 2), "{admitted:?}");
+    assert_eq!(cluster.master_of(&key), to);
     cluster.assert_every_key_has_ttl();
 }
 

@@ -317,13 +317,7 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("RATE_LIMIT_RESERVE", "ten"),
     ] {
         for name in EXAMPLES {
-            let out = Command::new(examples_dir().join(name))
-                .env("BIND", "127.0.0.1:0")
-                .env(var, value)
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{name} {var}={value}: {stderr}");
+            let stderr = refused(name, &[(var, value)]);
             assert!(stderr.contains(var), "{name} {var}={value}: {stderr}");
         }
     }
@@ -333,15 +327,21 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("RATE_LIMIT_ALGORITHM", "gcra"),
     ] {
         for name in EXAMPLES {
-            let out = Command::new(examples_dir().join(name))
-                .env("BIND", "127.0.0.1:0")
-                .env("RATE_LIMIT_RESERVE", "10")
-                .env(var, value)
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{name} {var}={value}: {stderr}");
+            let stderr = refused(name, &[("RATE_LIMIT_RESERVE", "10"), (var, value)]);
             assert!(stderr.contains("RATE_LIMIT_RESERVE"), "{name}: {stderr}");
         }
     }
+}
+
+/// Runs example `name` with `vars`, which it must refuse (exit status 2):
+/// what it wrote to stderr.
+fn refused(name: &str, vars: &[(&str, &str)]) -> String {
+    let out = Command::new(examples_dir().join(name))
+        .env("BIND", "127.0.0.1:0")
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{name} {vars:?}: {stderr}");
+    stderr
 }

@@ -264,17 +264,20 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
         call.arg(argv);
         call
     };
-    // Two requests as one run, then as two runs of one: the same reply.
-    for good in [
-        &["1", "5", "1000", "0", "1", "2", "1", "1", "1"][..],
-        &[
-            "1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1", "1", "1",
-        ][..],
+    // Two requests as one run, then as two runs of one, then with the
+    // second key carried after the runs (a cluster node's batch): the same
+    // reply.
+    let one_run = ["1", "5", "1000", "0", "1", "2", "1", "1", "1"];
+    let two_runs = [
+        "1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1", "1", "1",
+    ];
+    let carried = ["1", "5", "1000", "0", "1", "2", "1", "1", "1", "k2"];
+    for (keys, good) in [
+        (&["k", "k2"][..], &one_run[..]),
+        (&["k", "k2"][..], &two_runs[..]),
+        (&["k"][..], &carried[..]),
     ] {
-        let ok: support::Reply = call(&["k", "k2"], good)
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
+        let ok: support::Reply = call(keys, good).invoke_async(&mut conn).await.unwrap();
         assert_eq!(ok.0, [1, 1, 4, 1000, 0, 1, 1, 4, 1000, 0], "{good:?}");
         let _: () = conn.del(&["k", "k2"]).await.unwrap();
     }

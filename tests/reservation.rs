@@ -26,6 +26,18 @@ fn reserving(store: RedisStore, quota: &str, n: u64) -> Limiter {
         .unwrap()
 }
 
+/// As [`reserving`], unnamed, with a short timeout and no breaker: every
+/// store call a frozen Redis gets is a timeout of its own.
+fn exposed(store: RedisStore, quota: &str, n: u64) -> Limiter {
+    Limiter::builder(quota.parse().unwrap())
+        .store(store)
+        .timeout(Duration::from_millis(300))
+        .breaker(Breaker::disabled())
+        .local_reservation(n)
+        .build()
+        .unwrap()
+}
+
 /// The Redis counter of the hot key (0 when absent).
 async fn counter(server: &RedisServer, limiter: &Limiter) -> u64 {
     let value: Option<u64> = redis::cmd("GET")
@@ -160,13 +172,7 @@ async fn about_one_script_call_per_n_requests() {
 #[tokio::test]
 async fn a_busy_key_is_refilled_before_it_runs_dry() {
     let server = RedisServer::start();
-    let l = Limiter::builder("1000/60s".parse().unwrap())
-        .store(server.store().await)
-        .timeout(Duration::from_millis(300))
-        .breaker(Breaker::disabled())
-        .local_reservation(8)
-        .build()
-        .unwrap();
+    let l = exposed(server.store().await, "1000/60s", 8);
     server.reset_stats().await;
     // 8 reserved, 7 spent: 1 left, under 8 / 4, so 8 more in the background.
     for _ in 0..7 {
@@ -219,13 +225,7 @@ async fn units_of_an_ended_window_are_not_used() {
 #[tokio::test]
 async fn a_frozen_redis_admits_only_units_already_reserved_and_never_after_their_window() {
     let server = RedisServer::start();
-    let l = Limiter::builder("100/2s".parse().unwrap())
-        .store(server.store().await)
-        .timeout(Duration::from_millis(300))
-        .breaker(Breaker::disabled())
-        .local_reservation(10)
-        .build()
-        .unwrap();
+    let l = exposed(server.store().await, "100/2s", 10);
     assert!(l.check(KEY, 1).await.unwrap().is_allowed());
     server.freeze(true);
     // Units held: admitted without Redis, while their window lasts.

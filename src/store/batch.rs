@@ -5,10 +5,9 @@
 //! background task. The task takes what is waiting as one round, with at
 //! most [`IN_FLIGHT`] rounds outstanding, and sends each group of it as one
 //! `EVALSHA` of the decide script (up to [`MAX_BATCH`] requests). On a
-//! standalone Redis a round is one call; on a cluster a script call may only
-//! touch keys of one hash slot, so a round (up to 8 calls' worth) is split
-//! by slot (all keys of one decision share a slot), and its calls go out at
-//! once. There is no
+//! standalone Redis a round is one call; on a cluster a round (up to 8
+//! calls' worth) is split by node, from a slot map (`batch_cluster.rs`),
+//! and its calls go out at once. There is no
 //! timer: a lone request is sent at once, and requests queue only while
 //! earlier rounds are in flight, so batches grow exactly when the server is
 //! busy. Each request is still decided on its own, all or nothing, inside
@@ -17,16 +16,26 @@
 //! per-request routing of redis-rs's cluster connection, which under a
 //! burst of 2000 concurrent calls took longer than the limiter's timeout.
 
-use std::sync::{Arc, OnceLock};
+use std::{
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::{
     BoxFuture, LimitCheck, LimitState,
-    redis::{Request, decide},
+    redis::{Request, decide, decide_spread},
 };
 use crate::Error;
+
+#[cfg(feature = "cluster")]
+#[path = "batch_cluster.rs"]
+mod cluster;
 
 /// The most requests in one script call.
 pub(crate) const MAX_BATCH: usize = 64;
@@ -48,47 +57,57 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
     /// What requests must share to go in one call.
     type Group: PartialEq + Send + 'static;
 
+    /// What the task reads to group requests (a cluster's slot map), read
+    /// again every [`ROUTER_AGE`] and after a failed call.
+    type Router: Send + Sync + 'static;
+
     /// The most requests in one round (each call still holds at most
     /// [`MAX_BATCH`]).
     const ROUND: usize;
 
-    /// The group of a request, from its limits' keys.
-    fn group(checks: &[LimitCheck]) -> Self::Group;
+    /// Reads the router.
+    fn router(&self) -> BoxFuture<'static, Self::Router>;
+
+    /// The group of a request, from its limits.
+    fn group(router: &Self::Router, checks: &[LimitCheck]) -> Self::Group;
+
+    /// Whether a group's call may hold keys of several hash slots (a
+    /// cluster node's fixed-window requests: `lua/decide_fixed.lua`).
+    fn spread(_group: &Self::Group) -> bool {
+        false
+    }
 }
+
+/// How long a router is used before it is read again.
+const ROUTER_AGE: Duration = Duration::from_secs(5);
 
 impl Batched for ConnectionManager {
     type Group = ();
+    type Router = ();
 
     /// One call a round: a standalone Redis runs one script at a time.
     const ROUND: usize = MAX_BATCH;
 
-    fn group(_: &[LimitCheck]) {}
+    fn router(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
+    fn group(_: &(), _: &[LimitCheck]) {}
 }
 
 #[cfg(feature = "sentinel")]
 impl Batched for super::redis::SentinelMaster {
     type Group = ();
+    type Router = ();
 
     /// One call a round, as on any standalone Redis.
     const ROUND: usize = MAX_BATCH;
 
-    fn group(_: &[LimitCheck]) {}
-}
-
-#[cfg(feature = "cluster")]
-impl Batched for redis::cluster_async::ClusterConnection {
-    /// The hash slot: all keys of one request share it (their hash tag).
-    type Group = redis::cluster_routing::Slot;
-
-    /// Calls of a round go to different slots, often different masters, at
-    /// once: with one call a round, a burst of 1000 requests on 10 slots
-    /// waited for 8 rounds in turn, past the limiter's timeout.
-    const ROUND: usize = 8 * MAX_BATCH;
-
-    fn group(checks: &[LimitCheck]) -> Self::Group {
-        let key = checks.first().map_or("", |check| check.key.as_str());
-        redis::cluster_routing::Slot::for_key(key)
+    fn router(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
     }
+
+    fn group(_: &(), _: &[LimitCheck]) {}
 }
 
 /// The handle to a connection's batching task, started on first use.
@@ -146,10 +165,19 @@ impl Batcher {
 /// and sends it as one call per group.
 async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut router = Arc::new(conn.router().await);
+    let mut read = tokio::time::Instant::now();
+    // Set by a call that failed: the router is read again before the next
+    // round (a cluster's slots may have moved).
+    let stale = Arc::new(AtomicBool::new(false));
     while let Ok(permit) = permits.clone().acquire_owned().await {
         let Some(first) = queue.recv().await else {
             return;
         };
+        if read.elapsed() >= ROUTER_AGE || stale.swap(false, Ordering::Relaxed) {
+            router = Arc::new(conn.router().await);
+            read = tokio::time::Instant::now();
+        }
         let mut jobs = vec![first];
         while jobs.len() < C::ROUND {
             match queue.try_recv() {
@@ -164,7 +192,7 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
         }
         let mut groups: Vec<(C::Group, Vec<Job>)> = Vec::new();
         for job in jobs {
-            let group = C::group(&job.checks);
+            let group = C::group(&router, &job.checks);
             let open =
                 |(g, jobs): &&mut (C::Group, Vec<Job>)| *g == group && jobs.len() < MAX_BATCH;
             match groups.iter_mut().find(open) {
@@ -174,14 +202,29 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
         }
         // The round's permit is free again once its last call is answered.
         let permit = Arc::new(permit);
-        for (_, jobs) in groups {
-            tokio::spawn(send(jobs, conn.clone(), permit.clone()));
+        for (group, jobs) in groups {
+            let call = Sent {
+                spread: C::spread(&group),
+                stale: stale.clone(),
+                _permit: permit.clone(),
+            };
+            tokio::spawn(send(jobs, conn.clone(), call));
         }
     }
 }
 
+/// A call on its way, for [`send`].
+struct Sent {
+    /// Its keys may be of several hash slots of one node.
+    spread: bool,
+    /// Set if it fails.
+    stale: Arc<AtomicBool>,
+    /// Its round's permit.
+    _permit: Arc<OwnedSemaphorePermit>,
+}
+
 /// Sends one group of requests as one call and answers each request.
-async fn send<C: Batched>(jobs: Vec<Job>, mut conn: C, permit: Arc<OwnedSemaphorePermit>) {
+async fn send<C: Batched>(jobs: Vec<Job>, mut conn: C, call: Sent) {
     let requests: Vec<Request<'_>> = jobs
         .iter()
         .map(|job| Request {
@@ -189,8 +232,14 @@ async fn send<C: Batched>(jobs: Vec<Job>, mut conn: C, permit: Arc<OwnedSemaphor
             cost: job.cost,
         })
         .collect();
-    let result = decide(&mut conn, &requests).await;
+    let result = match call.spread {
+        true => decide_spread(&mut conn, &requests).await,
+        false => decide(&mut conn, &requests).await,
+    };
     drop(requests);
+    if result.is_err() {
+        call.stale.store(true, Ordering::Relaxed);
+    }
     match result {
         Ok(states) => {
             for (job, states) in jobs.into_iter().zip(states) {
@@ -203,5 +252,4 @@ async fn send<C: Batched>(jobs: Vec<Job>, mut conn: C, permit: Arc<OwnedSemaphor
             }
         }
     }
-    drop(permit);
 }

@@ -1,13 +1,13 @@
 //! Redis Cluster for [`RedisStore`] (feature `cluster`): redis-rs's async
 //! cluster connection, or a bb8 pool of them.
 //!
-//! Nothing else changes on a cluster: every script call carries all its keys
-//! in `KEYS`, and all keys of one call share a hash tag (see the crate's
-//! keyspace rules), so each call runs on the one master that owns their
-//! slot. redis-rs routes `EVALSHA` by its first key, follows `MOVED` and
-//! `ASK`, and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying
-//! again. On one cluster connection, concurrent decisions whose keys share a
-//! hash slot go in one call (see `batch.rs`); a pool sends one call each.
+//! All keys of one decision share a hash tag (see the crate's keyspace
+//! rules), so each decision belongs to the one master that owns its slot.
+//! redis-rs routes `EVALSHA` by its first key, follows `MOVED` and `ASK`,
+//! and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying again.
+//! On one cluster connection, concurrent fixed-window decisions bound for
+//! one master go in one call, whatever their slots, and others per slot
+//! (see `batch.rs` and `batch_cluster.rs`); a pool sends one call each.
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 

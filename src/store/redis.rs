@@ -32,7 +32,7 @@ mod sentinel;
 mod tls;
 
 use self::decide_call::{Packed, decide_invocation, parse_batch};
-pub(super) use self::decide_call::{Request, decide, general_invocation};
+pub(super) use self::decide_call::{Request, decide, decide_spread, general_invocation};
 #[cfg(feature = "sentinel")]
 pub(super) use self::sentinel::Sentinel as SentinelMaster;
 

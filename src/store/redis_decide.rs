@@ -13,6 +13,13 @@ pub(in crate::store) struct Request<'a> {
     pub(in crate::store) cost: u64,
 }
 
+impl Request<'_> {
+    /// Whether every limit is a fixed window: the fast path's.
+    pub(in crate::store) fn fixed(&self) -> bool {
+        (self.checks.iter()).all(|check| check.quota.algorithm() == Algorithm::FixedWindow)
+    }
+}
+
 /// Every limit's key of a batch, request by request: the call's `KEYS`.
 fn batch_keys<'a>(requests: &'a [Request<'_>]) -> Vec<&'a str> {
     let checks = requests.iter().flat_map(|r| r.checks);
@@ -23,11 +30,8 @@ fn batch_keys<'a>(requests: &'a [Request<'_>]) -> Vec<&'a str> {
 /// every limit's key, `ARGV` the batch (see `lua/decide.lua`). A call whose
 /// limits are all fixed windows goes to the fast path instead.
 pub(in crate::store) fn decide_invocation(requests: &[Request<'_>]) -> Call {
-    let fixed = requests.iter().all(|request| {
-        (request.checks.iter()).all(|check| check.quota.algorithm() == Algorithm::FixedWindow)
-    });
-    if fixed {
-        return fixed_invocation(requests);
+    if requests.iter().all(Request::fixed) {
+        return fixed_invocation(requests, false);
     }
     general_invocation(&scripts::DECIDE, requests)
 }
@@ -62,7 +66,7 @@ pub(in crate::store) fn general_invocation(
 /// (the same cost and policies, as one limiter's requests are), each run
 /// sent once: a request of a run costs Redis one argument, its key. Same
 /// reply as [`decide_invocation`]'s.
-fn fixed_invocation(requests: &[Request<'_>]) -> Call {
+fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
     let mut policies: Vec<(u64, u64, bool)> = Vec::new();
     let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
     for check in requests.iter().flat_map(|r| r.checks) {
@@ -91,7 +95,14 @@ fn fixed_invocation(requests: &[Request<'_>]) -> Call {
             _ => runs.push((i, mine, 1)),
         }
     }
-    let mut call = Call::new(&scripts::DECIDE_FIXED, &batch_keys(requests));
+    let keys = batch_keys(requests);
+    // Declared: every key, or on a cluster batch of several slots the first
+    // request's (they route the call; the rest follow the runs).
+    let declared = match spread {
+        true => requests.first().map_or(0, |r| r.checks.len()),
+        false => keys.len(),
+    };
+    let mut call = Call::new(&scripts::DECIDE_FIXED, &keys[..declared]);
     call.arg(policies.len());
     for (limit, window_ms, shadow) in policies {
         call.arg(limit).arg(window_ms).arg(u8::from(shadow));
@@ -102,6 +113,9 @@ fn fixed_invocation(requests: &[Request<'_>]) -> Call {
         for number in numbers {
             call.arg(*number);
         }
+    }
+    for key in &keys[declared..] {
+        call.arg(*key);
     }
     call
 }
@@ -157,6 +171,18 @@ pub(in crate::store) async fn decide<C: ConnectionLike>(
     requests: &[Request<'_>],
 ) -> Result<Vec<Vec<LimitState>>, Error> {
     let Packed(reply) = decide_invocation(requests).invoke(conn).await?;
+    parse_batch(&reply, requests)
+}
+
+/// Runs a batch of one Redis Cluster node's fixed-window requests, whose
+/// keys may be of several hash slots of that node, as one call: the first
+/// request's keys declared, the others carried in `ARGV` (see
+/// `lua/decide_fixed.lua`'s "A batch per node").
+pub(in crate::store) async fn decide_spread<C: ConnectionLike>(
+    conn: &mut C,
+    requests: &[Request<'_>],
+) -> Result<Vec<Vec<LimitState>>, Error> {
+    let Packed(reply) = fixed_invocation(requests, true).invoke(conn).await?;
     parse_batch(&reply, requests)
 }
 

@@ -1,0 +1,111 @@
+//! Batching on a Redis Cluster: a round's requests grouped by the node that
+//! holds their hash slot, from a slot map the batching task reads with
+//! `CLUSTER SLOTS` (every `ROUTER_AGE`, and after a failed call).
+//!
+//! A script call may only declare keys of one hash slot, so grouping by slot
+//! alone sent about one request per call when clients spread over many
+//! slots (100,000 keys over 16,384 slots). A node's fixed-window requests go
+//! in one call instead: the first request's keys declared, the others
+//! carried in `ARGV` (`lua/decide_fixed.lua`'s "A batch per node"). Requests
+//! with another algorithm, and every request while no slot map could be
+//! read, are still grouped by slot, with every key declared.
+
+use std::collections::HashMap;
+
+use redis::{
+    Cmd, Value,
+    cluster_async::ClusterConnection,
+    cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot},
+};
+
+use super::{Batched, MAX_BATCH};
+use crate::{
+    Algorithm,
+    store::{BoxFuture, LimitCheck},
+};
+
+/// Which node (by its place in `CLUSTER SLOTS`'s reply) holds each slot.
+#[derive(Debug, Default)]
+pub(in crate::store) struct SlotMap(HashMap<Slot, u16>);
+
+/// A group of a round on a cluster.
+#[derive(Debug, PartialEq)]
+pub(in crate::store) enum Group {
+    /// Fixed-window requests on one node: several slots in one call.
+    Node(u16),
+    /// Any other request: one slot per call.
+    Slot(Slot),
+}
+
+impl Batched for ClusterConnection {
+    type Group = Group;
+    type Router = SlotMap;
+
+    /// Calls of a round go to different nodes or slots at once: with one
+    /// call a round, a burst of 1000 requests on 10 slots waited for 8
+    /// rounds in turn, past the limiter's timeout.
+    const ROUND: usize = 8 * MAX_BATCH;
+
+    fn router(&self) -> BoxFuture<'static, SlotMap> {
+        let mut conn = self.clone();
+        Box::pin(async move {
+            let mut cmd = Cmd::new();
+            cmd.arg("CLUSTER").arg("SLOTS");
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            match conn.route_command(cmd, routing).await {
+                Ok(reply) => SlotMap::parse(&reply).unwrap_or_default(),
+                // No map: every request grouped by its slot, as before.
+                Err(_) => SlotMap::default(),
+            }
+        })
+    }
+
+    fn group(map: &SlotMap, checks: &[LimitCheck]) -> Group {
+        let key = checks.first().map_or("", |check| check.key.as_str());
+        let slot = Slot::for_key(key);
+        let fixed = (checks.iter()).all(|c| c.quota.algorithm() == Algorithm::FixedWindow);
+        match map.0.get(&slot) {
+            Some(node) if fixed => Group::Node(*node),
+            _ => Group::Slot(slot),
+        }
+    }
+
+    fn spread(group: &Group) -> bool {
+        matches!(group, Group::Node(_))
+    }
+}
+
+impl SlotMap {
+    /// `CLUSTER SLOTS`'s reply: per range, its first and last slot, then
+    /// its master (host, port, ...) and replicas. `None` if it is not one.
+    fn parse(reply: &Value) -> Option<SlotMap> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut nodes: Vec<String> = Vec::new();
+        let mut map = HashMap::with_capacity(16_384);
+        for range in ranges {
+            let Value::Array(range) = range else {
+                return None;
+            };
+            let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(master))) =
+                (range.first(), range.get(1), range.get(2))
+            else {
+                return None;
+            };
+            let name = format!("{:?}", master.get(..2)?);
+            let node = match nodes.iter().position(|n| *n == name) {
+                Some(i) => i,
+                None => {
+                    nodes.push(name);
+                    nodes.len() - 1
+                }
+            };
+            let node = u16::try_from(node).ok()?;
+            for slot in *first..=*last {
+                map.insert(Slot::new(u16::try_from(slot).ok()?)?, node);
+            }
+        }
+        Some(SlotMap(map))
+    }
+}
