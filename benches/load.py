@@ -44,6 +44,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from harness.cluster import Cluster  # noqa: E402
 from harness import (RESULTS, catalog, chart, exactness, markdown, procs,  # noqa: E402
                      redisstats, report, wrk)
 
@@ -129,13 +130,19 @@ def meta(args):
     }
 
 
-def cell(redis, binary, server, workload, args, logdir, rnd):
-    """Runs one (server, workload) cell; returns its raw record."""
-    redis.cli("FLUSHALL")
+def cell(redis, binary, server, workload, args, logdir, rnd, cluster=None):
+    """Runs one (server, workload) cell; returns its raw record. A cluster
+    server's Redis figures and checks are its masters', added up."""
+    if server.cluster:
+        redis = [n for n in cluster.live]
+    for node in redisstats.nodes(redis):
+        node.cli("FLUSHALL")
     env = dict(server.env)
     env.setdefault("RATE_LIMIT", workload.quota)
     env["RATE_LIMIT_KEY"] = workload.key
-    if server.redis:
+    if server.cluster:
+        env["REDIS_CLUSTER_URLS"] = cluster.urls()
+    elif server.redis:
         env["REDIS_URL"] = redis.url
     log = os.path.join(logdir, f"r{rnd}-{server.name}-{workload.name}.log".replace(" ", "_"))
     with procs.serving(binary, env, log) as (port, startup, pid):
@@ -165,7 +172,8 @@ def cell(redis, binary, server, workload, args, logdir, rnd):
     # once).
     result["exactness"] = exactness.check(redis, server, workload, result, args.threads)
     return {"round": rnd, "server": server.name, "workload": workload.name,
-            "startup": startup, "env": {k: v for k, v in env.items() if k != "REDIS_URL"},
+            "startup": startup,
+            "env": {k: v for k, v in env.items() if k not in ("REDIS_URL", "REDIS_CLUSTER_URLS")},
             **result}
 
 
@@ -191,7 +199,9 @@ def order(servers, workloads, paired, rnd):
 
 def measure(args, servers, workloads):
     procs.require("wrk", "redis-server", "redis-cli", "cargo")
-    binaries = procs.build(ROOT, {s.binary for s in servers})
+    clustered = any(s.cluster for s in servers)
+    binaries = procs.build(ROOT, {s.binary for s in servers},
+                           features=("cluster",) if clustered else ())
     info = meta(args)
     if info["loadavg_start"] > 0.5:
         print(f"warning: load average {info['loadavg_start']:.2f}: the machine is not idle, "
@@ -200,10 +210,13 @@ def measure(args, servers, workloads):
     logdir = os.path.join(redis.dir, "servers")
     os.makedirs(logdir)
     cells = []
+    # Three masters, no replicas: the cluster servers' Redis.
+    cluster = Cluster(masters=3, replicas=0) if clustered else None
     try:
         for rnd in range(1, args.rounds + 1):
             for server, workload, pair in order(servers, workloads, args.paired, rnd):
-                c = cell(redis, binaries[server.binary], server, workload, args, logdir, rnd)
+                c = cell(redis, binaries[server.binary], server, workload, args, logdir, rnd,
+                         cluster)
                 c["pair"] = pair
                 cells.append(c)
                 print(f"round {rnd}: {server.name:38} {workload.name:20} {c['rps']:>9.0f} req/s "
@@ -221,6 +234,8 @@ def measure(args, servers, workloads):
                           file=sys.stderr)
     finally:
         redis.stop()
+        if cluster:
+            cluster.stop()
     info["loadavg_end"] = os.getloadavg()[0]
     info["server_logs"] = logdir
     return info, cells

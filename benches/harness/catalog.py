@@ -30,6 +30,9 @@ class Server:
     # Workloads (names) it does not run, each for a reason given where it
     # is listed.
     skip: tuple = ()
+    # Gets REDIS_CLUSTER_URLS pointing at the benchmark's 3-master Redis
+    # Cluster (and the example is built with the `cluster` feature).
+    cluster: bool = False
 
 
 SERVERS = [
@@ -45,6 +48,9 @@ SERVERS = [
     # key, never over the quota.
     Server("redis manager, local reservation 100", "axum",
            {"RATE_LIMIT_RESERVE": "100"}, redis=True),
+    # A Redis Cluster of 3 masters, no replicas, through one cluster
+    # connection: decisions batched per node (src/store/batch_cluster.rs).
+    Server("redis cluster, 3 masters", "axum", redis=True, cluster=True),
     Server("redis bb8 pool 32, deny cache on", "axum",
            {"REDIS_POOL": "32", "RATE_LIMIT_DENY_CACHE": "on"}, redis=True),
     Server("redis bb8 pool 32, deny cache off", "axum",

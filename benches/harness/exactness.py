@@ -29,6 +29,8 @@ import os
 import re
 import subprocess
 
+from . import redisstats
+
 # Our fixed-window counters: "{prefix}:fw:{policy}:{key}" with prefix "rl".
 COUNTER_PREFIX = "rl:fw:"
 # Limits at least this large cannot be reached by a run: not compared.
@@ -65,13 +67,17 @@ def bound(workload, requests, threads):
 
 
 def scan(redis):
-    """(keys, keys without a TTL, largest counter or None) of the keyspace."""
-    out = redis.cli("EVAL", KEYSPACE_LUA, "0", COUNTER_PREFIX, "string")
-    # Not a tty: one raw value per line; a tty would show "1) (integer) 5".
-    values = [int(m.group(1)) for m in map(_INTEGER.search, out.splitlines()) if m]
-    if len(values) != 7:
-        raise ValueError(f"unexpected reply {out.strip()!r}")
-    keys, no_ttl, _gone, _stray, _sum, _max_ttl, max_count = values
+    """(keys, keys without a TTL, largest counter or None) of the keyspace:
+    of one server, or of every master of a cluster (a list)."""
+    keys, no_ttl, max_count = 0, 0, -1
+    for node in redisstats.nodes(redis):
+        out = node.cli("EVAL", KEYSPACE_LUA, "0", COUNTER_PREFIX, "string")
+        # Not a tty: one raw value per line; a tty would show "1) (integer) 5".
+        values = [int(m.group(1)) for m in map(_INTEGER.search, out.splitlines()) if m]
+        if len(values) != 7:
+            raise ValueError(f"unexpected reply {out.strip()!r}")
+        k, n, _gone, _stray, _sum, _max_ttl, m = values
+        keys, no_ttl, max_count = keys + k, no_ttl + n, max(max_count, m)
     return keys, no_ttl, (None if max_count < 0 else max_count)
 
 

@@ -26,14 +26,26 @@ TRANSACTION = {"multi", "exec"}
 OURS = ("info", "config", "command", "flushall")
 
 
+def nodes(redis):
+    """The servers behind `redis`: a `procs.Redis`, or a list of them (a
+    cluster's masters), whose figures add up."""
+    return redis if isinstance(redis, list) else [redis]
+
+
 def reset(redis):
-    redis.cli("CONFIG", "RESETSTAT")
-    return cpu_seconds(redis.cli("INFO", "cpu"))
+    for node in nodes(redis):
+        node.cli("CONFIG", "RESETSTAT")
+    return sum(cpu_seconds(node.cli("INFO", "cpu")) for node in nodes(redis))
 
 
 def collect(redis, cpu_before):
-    stats = commandstats(redis.cli("INFO", "commandstats"))
-    cpu = cpu_seconds(redis.cli("INFO", "cpu")) - cpu_before
+    stats = {}
+    for node in nodes(redis):
+        for name, f in commandstats(node.cli("INFO", "commandstats")).items():
+            total = stats.setdefault(name, {"calls": 0, "usec": 0})
+            total["calls"] += f["calls"]
+            total["usec"] += f["usec"]
+    cpu = sum(cpu_seconds(node.cli("INFO", "cpu")) for node in nodes(redis)) - cpu_before
     return {"commands": stats, "cpu_us": cpu * 1e6}
 
 
