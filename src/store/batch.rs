@@ -178,7 +178,8 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
             router = Arc::new(conn.router().await);
             read = tokio::time::Instant::now();
         }
-        let mut jobs = vec![first];
+        let mut jobs = Vec::with_capacity(C::ROUND.min(queue.len() + 1));
+        jobs.push(first);
         while jobs.len() < C::ROUND {
             match queue.try_recv() {
                 Ok(job) => jobs.push(job),
@@ -191,13 +192,19 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
             continue;
         }
         let mut groups: Vec<(C::Group, Vec<Job>)> = Vec::new();
-        for job in jobs {
+        let count = jobs.len();
+        for (i, job) in jobs.into_iter().enumerate() {
             let group = C::group(&router, &job.checks);
             let open =
                 |(g, jobs): &&mut (C::Group, Vec<Job>)| *g == group && jobs.len() < MAX_BATCH;
             match groups.iter_mut().find(open) {
                 Some((_, jobs)) => jobs.push(job),
-                None => groups.push((group, vec![job])),
+                None => {
+                    // Room for every job left (one group, as a rule).
+                    let mut jobs = Vec::with_capacity((count - i).min(MAX_BATCH));
+                    jobs.push(job);
+                    groups.push((group, jobs));
+                }
             }
         }
         // The round's permit is free again once its last call is answered.

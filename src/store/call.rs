@@ -23,8 +23,24 @@ pub(super) struct Call {
 impl Call {
     /// A call of `script` on `keys`; arguments follow with [`arg`](Self::arg).
     pub(super) fn new(script: &'static Script, keys: &[&str]) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Self::with_room(script, keys, 0, 0)
+    }
+
+    /// As [`new`](Self::new), with room for `args` more arguments of `bytes`
+    /// in all, so that the command is written without growing its buffers.
+    pub(super) fn with_room(
+        script: &'static Script,
+        keys: &[&str],
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        let hash = script.get_hash();
+        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+        let mut cmd = Cmd::with_capacity(
+            3 + keys.len() + args,
+            "EVALSHA".len() + hash.len() + 20 + key_bytes + bytes,
+        );
+        cmd.arg("EVALSHA").arg(hash).arg(keys.len()).arg(keys);
         Self {
             script: Some(script),
             cmd,

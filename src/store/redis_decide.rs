@@ -102,7 +102,16 @@ fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
         true => requests.first().map_or(0, |r| r.checks.len()),
         false => keys.len(),
     };
-    let mut call = Call::new(&scripts::DECIDE_FIXED, &keys[..declared]);
+    // Room for the rest: each number at most 20 digits, the carried keys.
+    let more = 2 + 3 * policies.len() + runs.iter().map(|r| 3 + r.1.len()).sum::<usize>();
+    let carried = &keys[declared..];
+    let carried_bytes: usize = carried.iter().map(|k| k.len()).sum();
+    let mut call = Call::with_room(
+        &scripts::DECIDE_FIXED,
+        &keys[..declared],
+        more + carried.len(),
+        20 * more + carried_bytes,
+    );
     call.arg(policies.len());
     for (limit, window_ms, shadow) in policies {
         call.arg(limit).arg(window_ms).arg(u8::from(shadow));
@@ -114,7 +123,7 @@ fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
             call.arg(*number);
         }
     }
-    for key in &keys[declared..] {
+    for key in carried {
         call.arg(*key);
     }
     call
@@ -134,9 +143,11 @@ impl FromRedisValue for Packed {
         let bad = || ParsingError::from(format!("decide replied bad MessagePack: {bytes:?}"));
         let mut rd = bytes.as_slice();
         let len = rmp::decode::read_array_len(&mut rd).map_err(|_| bad())?;
-        let values = (0..len)
-            .map(|_| rmp::decode::read_int(&mut rd).map_err(|_| bad()))
-            .collect::<Result<Vec<i64>, _>>()?;
+        // Each integer takes a byte at least: a length beyond that is a bad reply.
+        let mut values = Vec::with_capacity((len as usize).min(bytes.len()));
+        for _ in 0..len {
+            values.push(rmp::decode::read_int(&mut rd).map_err(|_| bad())?);
+        }
         if !rd.is_empty() {
             return Err(bad());
         }
@@ -233,5 +244,9 @@ mod tests {
         let array = Value::Array(vec![Value::Int(1)]);
         assert!(Packed::from_redis_value(array).is_err());
         assert!(Packed::from_redis_value(Value::BulkString(vec![0x93, 0x01])).is_err());
+        // A length of 2^32 - 1 in five bytes: refused, without making room
+        // for it first.
+        let huge = vec![0xdd, 0xff, 0xff, 0xff, 0xff];
+        assert!(Packed::from_redis_value(Value::BulkString(huge)).is_err());
     }
 }
