@@ -248,6 +248,58 @@ async fn a_stale_slot_map_fails_its_call_then_recovers() {
     cluster.assert_every_key_has_ttl();
 }
 
+/// A master that stops answering holds up no decision of the other
+/// masters' keys: the slot map is read again in the background (every 5 s,
+/// from any node, the frozen one included), never in a round's way.
+#[tokio::test]
+async fn a_frozen_master_holds_up_no_other_masters_decisions() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster
+        .builder("100000/1m")
+        .await
+        .timeout(Duration::from_millis(300))
+        .breaker(redis_ratelimit::Breaker::disabled())
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    // The other masters go on serving their slots while one is down.
+    for port in cluster.masters() {
+        let set = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .clone();
+        let () = cluster.query(port, &set);
+    }
+    let frozen = cluster.masters()[0];
+    let clients: Vec<String> = (0..200)
+        .map(|i| format!("f{i}"))
+        .filter(|c| cluster.master_of(&limiter.store_key(c)) != frozen)
+        .take(40)
+        .collect();
+    cluster.freeze(frozen, true);
+    // Past two background reads of the map.
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut rounds = 0;
+    while Instant::now() < until {
+        let results = join_all(clients.iter().map(|c| limiter.check(c, 1))).await;
+        let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
+        if !failed.is_empty() {
+            cluster.freeze(frozen, false);
+            panic!(
+                "round {rounds}: {} of {} failed: {:?}",
+                failed.len(),
+                clients.len(),
+                failed[0]
+            );
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.freeze(frozen, false);
+    assert!(rounds > 50, "{rounds} rounds");
+}
+
 /// 200 concurrent checks of one key against 50, spread over two cluster
 /// connections and a pool (three replicas of a service): exactly 50 pass,
 /// each seeing a different remaining count.

@@ -59,7 +59,7 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
 
     /// What the task reads to group requests (a cluster's slot map), read
     /// again every [`ROUTER_AGE`] and after a failed call.
-    type Router: Send + Sync + 'static;
+    type Router: Default + Send + Sync + 'static;
 
     /// The most requests in one round (each call still holds at most
     /// [`MAX_BATCH`]).
@@ -165,8 +165,7 @@ impl Batcher {
 /// and sends it as one call per group.
 async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut router = Arc::new(conn.router().await);
-    let mut read = tokio::time::Instant::now();
+    let mut routing = Routing::new(read_router(&conn).await.unwrap_or_default());
     // Set by a call that failed: the router is read again before the next
     // round (a cluster's slots may have moved).
     let stale = Arc::new(AtomicBool::new(false));
@@ -174,10 +173,9 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
         let Some(first) = queue.recv().await else {
             return;
         };
-        if read.elapsed() >= ROUTER_AGE || stale.swap(false, Ordering::Relaxed) {
-            router = Arc::new(conn.router().await);
-            read = tokio::time::Instant::now();
-        }
+        let router = routing
+            .current(&conn, stale.swap(false, Ordering::Relaxed))
+            .await;
         let mut jobs = Vec::with_capacity(C::ROUND.min(queue.len() + 1));
         jobs.push(first);
         while jobs.len() < C::ROUND {
@@ -219,6 +217,68 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
         }
     }
 }
+
+/// The router a batching task groups by: read again every [`ROUTER_AGE`]
+/// in the background, so that no round waits for it, and at once (bounded
+/// by [`ROUTER_WAIT`]) after a failed call.
+struct Routing<R> {
+    router: Arc<R>,
+    read_at: tokio::time::Instant,
+    /// A background read is on its way.
+    reading: Arc<AtomicBool>,
+    /// What the last background read found, not yet in use.
+    fresh: Arc<std::sync::Mutex<Option<Arc<R>>>>,
+}
+
+impl<R: Default + Send + Sync + 'static> Routing<R> {
+    fn new(router: Arc<R>) -> Self {
+        Self {
+            router,
+            read_at: tokio::time::Instant::now(),
+            reading: Arc::new(AtomicBool::new(false)),
+            fresh: Arc::new(std::sync::Mutex::new(None)),
+        }
+    }
+
+    /// The router for the next round: read now if `stale`, else the newest
+    /// one (and a background read started once it is old).
+    async fn current<C: Batched<Router = R>>(&mut self, conn: &C, stale: bool) -> Arc<R> {
+        let now = tokio::time::Instant::now();
+        if stale && let Some(router) = read_router(conn).await {
+            (self.router, self.read_at) = (router, now);
+        } else if let Some(router) = lock(&self.fresh).take() {
+            self.router = router;
+        }
+        if self.read_at.elapsed() >= ROUTER_AGE && !self.reading.swap(true, Ordering::Relaxed) {
+            self.read_at = now;
+            let (conn, fresh, reading) = (conn.clone(), self.fresh.clone(), self.reading.clone());
+            tokio::spawn(async move {
+                if let Some(router) = read_router(&conn).await {
+                    *lock(&fresh) = Some(router);
+                }
+                reading.store(false, Ordering::Relaxed);
+            });
+        }
+        self.router.clone()
+    }
+}
+
+/// A lock whose data stays consistent if a holder panicked.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads `conn`'s router, waiting at most [`ROUTER_WAIT`] (a node that does
+/// not answer): `None` past it.
+async fn read_router<C: Batched>(conn: &C) -> Option<Arc<C::Router>> {
+    tokio::time::timeout(ROUTER_WAIT, conn.router())
+        .await
+        .ok()
+        .map(Arc::new)
+}
+
+/// The longest a read of the router is waited for.
+const ROUTER_WAIT: Duration = Duration::from_millis(500);
 
 /// A call on its way, for [`send`].
 struct Sent {

@@ -126,6 +126,20 @@ impl RedisCluster {
             .kill();
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the node on `port`: a node
+    /// that accepts connections but never answers.
+    pub fn freeze(&self, port: u16, frozen: bool) {
+        let node = self.nodes.iter().find(|n| n.port == port);
+        let node = node.unwrap_or_else(|| panic!("no node on port {port}"));
+        let pid = node.child.as_ref().expect("node is running").id();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// Starts the node killed on `port` again on the same port: it rejoins
     /// with its `nodes.conf` (identity and slots) and an empty dataset. Waits
     /// until every node reports `cluster_state:ok` again.
