@@ -31,8 +31,17 @@
 -- Every integer is plain decimal ("1000", not "1e3"): some go to Redis as
 -- they are.
 --
--- Reply: as decide.lua's, one MessagePack array (cmsgpack.pack), flat, per
--- request: allowed, then per limit: allowed_i, remaining_i, reset_ms_i,
+-- Reply: one MessagePack array (cmsgpack.pack), flat, request by request.
+-- A request of a run with one limit and a cost above 0 (nearly every
+-- request) takes two integers:
+--   r          what remains after it, >= 0, if its limit admitted it;
+--              -1 - what remains, if its limit denied it
+--   reset_ms   until the window resets (when denied, also the retry time)
+-- The caller knows the limit's policy, so whether a denial is a shadow's
+-- (the request admitted all the same). Packing five numbers per request,
+-- as decide.lua does, cost Redis 3,700 more instructions per decision
+-- (benches/script-cost.sh), 14% of it. A request of any other run takes
+-- decide.lua's: allowed, then per limit allowed_i, remaining_i, reset_ms_i,
 -- retry_ms_i.
 --
 -- Every argument is validated before the first write; every key written gets
@@ -115,7 +124,7 @@ for _ = 1, runs do
     -- fixed_window.spend and settle would: function calls and table
     -- accesses were most of what a decision cost Redis.
     local p = parsed[ARGV[arg + 3]]
-    local lim, win, win_s, shade = limit[p], window[p], window_s[p], shadow[p]
+    local lim, win, win_s = limit[p], window[p], window_s[p]
     for i = key + 1, key + count do
       local k = key_of[i]
       local total = redis.pcall('INCRBY', k, cost_s)
@@ -135,7 +144,7 @@ for _ = 1, runs do
         if total == cost then
           redis.call('PEXPIRE', k, win_s)
         end
-        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = 1, 1, lim - total, ttl, 0
+        reply[at + 1], reply[at + 2] = lim - total, ttl
       else
         if total == cost then
           redis.call('DEL', k)
@@ -146,9 +155,9 @@ for _ = 1, runs do
         if left < 0 then
           left = 0 -- a lowered limit can be passed
         end
-        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = shade, 0, left, ttl, ttl
+        reply[at + 1], reply[at + 2] = -1 - left, ttl
       end
-      at = at + 5
+      at = at + 2
     end
     key = key + count
   else

@@ -52,6 +52,11 @@ impl Call {
         Self { script: None, cmd }
     }
 
+    /// Whether this is a call of `script`.
+    pub(super) fn runs(&self, script: &Script) -> bool {
+        self.script.is_some_and(|mine| std::ptr::eq(mine, script))
+    }
+
     /// Appends an argument (`ARGV[n]`).
     pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         self.cmd.arg(arg);

@@ -31,7 +31,7 @@ mod sentinel;
 #[path = "tls.rs"]
 mod tls;
 
-use self::decide_call::{Packed, decide_invocation, parse_batch};
+use self::decide_call::{Layout, Packed, decide_invocation, parse_batch};
 pub(super) use self::decide_call::{Request, decide, decide_spread, general_invocation};
 #[cfg(feature = "sentinel")]
 pub(super) use self::sentinel::Sentinel as SentinelMaster;
@@ -245,13 +245,15 @@ impl RedisStore {
             checks: &checks,
             cost,
         }];
-        let reply = self.run::<Packed>(invocation(&request));
+        let call = invocation(&request);
+        let layout = Layout::of(&call);
+        let reply = self.run::<Packed>(call);
         Box::pin(async move {
             let request = [Request {
                 checks: &checks,
                 cost,
             }];
-            let mut states = parse_batch(&reply.await?.0, &request)?;
+            let mut states = parse_batch(&reply.await?.0, &request, layout)?;
             states
                 .pop()
                 .ok_or_else(|| Error::UnexpectedReply("no reply".into()))

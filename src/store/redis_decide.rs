@@ -64,8 +64,8 @@ pub(in crate::store) fn general_invocation(
 /// The fixed-window fast path's call (see `lua/decide_fixed.lua`): the
 /// batch's distinct policies once, then its requests as runs of alike ones
 /// (the same cost and policies, as one limiter's requests are), each run
-/// sent once: a request of a run costs Redis one argument, its key. Same
-/// reply as [`decide_invocation`]'s.
+/// sent once: a request of a run costs Redis one argument, its key. Its
+/// reply is read with [`Layout::Fixed`].
 fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
     let mut policies: Vec<(u64, u64, bool)> = Vec::new();
     let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
@@ -155,19 +155,49 @@ impl FromRedisValue for Packed {
     }
 }
 
+/// How a decide call's reply lays out a request's states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store) enum Layout {
+    /// decide.lua's: allowed, then per limit allowed, remaining, reset_ms,
+    /// retry_ms.
+    General,
+    /// decide_fixed.lua's: a request with one limit and a cost above 0 in
+    /// two numbers (remaining, or -1 - remaining if denied; reset_ms), any
+    /// other as [`General`](Self::General).
+    Fixed,
+}
+
+impl Layout {
+    /// The layout of `call`'s reply.
+    pub(in crate::store) fn of(call: &Call) -> Self {
+        match call.runs(&scripts::DECIDE_FIXED) {
+            true => Layout::Fixed,
+            false => Layout::General,
+        }
+    }
+}
+
 /// Splits a batch's flat reply into each request's states, in order.
 pub(in crate::store) fn parse_batch(
     reply: &[i64],
     requests: &[Request<'_>],
+    layout: Layout,
 ) -> Result<Vec<Vec<LimitState>>, Error> {
     let mut rest = reply;
     let mut out = Vec::with_capacity(requests.len());
     for request in requests {
-        let len = 1 + 4 * request.checks.len();
+        let pair = layout == Layout::Fixed && request.checks.len() == 1 && request.cost > 0;
+        let len = match pair {
+            true => 2,
+            false => 1 + 4 * request.checks.len(),
+        };
         if rest.len() < len {
             break;
         }
-        out.push(parse_reply(&rest[..len], request.checks.len())?);
+        out.push(match pair {
+            true => parse_pair(rest[0], rest[1]).map(|state| vec![state])?,
+            false => parse_reply(&rest[..len], request.checks.len())?,
+        });
         rest = &rest[len..];
     }
     if out.len() != requests.len() || !rest.is_empty() {
@@ -181,8 +211,9 @@ pub(in crate::store) async fn decide<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
 ) -> Result<Vec<Vec<LimitState>>, Error> {
-    let Packed(reply) = decide_invocation(requests).invoke(conn).await?;
-    parse_batch(&reply, requests)
+    let call = decide_invocation(requests);
+    let Packed(reply) = call.invoke(conn).await?;
+    parse_batch(&reply, requests, Layout::of(&call))
 }
 
 /// Runs a batch of one Redis Cluster node's fixed-window requests, whose
@@ -194,7 +225,25 @@ pub(in crate::store) async fn decide_spread<C: ConnectionLike>(
     requests: &[Request<'_>],
 ) -> Result<Vec<Vec<LimitState>>, Error> {
     let Packed(reply) = fixed_invocation(requests, true).invoke(conn).await?;
-    parse_batch(&reply, requests)
+    parse_batch(&reply, requests, Layout::Fixed)
+}
+
+/// decide_fixed.lua's two numbers for a request of one limit: `r`, what
+/// remains (`-1 - ` what remains when the limit denied), and `reset_ms`.
+fn parse_pair(r: i64, reset_ms: i64) -> Result<LimitState, Error> {
+    let bad = || Error::UnexpectedReply(format!("decide returned [{r}, {reset_ms}]"));
+    let reset_ms = u64::try_from(reset_ms).map_err(|_| bad())?;
+    let allowed = r >= 0;
+    let remaining = match allowed {
+        true => r,
+        false => -1 - r,
+    };
+    Ok(LimitState {
+        allowed,
+        remaining: u64::try_from(remaining).map_err(|_| bad())?,
+        reset_ms,
+        retry_ms: if allowed { 0 } else { reset_ms },
+    })
 }
 
 /// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
@@ -228,6 +277,67 @@ mod tests {
         }
         bytes.extend_from_slice(extra);
         Value::BulkString(bytes)
+    }
+
+    fn check(key: &str, quota: &str) -> LimitCheck {
+        LimitCheck {
+            key: key.into(),
+            quota: quota.parse().unwrap(),
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn the_fixed_layout_reads_a_lone_limit_in_two_numbers() {
+        let one = [check("a", "5/1s")];
+        let two = [check("b", "5/1s"), check("c", "9/1m")];
+        let requests = [
+            Request {
+                checks: &one,
+                cost: 1,
+            },
+            Request {
+                checks: &one,
+                cost: 0,
+            },
+            Request {
+                checks: &two,
+                cost: 1,
+            },
+            Request {
+                checks: &one,
+                cost: 2,
+            },
+        ];
+        let reply = [
+            3, 900, // allowed, 3 left
+            1, 1, 4, 900, 0, // a peek: decide.lua's layout
+            0, 1, 2, 900, 0, 0, 0, 60_000, 60_000, // two limits, the second denied
+            -2, 400, // denied, 1 left, retry in 400 ms
+        ];
+        let states = parse_batch(&reply, &requests, Layout::Fixed).unwrap();
+        let state = |allowed, remaining, reset_ms, retry_ms| LimitState {
+            allowed,
+            remaining,
+            reset_ms,
+            retry_ms,
+        };
+        assert_eq!(states[0], [state(true, 3, 900, 0)]);
+        assert_eq!(states[1], [state(true, 4, 900, 0)]);
+        assert_eq!(
+            states[2],
+            [state(true, 2, 900, 0), state(false, 0, 60_000, 60_000)]
+        );
+        assert_eq!(states[3], [state(false, 1, 400, 400)]);
+        // The general layout reads the same numbers otherwise, and a reply
+        // that does not fit its requests exactly is an error.
+        assert!(parse_batch(&reply, &requests, Layout::General).is_err());
+        assert!(parse_batch(&reply[..reply.len() - 1], &requests, Layout::Fixed).is_err());
+        let mut longer = reply.to_vec();
+        longer.push(0);
+        assert!(parse_batch(&longer, &requests, Layout::Fixed).is_err());
+        // A negative reset is a bad reply, never a state.
+        assert!(parse_batch(&[3, -1], &requests[..1], Layout::Fixed).is_err());
     }
 
     #[test]
