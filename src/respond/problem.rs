@@ -49,13 +49,22 @@ pub(crate) fn body(rejection: &Rejection, format: Format) -> Body {
 /// extractor's reason (those are for the logs).
 pub(crate) fn detail(rejection: &Rejection) -> String {
     match rejection {
+        // The answers a client hammering its limit gets, so built without
+        // `format!`: its machinery cost a 429 about 700 instructions.
         Rejection::Denied(d) => {
             let secs = retry_after_secs(d.retry_after().unwrap_or_default());
-            format!("rate limit exceeded; retry in {secs} s")
+            let mut digits = itoa::Buffer::new();
+            ["rate limit exceeded; retry in ", digits.format(secs), " s"].concat()
         }
         Rejection::Busy(busy) => {
             let secs = retry_after_secs(busy.retry_after());
-            format!("too many concurrent requests; retry in {secs} s")
+            let mut digits = itoa::Buffer::new();
+            [
+                "too many concurrent requests; retry in ",
+                digits.format(secs),
+                " s",
+            ]
+            .concat()
         }
         Rejection::CostExceedsLimit { cost, limit } => {
             format!("request cost {cost} exceeds the rate limit of {limit}")
