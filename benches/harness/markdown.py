@@ -123,7 +123,7 @@ def render(rows, meta, workloads, cells=()):
             cmds = ", ".join(f"{n} {c['per_request']:.2f} × {c['usec_per_call']:.2f} µs"
                              for n, c in r["redis"]["by_command"].items())
             lines.append(f"| {r['server']} | {r['workload']} | {cmds} |")
-    lines += ["", "## Issue 8 targets", "",
+    lines += ["", "## Issue 19 targets", "",
               "The p99 target is judged at the same load: on the paced runs' Δp99, every "
               "server offered the same req/s. The saturated Δp99 below each (each server "
               "at its own top rate, so a slower one at a lower load) is not judged.", "",
