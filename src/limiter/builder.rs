@@ -198,7 +198,9 @@ impl LimiterBuilder {
     /// - Requests for one key that find its reservation short wait for one
     ///   reserve call (single flight), then share its answer: its units, its
     ///   denial, or its error. Other keys are not blocked. At most 10,000
-    ///   keys hold a reservation per limiter; evicting one only under-admits.
+    ///   keys hold a reservation per limiter (beyond that only while their
+    ///   reserve calls run); a full map drops the keys not hit since it last
+    ///   made room, so a hot key stays, and dropping one only under-admits.
     /// - A denial is the store's: `Retry-After` is the window's time left,
     ///   and it goes to the [deny cache](crate::Limiter#the-local-deny-cache)
     ///   as ever. Store errors, the timeout and the

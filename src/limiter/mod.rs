@@ -21,6 +21,7 @@ pub(crate) mod builder;
 mod deciding;
 mod registry;
 mod reservation;
+mod slots;
 mod wait;
 
 /// The default bound on every store call.
@@ -225,20 +226,30 @@ impl Limiter {
             Backend::Memory(memory) => return done(self.decide_in_memory(memory, keys, cost)),
             Backend::Other(store) => store,
         };
+        // A reserved unit is spent before anything else is asked, and
+        // before anything is allocated: the key is built on the stack.
+        let reserving = inner.reservations.as_ref().filter(|_| cost > 0);
+        if let Some(reservations) = reserving {
+            if let Err(e) = self.limit_check_quota(0, cost) {
+                return done(Err(e));
+            }
+            let mut key = keyspace::StackKey::new();
+            self.write_key(0, keys[0], &mut key);
+            let taken = match key.get() {
+                Some(key) => reservations.take(key, cost),
+                None => reservations.take(self.key_of(0, keys[0]).as_bytes(), cost),
+            };
+            if let Some((state, refill)) = taken {
+                if refill && let Ok(check) = self.limit_check(0, keys, cost) {
+                    reservation::refill_behind(inner, store, check);
+                }
+                return done(Ok(inner.reserved_decision(state, cost)));
+            }
+        }
         let mut checks = match self.checks(keys, cost) {
             Ok(checks) => checks,
             Err(e) => return done(Err(e)),
         };
-        // A reserved unit is spent before anything else is asked.
-        let reserving = inner.reservations.as_ref().filter(|_| cost > 0);
-        if let Some(reservations) = reserving
-            && let Some((state, refill)) = reservations.take(&checks[0].key, cost)
-        {
-            if refill {
-                reservation::refill_behind(inner, store, &checks[0]);
-            }
-            return done(Ok(inner.reserved_decision(state, cost)));
-        }
         // Borrowed for the lookup; owned (for an insert, should the store
         // deny) only after a miss.
         let cache_key = inner.deny_cache.as_ref().map(|cache| {

@@ -2,26 +2,22 @@
 //! [`LimiterBuilder::local_reservation`](super::LimiterBuilder::local_reservation)
 //! for what they guarantee.
 //!
-//! Per key, a [`Slot`] holds the units this instance reserved (spent in the
-//! store already) and the end of the window they belong to, by this
-//! process's clock. A request takes its cost from the slot without a store
-//! call. The request that leaves it below a quarter of `n` starts a refill
+//! Per key, a [`Pool`] (in the limiter's [`Slots`]) holds the units this
+//! instance reserved (spent in the store already) and the end of the window
+//! they belong to, by this process's clock. A request takes its cost from
+//! the pool without a store call, under one lock. The request that leaves
+//! it below a quarter of `n` starts a refill
 //! in the background ([`refill_behind`]), so that a busy key rarely runs
 //! dry: requests go on spending what is left meanwhile. One that finds too
 //! little waits for the slot's single flight (one reserve call at a time per
 //! key, refills included), then looks again, and shares the flight's denial
 //! or error rather than asking again.
 
-use std::{
-    fmt,
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+use std::{fmt, sync::Arc, time::Duration};
 
-use quick_cache::sync::Cache;
 use tokio::time::Instant;
 
-use super::{Inner, deciding::ProbeGuard};
+use super::{Inner, deciding::ProbeGuard, slots::Slots};
 use crate::{
     Decision, Error, LimitState,
     breaker::Pass,
@@ -30,15 +26,11 @@ use crate::{
     store::{LimitCheck, Reservation, Store},
 };
 
-/// How many keys hold a live reservation at most, per limiter. Evicting a
-/// key only drops its unspent units (an under-admission).
-pub(crate) const RESERVED_KEYS: usize = 10_000;
-
 /// The reservations of one limiter (its lone limit).
 pub(super) struct Reservations {
     /// Units to reserve per store call.
     n: u64,
-    slots: Cache<String, Arc<Slot>>,
+    slots: Slots<Pool>,
 }
 
 impl fmt::Debug for Reservations {
@@ -50,14 +42,7 @@ impl fmt::Debug for Reservations {
     }
 }
 
-/// One key's reservation and its single flight.
-#[derive(Default)]
-struct Slot {
-    pool: Mutex<Pool>,
-    /// Held by the one request calling the store for this key.
-    flight: tokio::sync::Mutex<()>,
-}
-
+/// One key's reservation; its single flight is the [`Slots`] entry's.
 #[derive(Default)]
 struct Pool {
     /// Units reserved and not yet spent.
@@ -151,39 +136,23 @@ impl Reservations {
     pub(super) fn new(n: u64) -> Self {
         Self {
             n,
-            slots: Cache::new(RESERVED_KEYS),
+            slots: Slots::new(),
         }
-    }
-
-    fn slot(&self, key: &str) -> Arc<Slot> {
-        if let Some(slot) = self.slots.get(key) {
-            return slot;
-        }
-        let slot = Arc::new(Slot::default());
-        // Another request may have inserted one meanwhile: use that one.
-        match self.slots.get_or_insert_with(key, || Ok::<_, ()>(slot)) {
-            Ok(slot) => slot,
-            Err(()) => unreachable!("the slot constructor cannot fail"),
-        }
-    }
-
-    fn pool<'a>(slot: &'a Slot) -> MutexGuard<'a, Pool> {
-        // The pool's invariants hold between statements: a poisoned lock
-        // (a panic elsewhere) leaves it consistent.
-        slot.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Spends `cost` from `key`'s reservation without a store call, if it
     /// holds that much in a live window; and whether this request is the
     /// one to start a refill ([`refill_behind`]): it left fewer than a
     /// quarter of `n` units and no refill is on its way.
-    pub(super) fn take(&self, key: &str, cost: u64) -> Option<(LimitState, bool)> {
-        let slot = self.slots.get(key)?;
-        let mut pool = Self::pool(&slot);
-        let state = pool.take(cost, Instant::now())?;
-        let refill = pool.units < self.low_water() && !pool.refilling;
-        pool.refilling |= refill;
-        Some((state, refill))
+    pub(super) fn take(&self, key: &[u8], cost: u64) -> Option<(LimitState, bool)> {
+        let low = self.low_water();
+        let taken = self.slots.with(key, |pool| {
+            let state = pool.take(cost, Instant::now())?;
+            let refill = pool.units < low && !pool.refilling;
+            pool.refilling |= refill;
+            Some((state, refill))
+        });
+        taken.flatten()
     }
 
     /// Below this many units, a key is refilled ahead of need: a quarter of
@@ -195,13 +164,14 @@ impl Reservations {
     /// What a request of `cost` would get from `key`'s reservation now,
     /// spending nothing (for a peek).
     pub(super) fn peek(&self, key: &str, cost: u64) -> Option<LimitState> {
-        let slot = self.slots.get(key)?;
-        let mut pool = Self::pool(&slot);
-        let now = Instant::now();
-        if !pool.live(now) || pool.units < cost {
-            return None;
-        }
-        pool.peek(now)
+        let peeked = self.slots.with(key.as_bytes(), |pool| {
+            let now = Instant::now();
+            if !pool.live(now) || pool.units < cost {
+                return None;
+            }
+            pool.peek(now)
+        });
+        peeked.flatten()
     }
 
     /// Gives `cost` back to `key`'s reservation if it holds units of the
@@ -216,27 +186,24 @@ impl Reservations {
         end: Instant,
         half_window: Duration,
     ) -> bool {
-        let Some(slot) = self.slots.get(key) else {
-            return false;
-        };
-        let mut pool = Self::pool(&slot);
-        let Some(held) = pool.end.filter(|_| pool.live(Instant::now())) else {
-            return false;
-        };
-        let apart = held.max(end) - held.min(end);
-        if apart >= half_window {
-            return false;
-        }
-        pool.units = pool.units.saturating_add(cost);
-        true
+        let given = self.slots.with(key.as_bytes(), |pool| {
+            let Some(held) = pool.end.filter(|_| pool.live(Instant::now())) else {
+                return false;
+            };
+            let apart = held.max(end) - held.min(end);
+            if apart >= half_window {
+                return false;
+            }
+            pool.units = pool.units.saturating_add(cost);
+            true
+        });
+        given.unwrap_or(false)
     }
 
-    /// Drops `key`'s reservation (a reset): its units are not spent.
+    /// Drops `key`'s reservation (a reset): its units are not spent, and a
+    /// flight on its way keeps nothing.
     pub(super) fn drop_key(&self, key: &str) {
-        if let Some(slot) = self.slots.get(key) {
-            *Self::pool(&slot) = Pool::default();
-        }
-        self.slots.remove(key);
+        self.slots.remove(key.as_bytes());
     }
 }
 
@@ -254,9 +221,24 @@ impl Inner {
     }
 }
 
+/// What a request that waited for its key's flight found.
+enum Looked {
+    Taken(LimitState),
+    /// The flight it waited on was denied, for at least this cost.
+    Denied(Decision),
+    /// The flight it waited on failed.
+    Failed(Error),
+    /// Nothing to share: it reserves.
+    Reserve,
+}
+
 /// A request of `cost` (> 0) that found too little in its key's
 /// reservation: waits for the key's single flight, looks again, and if
 /// still short and no flight it waited on answered for it, reserves.
+///
+/// Should the key's entry be dropped meanwhile (evicted, or a reset), its
+/// write-backs find a new flight or none and keep nothing: the request is
+/// answered all the same, and the units it reserved are not spent.
 pub(super) async fn reserving(
     inner: Arc<Inner>,
     store: Arc<dyn Store>,
@@ -268,31 +250,38 @@ pub(super) async fn reserving(
         .reservations
         .as_ref()
         .expect("a limiter with reservations");
-    let slot = reservations.slot(&check.key);
-    let seen = Reservations::pool(&slot).flights;
-    let _flight = slot.flight.lock().await;
-    {
-        let mut pool = Reservations::pool(&slot);
-        let now = Instant::now();
+    let slots = &reservations.slots;
+    let key = check.key.clone().into_bytes();
+    let (flight, seen) = slots.entry(&key, |pool| pool.flights);
+    let _flight = flight.lock().await;
+    let now = Instant::now();
+    let looked = slots.with_flight(&key, &flight, |pool| {
         if let Some(state) = pool.take(cost, now) {
-            drop(pool);
-            return Ok(inner.reserved_decision(state, cost));
+            return Looked::Taken(state);
         }
         if pool.flights != seen {
             // A flight ended while this request waited: share its answer.
             match &pool.last {
                 Some(Outcome::Denied(left, d, at)) if cost > *left => {
-                    let d = d.clone().aged(now.saturating_duration_since(*at));
-                    metrics::decision(&d, true);
-                    return Ok(d);
+                    return Looked::Denied(d.clone().aged(now.saturating_duration_since(*at)));
                 }
-                Some(Outcome::Failed(e)) => {
-                    metrics::store_error(std::iter::once(inner.policies.name(0)));
-                    return Err(copy(e));
-                }
+                Some(Outcome::Failed(e)) => return Looked::Failed(copy(e)),
                 _ => {}
             }
         }
+        Looked::Reserve
+    });
+    match looked.unwrap_or(Looked::Reserve) {
+        Looked::Taken(state) => return Ok(inner.reserved_decision(state, cost)),
+        Looked::Denied(d) => {
+            metrics::decision(&d, true);
+            return Ok(d);
+        }
+        Looked::Failed(e) => {
+            metrics::store_error(std::iter::once(inner.policies.name(0)));
+            return Err(e);
+        }
+        Looked::Reserve => {}
     }
     let pass = inner.breaker.pass();
     if pass == Pass::Open {
@@ -309,19 +298,23 @@ pub(super) async fn reserving(
     // was after this instant: counting from here ends the local units first.
     let sent = Instant::now();
     let reply = probe.call(store.reserve(check, cost, want)).await;
-    let mut pool = Reservations::pool(&slot);
-    pool.flights += 1;
+    let ended = |last: Outcome, left: Option<u64>| {
+        slots.with_flight(&key, &flight, |pool| {
+            pool.flights += 1;
+            pool.left = left.unwrap_or(pool.left);
+            pool.last = Some(last);
+        });
+    };
     let r = match reply {
         Ok(r) => r,
         Err(e) => {
-            pool.last = Some(Outcome::Failed(copy(&e)));
+            ended(Outcome::Failed(copy(&e)), None);
             return Err(e);
         }
     };
     if r.granted < cost {
         // Nothing taken: a denial until the window ends, as the store
         // would give it.
-        pool.left = r.remaining;
         let state = LimitState {
             allowed: false,
             remaining: r.remaining,
@@ -329,12 +322,20 @@ pub(super) async fn reserving(
             retry_ms: r.window_left_ms,
         };
         let d = inner.conclude([state].into(), cost, cache_key, Some(Stamp::Local(sent)))?;
-        pool.last = Some(Outcome::Denied(r.remaining, d.clone(), Instant::now()));
+        let at = Instant::now();
+        ended(
+            Outcome::Denied(r.remaining, d.clone(), at),
+            Some(r.remaining),
+        );
         return Ok(d);
     }
-    let state = pool.grant(&r, cost, sent);
-    pool.last = Some(Outcome::Granted);
-    drop(pool);
+    let granted = slots.with_flight(&key, &flight, |pool| {
+        pool.flights += 1;
+        pool.last = Some(Outcome::Granted);
+        pool.grant(&r, cost, sent)
+    });
+    // A dropped entry keeps nothing: the request's own state still counts.
+    let state = granted.unwrap_or_else(|| Pool::default().grant(&r, cost, sent));
     inner.conclude(
         [state].into(),
         cost,
@@ -348,13 +349,13 @@ pub(super) async fn reserving(
 /// topped up before it runs dry and its requests need not wait. Without a
 /// Tokio runtime to run it, nothing is refilled ahead (requests then
 /// reserve as they run short, as ever).
-pub(super) fn refill_behind(inner: &Arc<Inner>, store: &Arc<dyn Store>, check: &LimitCheck) {
+pub(super) fn refill_behind(inner: &Arc<Inner>, store: &Arc<dyn Store>, check: LimitCheck) {
     let refilling = Refilling {
         inner: inner.clone(),
-        key: check.key.clone(),
+        key: check.key.clone().into_bytes(),
     };
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(refill(refilling, store.clone(), check.clone()));
+        runtime.spawn(refill(refilling, store.clone(), check));
     }
 }
 
@@ -362,18 +363,13 @@ pub(super) fn refill_behind(inner: &Arc<Inner>, store: &Arc<dyn Store>, check: &
 /// or is dropped unfinished (a runtime shutting down).
 struct Refilling {
     inner: Arc<Inner>,
-    key: String,
+    key: Vec<u8>,
 }
 
 impl Drop for Refilling {
     fn drop(&mut self) {
-        if let Some(slot) = self
-            .inner
-            .reservations
-            .as_ref()
-            .and_then(|r| r.slots.get(&self.key))
-        {
-            Reservations::pool(&slot).refilling = false;
+        if let Some(r) = &self.inner.reservations {
+            r.slots.with(&self.key, |pool| pool.refilling = false);
         }
     }
 }
@@ -390,13 +386,15 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         .reservations
         .as_ref()
         .expect("a limiter with reservations");
-    let slot = reservations.slot(&check.key);
-    let _flight = slot.flight.lock().await;
-    {
-        let mut pool = Reservations::pool(&slot);
-        if pool.live(Instant::now()) && pool.units >= reservations.low_water() {
-            return; // refilled meanwhile, by a request that ran short
-        }
+    let (slots, key) = (&reservations.slots, &refilling.key);
+    let (flight, ()) = slots.entry(key, |_| ());
+    let _flight = flight.lock().await;
+    let low = reservations.low_water();
+    let full = slots.with_flight(key, &flight, |pool| {
+        pool.live(Instant::now()) && pool.units >= low
+    });
+    if full != Some(false) {
+        return; // refilled meanwhile, by a request that ran short; or dropped
     }
     let pass = inner.breaker.pass();
     if pass == Pass::Open {
@@ -408,26 +406,30 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         settled: false,
     };
     let sent = Instant::now();
-    let key = check.key.clone();
-    if let Ok(r) = probe.call(store.reserve(check, 1, reservations.n)).await {
-        let mut pool = Reservations::pool(&slot);
+    let cache_key = check.key.clone();
+    let Ok(r) = probe.call(store.reserve(check, 1, reservations.n)).await else {
+        return;
+    };
+    slots.with_flight(key, &flight, |pool| {
         pool.left = r.remaining;
         if r.granted > 0 {
             pool.grant(&r, 0, sent);
-        } else if let Some(cache) = &inner.deny_cache {
-            // The store is spent: the requests that run short next are
-            // denied from the deny cache, as after any denial, rather than
-            // each asking again.
-            let state = LimitState {
-                allowed: false,
-                remaining: r.remaining,
-                reset_ms: r.window_left_ms,
-                retry_ms: r.window_left_ms,
-            };
-            let d =
-                Decision::new([state], inner.policies.clone()).with_spent(1, Stamp::Local(sent));
-            cache.insert(key, 1, &d);
         }
+    });
+    if r.granted == 0
+        && let Some(cache) = &inner.deny_cache
+    {
+        // The store is spent: the requests that run short next are
+        // denied from the deny cache, as after any denial, rather than
+        // each asking again.
+        let state = LimitState {
+            allowed: false,
+            remaining: r.remaining,
+            reset_ms: r.window_left_ms,
+            retry_ms: r.window_left_ms,
+        };
+        let d = Decision::new([state], inner.policies.clone()).with_spent(1, Stamp::Local(sent));
+        cache.insert(cache_key, 1, &d);
     }
 }
 
@@ -450,24 +452,24 @@ mod tests {
 
     /// `key` holding `units` until `ms` from now, as a grant leaves it.
     fn holding(r: &Reservations, key: &str, units: u64, ms: u64) {
-        let slot = r.slot(key);
-        let mut pool = Reservations::pool(&slot);
-        pool.units = units;
-        pool.end = Some(Instant::now() + Duration::from_millis(ms));
-        pool.left = 50;
+        r.slots.entry(key.as_bytes(), |pool| {
+            pool.units = units;
+            pool.end = Some(Instant::now() + Duration::from_millis(ms));
+            pool.left = 50;
+        });
     }
 
     #[tokio::test(start_paused = true)]
     async fn units_are_spent_only_while_their_window_lasts() {
         let r = Reservations::new(10);
-        assert!(r.take("k", 1).is_none());
+        assert!(r.take(b"k", 1).is_none());
         holding(&r, "k", 3, 1_000);
-        let (state, _) = r.take("k", 2).unwrap();
+        let (state, _) = r.take(b"k", 2).unwrap();
         assert_eq!((state.remaining, state.reset_ms), (51, 1_000));
-        assert!(r.take("k", 2).is_none(), "only 1 held");
+        assert!(r.take(b"k", 2).is_none(), "only 1 held");
         assert!(r.peek("k", 1).is_some());
         tokio::time::advance(Duration::from_millis(1_000)).await;
-        assert!(r.take("k", 1).is_none(), "the window ended");
+        assert!(r.take(b"k", 1).is_none(), "the window ended");
         assert!(r.peek("k", 1).is_none());
     }
 
@@ -479,12 +481,12 @@ mod tests {
         let half = Duration::from_millis(5_000);
         // Same window, measured a few ms apart: given back.
         assert!(r.give_back("k", 2, end - Duration::from_millis(3), half));
-        assert_eq!(r.take("k", 2).unwrap().0.remaining, 50);
+        assert_eq!(r.take(b"k", 2).unwrap().0.remaining, 50);
         // A window that ended before this one: not.
         assert!(!r.give_back("k", 1, end - Duration::from_millis(9_000), half));
         // No reservation: not.
         r.drop_key("k");
         assert!(!r.give_back("k", 1, end, half));
-        assert!(r.take("k", 1).is_none());
+        assert!(r.take(b"k", 1).is_none());
     }
 }

@@ -1,0 +1,219 @@
+//! [`Slots`]: the bounded map of a limiter's reservations, by store key.
+//!
+//! A hot key's requests all come here, from every worker thread, so a hit
+//! takes one lock and writes nothing else that is shared: no reference
+//! count, no cache's own lock. Each key's entry holds its value inline, a
+//! second-chance bit, and the key's single flight (a Tokio mutex behind an
+//! `Arc`, cloned only by the requests that call the store).
+//!
+//! The map holds at most [`RESERVED_KEYS`], in [`SHARDS`] shards picked by a
+//! hash seeded at random per map (foldhash's quality variant, the hash
+//! quick_cache uses), so a client cannot aim at one shard, and a shard
+//! holds so few keys that even a chosen collision costs a bounded scan. A
+//! shard that is full when a key is new drops, in one pass, every entry
+//! neither hit since the last pass nor in a flight, and if that leaves it
+//! above 7/8 full, idle entries until it is not: a pass frees at least an
+//! eighth of the shard, so it costs a few slots per new key, and a key that
+//! is hit between passes (a hot key) is kept. Dropping an entry only drops
+//! its unspent units: an under-admission, never an over-admission.
+
+use std::{
+    hash::BuildHasher,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
+
+use foldhash::quality::RandomState;
+use hashbrown::HashTable;
+
+/// How many keys hold a live reservation at most, per limiter.
+const RESERVED_KEYS: usize = 10_000;
+
+/// Shards of the map: a full shard's pass visits at most
+/// `RESERVED_KEYS / SHARDS` entries.
+const SHARDS: usize = 8;
+
+/// A key's single flight: held by the one request calling the store for it.
+pub(super) type Flight = Arc<tokio::sync::Mutex<()>>;
+
+struct Entry<V> {
+    key: Box<[u8]>,
+    hash: u64,
+    value: V,
+    flight: Flight,
+    /// Hit since the last pass (second chance).
+    used: bool,
+}
+
+impl<V> Entry<V> {
+    /// A request holds its flight: it may write back soon.
+    fn busy(&self) -> bool {
+        Arc::strong_count(&self.flight) > 1
+    }
+}
+
+/// Values of type `V` by key, bounded; see the module's docs.
+pub(super) struct Slots<V> {
+    shards: Box<[Mutex<HashTable<Entry<V>>>]>,
+    hasher: RandomState,
+    /// Entries per shard at most.
+    cap: usize,
+}
+
+impl<V: Default> Slots<V> {
+    pub(super) fn new() -> Self {
+        Self::with_capacity(RESERVED_KEYS)
+    }
+
+    fn with_capacity(keys: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::default(),
+            cap: keys.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> (MutexGuard<'_, HashTable<Entry<V>>>, u64) {
+        let hash = self.hasher.hash_one(key);
+        let i = ((u128::from(hash) * SHARDS as u128) >> 64) as usize;
+        // Every write below leaves an entry whole: a poisoned lock (a panic
+        // elsewhere) leaves the map consistent.
+        let shard = self.shards[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (shard, hash)
+    }
+
+    /// `f` on `key`'s value, if the key is held; counts as a hit.
+    pub(super) fn with<R>(&self, key: &[u8], f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let (mut shard, hash) = self.shard(key);
+        let entry = shard.find_mut(hash, |e| *e.key == *key)?;
+        entry.used = true;
+        Some(f(&mut entry.value))
+    }
+
+    /// `f` on `key`'s value if it still belongs to `flight` (it was not
+    /// dropped, or dropped and made again, since the flight was taken).
+    pub(super) fn with_flight<R>(
+        &self,
+        key: &[u8],
+        flight: &Flight,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Option<R> {
+        let (mut shard, hash) = self.shard(key);
+        let entry = shard.find_mut(hash, |e| *e.key == *key)?;
+        Arc::ptr_eq(&entry.flight, flight).then(|| f(&mut entry.value))
+    }
+
+    /// `f` on `key`'s value, made (with room for it) if the key is new; and
+    /// the key's flight.
+    pub(super) fn entry<R>(&self, key: &[u8], f: impl FnOnce(&mut V) -> R) -> (Flight, R) {
+        let (mut shard, hash) = self.shard(key);
+        if let Some(entry) = shard.find_mut(hash, |e| *e.key == *key) {
+            entry.used = true;
+            return (entry.flight.clone(), f(&mut entry.value));
+        }
+        if shard.len() >= self.cap {
+            make_room(&mut shard, self.cap);
+        }
+        let mut entry = Entry {
+            key: key.into(),
+            hash,
+            value: V::default(),
+            flight: Flight::default(),
+            used: false,
+        };
+        let r = f(&mut entry.value);
+        let flight = entry.flight.clone();
+        shard.insert_unique(hash, entry, |e| e.hash);
+        (flight, r)
+    }
+
+    /// Drops `key`'s entry.
+    pub(super) fn remove(&self, key: &[u8]) {
+        let (mut shard, hash) = self.shard(key);
+        if let Ok(entry) = shard.find_entry(hash, |e| *e.key == *key) {
+            entry.remove();
+        }
+    }
+
+    /// Keys held.
+    pub(super) fn len(&self) -> usize {
+        let len =
+            |s: &Mutex<HashTable<Entry<V>>>| s.lock().unwrap_or_else(PoisonError::into_inner).len();
+        self.shards.iter().map(len).sum()
+    }
+}
+
+/// One pass over a full shard: see the module's docs. Entries in a flight
+/// are kept, so a shard may stay full while `cap` flights run in it; the
+/// new key is held all the same (the map then exceeds its bound by the
+/// flights running, which end within the store's timeout).
+fn make_room<V>(shard: &mut HashTable<Entry<V>>, cap: usize) {
+    shard.retain(|e| e.busy() || std::mem::take(&mut e.used));
+    let keep = cap - cap / 8;
+    let mut excess = shard.len().saturating_sub(keep);
+    if excess > 0 {
+        shard.retain(|e| {
+            let drop = excess > 0 && !e.busy();
+            excess -= usize::from(drop);
+            !drop
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_shard_keeps_keys_hit_since_its_last_pass_and_in_flights() {
+        let slots: Slots<u64> = Slots::with_capacity(SHARDS * 16);
+        let (_held, ()) = slots.entry(b"in-flight", |_| ());
+        slots.entry(b"hot", |v| *v = 7);
+        for i in 0..10_000u32 {
+            slots.entry(format!("k{i}").as_bytes(), |_| ());
+            // A hit between passes.
+            assert_eq!(slots.with(b"hot", |v| *v), Some(7), "after {i} new keys");
+        }
+        assert!(slots.with(b"in-flight", |_| ()).is_some());
+        assert!(slots.len() <= SHARDS * 16, "{} keys held", slots.len());
+        assert!(slots.with(b"k0", |_| ()).is_none(), "a cold key is dropped");
+    }
+
+    #[test]
+    fn keys_in_flights_are_kept_past_the_bound_and_only_they() {
+        let slots: Slots<u64> = Slots::with_capacity(SHARDS * 2);
+        let held: Vec<_> = (0..40)
+            .map(|i| slots.entry(format!("f{i}").as_bytes(), |_| ()).0)
+            .collect();
+        for i in 0..1_000u32 {
+            slots.entry(format!("k{i}").as_bytes(), |_| ());
+        }
+        for i in 0..40 {
+            let key = format!("f{i}");
+            assert!(
+                slots.with(key.as_bytes(), |_| ()).is_some(),
+                "{key} dropped"
+            );
+        }
+        // Each shard: its flights, and at most its bound of others.
+        assert!(slots.len() <= 40 + SHARDS * 2, "{} keys held", slots.len());
+        drop(held);
+        for i in 0..1_000u32 {
+            slots.entry(format!("j{i}").as_bytes(), |_| ());
+        }
+        assert!(slots.len() <= SHARDS * 2, "{} keys held", slots.len());
+    }
+
+    #[test]
+    fn a_flights_write_back_misses_a_key_dropped_and_made_again() {
+        let slots: Slots<u64> = Slots::new();
+        let (flight, ()) = slots.entry(b"k", |v| *v = 1);
+        assert_eq!(slots.with_flight(b"k", &flight, |v| *v), Some(1));
+        slots.remove(b"k");
+        assert_eq!(slots.with_flight(b"k", &flight, |v| *v), None);
+        slots.entry(b"k", |v| *v = 2);
+        assert_eq!(slots.with_flight(b"k", &flight, |v| *v), None);
+        assert_eq!(slots.with(b"k", |v| *v), Some(2));
+    }
+}
