@@ -195,6 +195,11 @@ impl LimiterBuilder {
     ///   (a cost above `n` reserves exactly that much); if the store has
     ///   less than that left, the request is denied, even if other instances
     ///   still hold units.
+    /// - **Choosing `n`:** a refill is a store round trip; if a key spends
+    ///   its last `n / 4` units before the refill lands, its requests wait
+    ///   for it. Take `n ≥ 4 × the key's rate per instance × a slow round
+    ///   trip` (e.g. 400 for 100,000 req/s and 1 ms), and keep `n` a small
+    ///   share of the quota, since it bounds the under-admission.
     /// - Requests for one key that find its reservation short wait for one
     ///   reserve call (single flight), then share its answer: its units, its
     ///   denial, or its error. Other keys are not blocked. At most 10,000
