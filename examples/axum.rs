@@ -12,9 +12,15 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::{net::SocketAddr, process::ExitCode};
+use std::{convert::Infallible, net::SocketAddr, process::ExitCode};
 
-use axum::{Router, extract::Path, routing::get};
+use axum::{
+    Router, ServiceExt,
+    extract::{Path, Request},
+    response::Response,
+    routing::get,
+};
+use tower::{Layer, Service};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -26,19 +32,29 @@ async fn serve() -> Result<(), support::Error> {
     let support::Setup {
         listener, layer, ..
     } = support::setup().await?;
-    let mut app = Router::new().route("/", get(|| async { "ok" })).route(
+    let app = Router::new().route("/", get(|| async { "ok" })).route(
         "/status/{code}",
         get(|Path(code): Path<String>| async move { support::status(&code) }),
     );
-    if let Some(layer) = layer {
-        app = app.layer(layer);
+    match layer {
+        // The layer wraps the whole router, so it runs before routing: a
+        // denied request costs no routing, and no per-route boxing is added
+        // (`Router::layer(layer)` works too, and runs after routing).
+        Some(layer) => serve_app(listener, layer.layer(app)).await,
+        None => serve_app(listener, app).await,
     }
-    // `key::PeerIp` reads the peer address that connect info provides.
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(support::shutdown_signal())
-    .await?;
+}
+
+/// Serves `app` until Ctrl-C or SIGTERM. `key::PeerIp` reads the peer
+/// address that connect info provides.
+async fn serve_app<S>(listener: tokio::net::TcpListener, app: S) -> Result<(), support::Error>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let app = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(support::shutdown_signal())
+        .await?;
     Ok(())
 }

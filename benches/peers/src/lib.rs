@@ -178,12 +178,28 @@ fn var(name: &'static str) -> Result<Option<String>, Error> {
 /// Binds `bind`, prints `what` and the address (`"<what> listening on
 /// <addr>"`, the line `benches/load.py` waits for) and serves `app` with the
 /// peer address available, until Ctrl-C. Shared by the axum servers.
-pub async fn serve_axum(bind: SocketAddr, what: &str, app: axum::Router) -> Result<(), Error> {
+///
+/// `app` is a `Router`, or a limiter's layer wrapped around the whole
+/// router, as `examples/axum.rs` wraps ours: the layer runs before routing
+/// and adds no per-route boxing, so every limiter is measured the same way.
+pub async fn serve_axum<S>(bind: SocketAddr, what: &str, app: S) -> Result<(), Error>
+where
+    S: tower::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     let listener = tokio::net::TcpListener::bind(bind).await?;
     eprintln!("{what} listening on {}", listener.local_addr()?);
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+            SocketAddr,
+        >(app),
     )
     .with_graceful_shutdown(async {
         let _ = tokio::signal::ctrl_c().await;

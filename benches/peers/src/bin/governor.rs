@@ -18,6 +18,7 @@ use std::{net::IpAddr, process::ExitCode, time::Duration};
 use axum::{Router, routing::get};
 use http::{HeaderValue, Request, StatusCode};
 use ratelimit_peers::{Config, Error, KeyBy, Limit, Store, report, serve_axum};
+use tower::Layer;
 use tower_governor::{
     GovernorError, GovernorLayer,
     governor::GovernorConfigBuilder,
@@ -31,19 +32,21 @@ async fn main() -> ExitCode {
 
 async fn serve() -> Result<(), Error> {
     let config = Config::from_env(Store::Memory)?;
-    let mut app = Router::new().route("/", get(|| async { "ok" }));
-    if let Some(limit) = config.limit {
-        let (period, burst) = gcra(limit)?;
-        let governor = GovernorConfigBuilder::default()
-            .key_extractor(Extractor(config.key.clone()))
-            .use_headers()
-            .period(period)
-            .burst_size(burst)
-            .finish()
-            .ok_or_else(|| Error::runtime("governor refused the quota"))?;
-        app = app.layer(GovernorLayer::new(governor));
-    }
+    let app = Router::new().route("/", get(|| async { "ok" }));
     let what = format!("tower_governor peer ({})", config.describe());
+    let Some(limit) = config.limit else {
+        return serve_axum(config.bind, &what, app).await;
+    };
+    let (period, burst) = gcra(limit)?;
+    let governor = GovernorConfigBuilder::default()
+        .key_extractor(Extractor(config.key.clone()))
+        .use_headers()
+        .period(period)
+        .burst_size(burst)
+        .finish()
+        .ok_or_else(|| Error::runtime("governor refused the quota"))?;
+    // Around the whole router, as examples/axum.rs wraps ours.
+    let app = GovernorLayer::new(governor).layer(app);
     serve_axum(config.bind, &what, app).await
 }
 

@@ -59,6 +59,7 @@ use std::{fmt, net::SocketAddr, process::ExitCode, time::Duration};
 use axum::{Router, body::Body, extract::ConnectInfo, response::IntoResponse, routing::get};
 use http::{Request, Response, StatusCode};
 use ratelimit_peers::{Config, Error, KeyBy, Limit, Store, report, serve_axum};
+use tower::Layer;
 use tower_rate_limit_redis::{KeyResolver, RateLimitLayer};
 
 #[tokio::main]
@@ -68,38 +69,40 @@ async fn main() -> ExitCode {
 
 async fn serve() -> Result<(), Error> {
     let config = Config::from_env(Store::Redis)?;
-    let mut app = Router::new().route("/", get(|| async { "ok" }));
-    let mut what = config.describe();
-    if let Some(limit) = config.limit {
-        let gcra = Gcra::of(limit)?;
-        let url = config
-            .redis_url
-            .as_deref()
-            .expect("checked by Config::from_env");
-        let unreachable = |e: redis032::RedisError| {
-            Error::runtime(format!("cannot connect to Redis (REDIS_URL): {e}"))
-        };
-        let conn = redis032::Client::open(url)
-            .map_err(unreachable)?
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(unreachable)?;
-        let layer = RateLimitLayer::builder()
-            .conn(conn)
-            .key_resolver(Resolver(config.key.clone()))
-            .capacity(gcra.capacity)
-            .emission_interval(gcra.emission_interval)
-            .fail_open(true)
-            .build();
-        app = app.layer(layer);
-        what = format!("{what}; {gcra}");
-    }
-    serve_axum(
-        config.bind,
-        &format!("tower-rate-limit-redis peer ({what})"),
-        app,
-    )
-    .await
+    let app = Router::new().route("/", get(|| async { "ok" }));
+    let what = config.describe();
+    let Some(limit) = config.limit else {
+        return serve_axum(
+            config.bind,
+            &format!("tower-rate-limit-redis peer ({what})"),
+            app,
+        )
+        .await;
+    };
+    let gcra = Gcra::of(limit)?;
+    let url = config
+        .redis_url
+        .as_deref()
+        .expect("checked by Config::from_env");
+    let unreachable = |e: redis032::RedisError| {
+        Error::runtime(format!("cannot connect to Redis (REDIS_URL): {e}"))
+    };
+    let conn = redis032::Client::open(url)
+        .map_err(unreachable)?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(unreachable)?;
+    let layer = RateLimitLayer::builder()
+        .conn(conn)
+        .key_resolver(Resolver(config.key.clone()))
+        .capacity(gcra.capacity)
+        .emission_interval(gcra.emission_interval)
+        .fail_open(true)
+        .build();
+    // Around the whole router, as examples/axum.rs wraps ours.
+    let app = layer.layer(app);
+    let what = format!("tower-rate-limit-redis peer ({what}; {gcra})");
+    serve_axum(config.bind, &what, app).await
 }
 
 /// The crate's GCRA parameters for a quota.
