@@ -426,3 +426,51 @@ async fn requests_waiting_on_a_denied_flight_share_its_denial() {
     assert_eq!(server.script_calls().await, 2);
     server.assert_every_key_has_ttl().await;
 }
+
+/// More keys than the reservation map holds (10,000), each hit once: once
+/// the map has had to drop keys, new keys are decided by the store, one
+/// unit each, as without reservations, rather than reserving n units apiece
+/// (a reserve call each, and n - 1 units unspent). A key noted so reserves
+/// from its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_new_to_a_full_map_are_checked_and_reserve_only_when_hit_again() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/60s", 10);
+    let key = |i: usize| format!("k{i}");
+    const KEYS: usize = 30_000;
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
+        let checks = chunk.iter().map(|&i| {
+            let l = l.clone();
+            async move { l.check(&key(i), 1).await.unwrap().is_allowed() }
+        });
+        assert!(join_all(checks).await.into_iter().all(|allowed| allowed));
+    }
+    let mut conn = server.conn().await;
+    let mut counts: Vec<u64> = Vec::with_capacity(KEYS);
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for &i in chunk {
+            pipe.cmd("GET").arg(l.store_key(&key(i)));
+        }
+        let got: Vec<u64> = pipe.query_async(&mut conn).await.unwrap();
+        counts.extend(got);
+    }
+    let checked = counts.iter().filter(|&&c| c == 1).count();
+    let reserved = counts.iter().filter(|&&c| c == 10).count();
+    assert_eq!(checked + reserved, KEYS, "every counter is 1 or 10");
+    // At most the map's keys reserved; every other key spent its one unit.
+    assert!(reserved <= 10_000, "{reserved} keys reserved");
+    assert!(checked >= KEYS - 10_000, "{checked} keys checked");
+    // The map is crowded now: a new key's first request is a check, and
+    // its next one, while the key is held, reserves (1 + 10 spent).
+    for expected in [1, 11] {
+        assert!(l.check("hot", 1).await.unwrap().is_allowed());
+        let counter: u64 = redis::cmd("GET")
+            .arg(l.store_key("hot"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(counter, expected);
+    }
+    server.assert_every_key_has_ttl().await;
+}

@@ -206,6 +206,12 @@ impl LimiterBuilder {
     ///   keys hold a reservation per limiter (beyond that only while their
     ///   reserve calls run); a full map drops the keys not hit since it last
     ///   made room, so a hot key stays, and dropping one only under-admits.
+    ///   Once the map has dropped a key (more keys are in use than it
+    ///   holds), a key it does not hold is checked by the store as without
+    ///   reservations and noted, and reserves from its next request if that
+    ///   comes while it is still held: a stream of cold keys costs what it
+    ///   would without reservations, not a reserve call and `n - 1` unspent
+    ///   units each.
     /// - A denial is the store's: `Retry-After` is the window's time left,
     ///   and it goes to the [deny cache](crate::Limiter#the-local-deny-cache)
     ///   as ever. Store errors, the timeout and the

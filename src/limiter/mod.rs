@@ -228,7 +228,7 @@ impl Limiter {
         };
         // A reserved unit is spent before anything else is asked, and
         // before anything is allocated: the key is built on the stack.
-        let reserving = inner.reservations.as_ref().filter(|_| cost > 0);
+        let mut reserving = inner.reservations.as_ref().filter(|_| cost > 0);
         if let Some(reservations) = reserving {
             if let Err(e) = self.limit_check_quota(0, cost) {
                 return done(Err(e));
@@ -239,11 +239,16 @@ impl Limiter {
                 Some(key) => reservations.take(key, cost),
                 None => reservations.take(self.key_of(0, keys[0]).as_bytes(), cost),
             };
-            if let Some((state, refill)) = taken {
-                if refill && let Ok(check) = self.limit_check(0, keys, cost) {
-                    reservation::refill_behind(inner, store, check);
+            match taken {
+                reservation::Take::Taken(state, refill) => {
+                    if refill && let Ok(check) = self.limit_check(0, keys, cost) {
+                        reservation::refill_behind(inner, store, check);
+                    }
+                    return done(Ok(inner.reserved_decision(state, cost)));
                 }
-                return done(Ok(inner.reserved_decision(state, cost)));
+                reservation::Take::Short => {}
+                // A cold key: checked as without reservations.
+                reservation::Take::Crowded => reserving = None,
             }
         }
         let mut checks = match self.checks(keys, cost) {

@@ -42,6 +42,25 @@ impl fmt::Debug for Reservations {
     }
 }
 
+/// What [`Reservations::take`] found for a request.
+pub(super) enum Take {
+    /// Spent from the reservation: the state to report, and whether this
+    /// request starts a refill ([`refill_behind`]): it left fewer than a
+    /// quarter of `n` units and no refill is on its way.
+    Taken(LimitState, bool),
+    /// Too little held: the request reserves ([`reserving`]).
+    Short,
+    /// The key is new to a crowded map (one that has had to drop keys:
+    /// more keys are in use than it holds). It is noted, and this request
+    /// is decided by the store as any check without reservations is. Its
+    /// next request reserves, if it comes while the key is still held
+    /// (before a pass drops it): only a key hit again soon, a hot one, gets
+    /// units, so a stream of cold keys costs what it would without
+    /// reservations (a batched check each, not a reserve call each) and
+    /// leaves no units unspent.
+    Crowded,
+}
+
 /// One key's reservation; its single flight is the [`Slots`] entry's.
 #[derive(Default)]
 struct Pool {
@@ -141,18 +160,23 @@ impl Reservations {
     }
 
     /// Spends `cost` from `key`'s reservation without a store call, if it
-    /// holds that much in a live window; and whether this request is the
-    /// one to start a refill ([`refill_behind`]): it left fewer than a
-    /// quarter of `n` units and no refill is on its way.
-    pub(super) fn take(&self, key: &[u8], cost: u64) -> Option<(LimitState, bool)> {
+    /// holds that much in a live window ([`Take::Taken`]); else whether the
+    /// request reserves ([`Take::Short`]) or, `key` being new to a crowded
+    /// map, is decided by the store as without reservations
+    /// ([`Take::Crowded`]).
+    pub(super) fn take(&self, key: &[u8], cost: u64) -> Take {
         let low = self.low_water();
-        let taken = self.slots.with(key, |pool| {
+        let taken = self.slots.with_or_note(key, |pool| {
             let state = pool.take(cost, Instant::now())?;
             let refill = pool.units < low && !pool.refilling;
             pool.refilling |= refill;
             Some((state, refill))
         });
-        taken.flatten()
+        match taken {
+            Ok(Some((state, refill))) => Take::Taken(state, refill),
+            Ok(None) | Err(false) => Take::Short,
+            Err(true) => Take::Crowded,
+        }
     }
 
     /// Below this many units, a key is refilled ahead of need: a quarter of
@@ -462,14 +486,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn units_are_spent_only_while_their_window_lasts() {
         let r = Reservations::new(10);
-        assert!(r.take(b"k", 1).is_none());
+        assert!(matches!(r.take(b"k", 1), Take::Short));
         holding(&r, "k", 3, 1_000);
-        let (state, _) = r.take(b"k", 2).unwrap();
+        let Take::Taken(state, _) = r.take(b"k", 2) else {
+            panic!("3 held");
+        };
         assert_eq!((state.remaining, state.reset_ms), (51, 1_000));
-        assert!(r.take(b"k", 2).is_none(), "only 1 held");
+        assert!(matches!(r.take(b"k", 2), Take::Short), "only 1 held");
         assert!(r.peek("k", 1).is_some());
         tokio::time::advance(Duration::from_millis(1_000)).await;
-        assert!(r.take(b"k", 1).is_none(), "the window ended");
+        assert!(matches!(r.take(b"k", 1), Take::Short), "the window ended");
         assert!(r.peek("k", 1).is_none());
     }
 
@@ -481,12 +507,12 @@ mod tests {
         let half = Duration::from_millis(5_000);
         // Same window, measured a few ms apart: given back.
         assert!(r.give_back("k", 2, end - Duration::from_millis(3), half));
-        assert_eq!(r.take(b"k", 2).unwrap().0.remaining, 50);
+        assert!(matches!(r.take(b"k", 2), Take::Taken(s, _) if s.remaining == 50));
         // A window that ended before this one: not.
         assert!(!r.give_back("k", 1, end - Duration::from_millis(9_000), half));
         // No reservation: not.
         r.drop_key("k");
         assert!(!r.give_back("k", 1, end, half));
-        assert!(r.take(b"k", 1).is_none());
+        assert!(matches!(r.take(b"k", 1), Take::Short));
     }
 }

@@ -16,10 +16,21 @@
 //! eighth of the shard, so it costs a few slots per new key, and a key that
 //! is hit between passes (a hot key) is kept. Dropping an entry only drops
 //! its unspent units: an under-admission, never an over-admission.
+//!
+//! Once a pass has dropped a key, the map is *crowded*: more keys are in
+//! use than it holds. From then on a key it does not hold is only noted
+//! ([`Slots::with_or_note`]), and the limiter checks that request as it
+//! would without reservations; the key reserves from its next request, if
+//! that comes while it is still held. So a stream of cold keys does not
+//! cycle through the map reserving units it never spends, while a hot key,
+//! hit between passes, keeps its place.
 
 use std::{
     hash::BuildHasher,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use foldhash::quality::RandomState;
@@ -57,6 +68,8 @@ pub(super) struct Slots<V> {
     hasher: RandomState,
     /// Entries per shard at most.
     cap: usize,
+    /// Set by the first pass that drops a key: see [`crowded`](Self::crowded).
+    crowded: AtomicBool,
 }
 
 impl<V: Default> Slots<V> {
@@ -69,6 +82,7 @@ impl<V: Default> Slots<V> {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
             cap: keys.div_ceil(SHARDS).max(1),
+            crowded: AtomicBool::new(false),
         }
     }
 
@@ -89,6 +103,54 @@ impl<V: Default> Slots<V> {
         let entry = shard.find_mut(hash, |e| *e.key == *key)?;
         entry.used = true;
         Some(f(&mut entry.value))
+    }
+
+    /// `f` on `key`'s value if the key is held (a hit), as [`with`](Self::with).
+    /// If not, `Err(crowded)`: whether the map is [crowded](Self::crowded),
+    /// in which case the key is noted now (room made, the default value),
+    /// so that its next request finds it if that comes before a pass drops
+    /// it.
+    pub(super) fn with_or_note<R>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, bool> {
+        let (mut shard, hash) = self.shard(key);
+        if let Some(entry) = shard.find_mut(hash, |e| *e.key == *key) {
+            entry.used = true;
+            return Ok(f(&mut entry.value));
+        }
+        if !self.crowded() {
+            return Err(false);
+        }
+        if shard.len() >= self.cap {
+            self.make_room(&mut shard);
+        }
+        let entry = Entry {
+            key: key.into(),
+            hash,
+            value: V::default(),
+            flight: Flight::default(),
+            used: false,
+        };
+        shard.insert_unique(hash, entry, |e| e.hash);
+        Err(true)
+    }
+
+    /// Whether a pass has ever dropped a key that was not hit again (the
+    /// map has had more keys than it holds).
+    pub(super) fn crowded(&self) -> bool {
+        self.crowded.load(Ordering::Relaxed)
+    }
+
+    /// One pass over a full shard (see [`make_room`]), noting whether it
+    /// dropped any key.
+    fn make_room(&self, shard: &mut HashTable<Entry<V>>) {
+        let held = shard.len();
+        make_room(shard, self.cap);
+        if shard.len() < held {
+            self.crowded.store(true, Ordering::Relaxed);
+        }
     }
 
     /// `f` on `key`'s value if it still belongs to `flight` (it was not
@@ -113,7 +175,7 @@ impl<V: Default> Slots<V> {
             return (entry.flight.clone(), f(&mut entry.value));
         }
         if shard.len() >= self.cap {
-            make_room(&mut shard, self.cap);
+            self.make_room(&mut shard);
         }
         let mut entry = Entry {
             key: key.into(),
@@ -178,6 +240,22 @@ mod tests {
         assert!(slots.with(b"in-flight", |_| ()).is_some());
         assert!(slots.len() <= SHARDS * 16, "{} keys held", slots.len());
         assert!(slots.with(b"k0", |_| ()).is_none(), "a cold key is dropped");
+    }
+
+    #[test]
+    fn a_crowded_map_notes_a_new_key_and_finds_it_on_its_next_hit() {
+        let slots: Slots<u64> = Slots::with_capacity(SHARDS * 4);
+        assert_eq!(slots.with_or_note(b"k", |_| ()), Err(false));
+        assert!(slots.with(b"k", |_| ()).is_none(), "not noted: not crowded");
+        slots.entry(b"k0", |_| ());
+        assert!(!slots.crowded(), "nothing dropped yet");
+        for i in 0..SHARDS * 8 {
+            slots.entry(format!("j{i}").as_bytes(), |_| ());
+        }
+        assert!(slots.crowded());
+        assert_eq!(slots.with_or_note(b"new", |v| *v), Err(true));
+        assert_eq!(slots.with_or_note(b"new", |v| *v), Ok(0));
+        assert!(slots.len() <= SHARDS * 4, "{} keys held", slots.len());
     }
 
     #[test]
