@@ -100,9 +100,7 @@ impl<V: Default> Slots<V> {
     /// `f` on `key`'s value, if the key is held; counts as a hit.
     pub(super) fn with<R>(&self, key: &[u8], f: impl FnOnce(&mut V) -> R) -> Option<R> {
         let (mut shard, hash) = self.shard(key);
-        let entry = shard.find_mut(hash, |e| *e.key == *key)?;
-        entry.used = true;
-        Some(f(&mut entry.value))
+        hit(&mut shard, key, hash).map(|entry| f(&mut entry.value))
     }
 
     /// `f` on `key`'s value if the key is held (a hit), as [`with`](Self::with).
@@ -116,24 +114,13 @@ impl<V: Default> Slots<V> {
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, bool> {
         let (mut shard, hash) = self.shard(key);
-        if let Some(entry) = shard.find_mut(hash, |e| *e.key == *key) {
-            entry.used = true;
+        if let Some(entry) = hit(&mut shard, key, hash) {
             return Ok(f(&mut entry.value));
         }
         if !self.crowded() {
             return Err(false);
         }
-        if shard.len() >= self.cap {
-            self.make_room(&mut shard);
-        }
-        let entry = Entry {
-            key: key.into(),
-            hash,
-            value: V::default(),
-            flight: Flight::default(),
-            used: false,
-        };
-        shard.insert_unique(hash, entry, |e| e.hash);
+        self.make(&mut shard, key, hash);
         Err(true)
     }
 
@@ -141,16 +128,6 @@ impl<V: Default> Slots<V> {
     /// map has had more keys than it holds).
     pub(super) fn crowded(&self) -> bool {
         self.crowded.load(Ordering::Relaxed)
-    }
-
-    /// One pass over a full shard (see [`make_room`]), noting whether it
-    /// dropped any key.
-    fn make_room(&self, shard: &mut HashTable<Entry<V>>) {
-        let held = shard.len();
-        make_room(shard, self.cap);
-        if shard.len() < held {
-            self.crowded.store(true, Ordering::Relaxed);
-        }
     }
 
     /// `f` on `key`'s value if it still belongs to `flight` (it was not
@@ -170,24 +147,36 @@ impl<V: Default> Slots<V> {
     /// the key's flight.
     pub(super) fn entry<R>(&self, key: &[u8], f: impl FnOnce(&mut V) -> R) -> (Flight, R) {
         let (mut shard, hash) = self.shard(key);
-        if let Some(entry) = shard.find_mut(hash, |e| *e.key == *key) {
-            entry.used = true;
-            return (entry.flight.clone(), f(&mut entry.value));
-        }
+        let entry = match hit(&mut shard, key, hash) {
+            Some(entry) => entry,
+            None => self.make(&mut shard, key, hash),
+        };
+        (entry.flight.clone(), f(&mut entry.value))
+    }
+
+    /// A new entry for `key` (not held) in its `shard`, with the default
+    /// value, after a pass if the shard is full.
+    fn make<'s>(
+        &self,
+        shard: &'s mut HashTable<Entry<V>>,
+        key: &[u8],
+        hash: u64,
+    ) -> &'s mut Entry<V> {
         if shard.len() >= self.cap {
-            self.make_room(&mut shard);
+            let held = shard.len();
+            make_room(shard, self.cap);
+            if shard.len() < held {
+                self.crowded.store(true, Ordering::Relaxed);
+            }
         }
-        let mut entry = Entry {
+        let entry = Entry {
             key: key.into(),
             hash,
             value: V::default(),
             flight: Flight::default(),
             used: false,
         };
-        let r = f(&mut entry.value);
-        let flight = entry.flight.clone();
-        shard.insert_unique(hash, entry, |e| e.hash);
-        (flight, r)
+        shard.insert_unique(hash, entry, |e| e.hash).into_mut()
     }
 
     /// Drops `key`'s entry.
@@ -204,6 +193,17 @@ impl<V: Default> Slots<V> {
             |s: &Mutex<HashTable<Entry<V>>>| s.lock().unwrap_or_else(PoisonError::into_inner).len();
         self.shards.iter().map(len).sum()
     }
+}
+
+/// `key`'s entry in its `shard`, if held, marked as hit.
+fn hit<'s, V>(
+    shard: &'s mut HashTable<Entry<V>>,
+    key: &[u8],
+    hash: u64,
+) -> Option<&'s mut Entry<V>> {
+    let entry = shard.find_mut(hash, |e| *e.key == *key)?;
+    entry.used = true;
+    Some(entry)
 }
 
 /// One pass over a full shard: see the module's docs. Entries in a flight
