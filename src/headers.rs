@@ -51,7 +51,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
-use crate::{Decision, Quota};
+use crate::{Decision, Quota, metrics};
 
 mod partition;
 
@@ -138,6 +138,8 @@ pub(crate) struct Policies {
     /// Per limit: `"<name>";r=`, the start of its `RateLimit` value, as the
     /// sf serialiser writes it (built once; numbers are appended per request).
     ratelimit_prefix: Box<[Box<str>]>,
+    /// Per limit: its metric keys.
+    metric_keys: Box<[metrics::Keys]>,
 }
 
 impl Policies {
@@ -161,6 +163,7 @@ impl Policies {
                 .map(|(n, q)| (n.as_str().into(), *q))
                 .collect(),
             shadow: vec![false; limits.len()].into(),
+            metric_keys: limits.iter().map(|(n, _)| metrics::Keys::new(n)).collect(),
         }
     }
 
@@ -186,6 +189,16 @@ impl Policies {
 
     pub(crate) fn quota(&self, i: usize) -> Quota {
         self.limits[i].1
+    }
+
+    /// Limit `i`'s metric keys.
+    pub(crate) fn metric_keys(&self, i: usize) -> &metrics::Keys {
+        &self.metric_keys[i]
+    }
+
+    /// Every limit's metric keys.
+    pub(crate) fn all_metric_keys(&self) -> impl Iterator<Item = &metrics::Keys> {
+        self.metric_keys.iter()
     }
 }
 

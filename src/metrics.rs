@@ -15,19 +15,79 @@ use std::time::Instant;
 
 use crate::Decision;
 
+/// One limit's metric keys (its `limit` label on each metric's name),
+/// built once per limiter: a decision then counts without copying the
+/// limit's name, building a label or hashing a key. Empty without the
+/// `metrics` feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keys {
+    #[cfg(feature = "metrics")]
+    keys: Box<[metrics::Key; 6]>,
+}
+
+#[cfg(feature = "metrics")]
+mod names {
+    pub(super) const ALLOWED: usize = 0;
+    pub(super) const DENIED: usize = 1;
+    pub(super) const DENIED_LOCALLY: usize = 2;
+    pub(super) const SHADOW_DENIED: usize = 3;
+    pub(super) const STORE_ERRORS: usize = 4;
+    pub(super) const STORE_LATENCY: usize = 5;
+    /// In the order of the indices above.
+    pub(super) const ALL: [&str; 6] = [
+        "ratelimit_allowed_total",
+        "ratelimit_denied_total",
+        "ratelimit_denied_locally_total",
+        "ratelimit_shadow_denied_total",
+        "ratelimit_store_errors_total",
+        "ratelimit_store_latency_seconds",
+    ];
+}
+
+/// What the `metrics` macros record with each metric.
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl Keys {
+    /// The keys of the limit named `limit`.
+    pub(crate) fn new(limit: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let key = |name: &'static str| {
+                metrics::Key::from_parts(name, vec![metrics::Label::new("limit", limit.to_owned())])
+            };
+            Self {
+                keys: Box::new(names::ALL.map(key)),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = limit;
+            Self {}
+        }
+    }
+
+    /// Adds 1 to counter `i` (an index of `names`).
+    #[cfg(feature = "metrics")]
+    fn count(&self, i: usize) {
+        metrics::with_recorder(|r| r.register_counter(&self.keys[i], &METADATA).increment(1));
+    }
+}
+
 /// Counts a decision: allowed or denied, per limit, and shadow denials.
 pub(crate) fn decision(d: &Decision, locally: bool) {
     #[cfg(feature = "metrics")]
-    for l in d.limits() {
-        let limit = l.name().to_owned();
+    for (i, l) in d.limits().enumerate() {
+        let keys = d.policies().metric_keys(i);
         if l.is_shadow() && !l.is_allowed() {
-            metrics::counter!("ratelimit_shadow_denied_total", "limit" => limit).increment(1);
+            keys.count(names::SHADOW_DENIED);
         } else if d.is_allowed() {
-            metrics::counter!("ratelimit_allowed_total", "limit" => limit).increment(1);
+            keys.count(names::ALLOWED);
         } else if locally && !l.is_allowed() {
-            metrics::counter!("ratelimit_denied_locally_total", "limit" => limit).increment(1);
+            keys.count(names::DENIED_LOCALLY);
         } else if !l.is_allowed() {
-            metrics::counter!("ratelimit_denied_total", "limit" => limit).increment(1);
+            keys.count(names::DENIED);
         }
     }
     #[cfg(not(feature = "metrics"))]
@@ -35,21 +95,22 @@ pub(crate) fn decision(d: &Decision, locally: bool) {
 }
 
 /// Counts a failed (or breaker-refused) store call for every limit.
-pub(crate) fn store_error<'a>(limits: impl Iterator<Item = &'a str>) {
+pub(crate) fn store_error<'a>(limits: impl Iterator<Item = &'a Keys>) {
     #[cfg(feature = "metrics")]
-    for limit in limits {
-        metrics::counter!("ratelimit_store_errors_total", "limit" => limit.to_owned()).increment(1);
+    for keys in limits {
+        keys.count(names::STORE_ERRORS);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = limits;
 }
 
 /// Records how long a store call took, from its [`clock`].
-pub(crate) fn store_latency(limit: &str, started: Option<Instant>) {
+pub(crate) fn store_latency(limit: &Keys, started: Option<Instant>) {
     #[cfg(feature = "metrics")]
     if let Some(started) = started {
-        metrics::histogram!("ratelimit_store_latency_seconds", "limit" => limit.to_owned())
-            .record(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        let key = &limit.keys[names::STORE_LATENCY];
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(seconds));
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (limit, started);

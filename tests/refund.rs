@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis_ratelimit::{Error, Limiter, Quota};
+use redis_ratelimit::{Error, Quota};
 use support::{
     Backend, for_every_store,
     limits::{admitted, algorithms, limiter},
@@ -142,7 +142,7 @@ for_every_store!(
 async fn refunds_work_on_a_cluster() {
     let cluster = support::cluster::RedisCluster::start();
     for (name, quota) in algorithms(2, "10s") {
-        let l = Limiter::builder(quota)
+        let l = redis_ratelimit::Limiter::builder(quota)
             .store(cluster.store().await)
             .name(format!("{name}-user"))
             .limit(format!("{name}-all"), Quota::per_minute(3))

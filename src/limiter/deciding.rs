@@ -150,7 +150,7 @@ impl ProbeGuard {
                 Err(_) => Err(Error::Timeout(inner.timeout)),
             },
         };
-        metrics::store_latency(inner.policies.name(0), started);
+        metrics::store_latency(inner.policies.metric_keys(0), started);
         self.settled = true;
         match result {
             Ok(value) => {
@@ -161,8 +161,7 @@ impl ProbeGuard {
                 if inner.breaker.record(self.pass, false) {
                     tracing::warn!(error = %e, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
                 }
-                let names = (0..inner.limits.len()).map(|i| inner.policies.name(i));
-                metrics::store_error(names);
+                metrics::store_error(inner.policies.all_metric_keys());
                 Err(e)
             }
         }

@@ -289,7 +289,7 @@ impl Limiter {
         }
         let pass = inner.breaker.pass();
         if pass == Pass::Open {
-            metrics::store_error(self.limits().map(|(name, _)| name));
+            metrics::store_error(inner.policies.all_metric_keys());
             return done(Err(Error::CircuitOpen));
         }
         let states = store.decide(checks, cost);
@@ -360,7 +360,7 @@ impl Limiter {
             let (states, at) = memory.decide_now_at(self.checks(keys, cost)?, cost);
             (states.into(), at)
         };
-        metrics::store_latency(inner.policies.name(0), started);
+        metrics::store_latency(inner.policies.metric_keys(0), started);
         inner.conclude(states, cost, None, Some(Stamp::Memory(at)))
     }
 

@@ -302,14 +302,14 @@ pub(super) async fn reserving(
             return Ok(d);
         }
         Looked::Failed(e) => {
-            metrics::store_error(std::iter::once(inner.policies.name(0)));
+            metrics::store_error(std::iter::once(inner.policies.metric_keys(0)));
             return Err(e);
         }
         Looked::Reserve => {}
     }
     let pass = inner.breaker.pass();
     if pass == Pass::Open {
-        metrics::store_error(std::iter::once(inner.policies.name(0)));
+        metrics::store_error(std::iter::once(inner.policies.metric_keys(0)));
         return Err(Error::CircuitOpen);
     }
     let probe = ProbeGuard {
