@@ -65,9 +65,10 @@ impl DenyCache {
         self.cache.clear();
     }
 
-    /// Remembers a denial of `key` at `cost`, until its retry time or for
-    /// the cache's max age, whichever is sooner.
-    pub(crate) fn insert(&self, key: String, cost: u64, decision: &Decision) {
+    /// Remembers a denial of `key` (store keys, UTF-8) at `cost`, until its
+    /// retry time or for the cache's max age, whichever is sooner. The key
+    /// is copied only here: a request carries it inline until its denial.
+    pub(crate) fn insert(&self, key: &[u8], cost: u64, decision: &Decision) {
         let Some(wait) = decision.retry_after() else {
             return;
         };
@@ -82,6 +83,7 @@ impl DenyCache {
             until: at + wait,
             cost,
         };
-        self.cache.insert(key, entry);
+        self.cache
+            .insert(String::from_utf8_lossy(key).into_owned(), entry);
     }
 }

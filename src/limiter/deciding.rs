@@ -10,7 +10,7 @@ use std::{
 
 use super::Inner;
 use crate::{
-    Decision, Error, LimitState,
+    Decision, Error, Key, LimitState,
     breaker::Pass,
     decision::{Partition, Stamp, States},
     metrics,
@@ -73,7 +73,7 @@ impl Inner {
         &self,
         states: States,
         cost: u64,
-        cache_key: Option<String>,
+        cache_key: Option<Key>,
         at: Option<Stamp>,
     ) -> Result<Decision, Error> {
         let limits = self.limits.len();
@@ -95,7 +95,7 @@ impl Inner {
         if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key)
             && !decision.is_allowed()
         {
-            cache.insert(key, cost, &decision);
+            cache.insert(key.as_bytes(), cost, &decision);
         }
         metrics::decision(&decision, false);
         tracing::debug!(
@@ -123,7 +123,7 @@ impl ProbeGuard {
         self,
         states: BoxFuture<'static, Result<Vec<LimitState>, Error>>,
         cost: u64,
-        cache_key: Option<String>,
+        cache_key: Option<Key>,
         spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();

@@ -5,7 +5,7 @@ use std::{borrow::Cow, fmt, sync::Arc, time::Duration};
 pub(crate) use self::deciding::Deciding;
 use self::deciding::ProbeGuard;
 use crate::{
-    Decision, Error, MemoryStore, Quota,
+    Decision, Error, Key, MemoryStore, Quota,
     breaker::{self, Pass},
     decision::{Stamp, States},
     deny_cache::DenyCache,
@@ -255,8 +255,8 @@ impl Limiter {
             Ok(checks) => checks,
             Err(e) => return done(Err(e)),
         };
-        // Borrowed for the lookup; owned (for an insert, should the store
-        // deny) only after a miss.
+        // Borrowed for the lookup; after a miss, copied for an insert should
+        // the store deny (inline, without an allocation, when short).
         let cache_key = inner.deny_cache.as_ref().map(|cache| {
             let key = match &checks[..] {
                 [one] => Cow::Borrowed(one.key.as_str()),
@@ -279,7 +279,7 @@ impl Limiter {
             );
             return done(Ok(d));
         }
-        let cache_key = cache_key.map(|(_, key)| key.into_owned());
+        let cache_key = cache_key.map(|(_, key)| Key::copy_from(key.as_bytes()));
         if reserving.is_some() {
             // The breaker is asked by the one request of the key's flight.
             let check = checks.pop().expect("a reserving limiter has one limit");

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::{Inner, deciding::ProbeGuard, slots::Slots};
 use crate::{
-    Decision, Error, LimitState,
+    Decision, Error, Key, LimitState,
     breaker::Pass,
     decision::Stamp,
     metrics,
@@ -268,7 +268,7 @@ pub(super) async fn reserving(
     store: Arc<dyn Store>,
     check: LimitCheck,
     cost: u64,
-    cache_key: Option<String>,
+    cache_key: Option<Key>,
 ) -> Result<Decision, Error> {
     let reservations = inner
         .reservations
@@ -453,7 +453,7 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
             retry_ms: r.window_left_ms,
         };
         let d = Decision::new([state], inner.policies.clone()).with_spent(1, Stamp::Local(sent));
-        cache.insert(cache_key, 1, &d);
+        cache.insert(cache_key.as_bytes(), 1, &d);
     }
 }
 
