@@ -67,13 +67,13 @@ impl Limiter {
     async fn peeking(&self, keys: &[&[u8]], cost: u64) -> Result<Decision, Error> {
         let inner = &self.inner;
         self.key_count(keys)?;
-        let checks = self.checks(keys, cost)?;
+        let checks: Vec<crate::LimitCheck> = self.checks(keys, cost)?;
         let store = match &inner.store {
             Backend::Memory(memory) => {
                 let states = memory.peek_now(&checks, cost);
                 return inner.conclude(states.into(), cost, None, None);
             }
-            Backend::Other(store) => store,
+            Backend::Other(store, _) => store,
         };
         // A reservation that holds enough answers for itself.
         if let Some(reservations) = &inner.reservations
@@ -242,11 +242,11 @@ impl Limiter {
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
-            (Backend::Other(_), Stamp::Local(at)) if self.gave_back(keys, decision, at) => {
+            (Backend::Other(..), Stamp::Local(at)) if self.gave_back(keys, decision, at) => {
                 // Back to the live reservation it came from: no store call.
                 Ok(RefundWork::Nothing)
             }
-            (Backend::Other(store), Stamp::Local(at)) => {
+            (Backend::Other(store, _), Stamp::Local(at)) => {
                 let elapsed = at.elapsed().as_millis() as i64;
                 let refunds = spent_limits
                     .map(|(key, quota, end)| {
@@ -325,7 +325,7 @@ impl Limiter {
                 memory.reset_now(&store_keys);
                 Ok(())
             }
-            Backend::Other(store) => {
+            Backend::Other(store, _) => {
                 match tokio::time::timeout(inner.timeout, store.reset(store_keys)).await {
                     Ok(result) => result,
                     Err(_) => Err(Error::Timeout(inner.timeout)),

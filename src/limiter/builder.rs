@@ -331,7 +331,7 @@ impl LimiterBuilder {
             .then(|| super::reservation::Reservations::new(self.reservation));
         let instance = match &store {
             Backend::Memory(memory) => memory.instance(),
-            Backend::Other(store) => store.instance(),
+            Backend::Other(store, _) => store.instance(),
         };
         let inner = Arc::new(Inner {
             limits: limits.into(),
@@ -363,7 +363,7 @@ impl LimiterBuilder {
                 "only a fixed window can reserve units exactly: drop .sliding_window()/.gcra() or the reservation",
             ));
         }
-        if let Some(Backend::Other(store)) = &self.store
+        if let Some(Backend::Other(store, _)) = &self.store
             && !store.supports_reservation()
         {
             return Err(ConfigError::Reservation(

@@ -10,7 +10,7 @@ use std::{
 
 use super::Inner;
 use crate::{
-    Decision, Error, Key, LimitState,
+    Decision, Error, Key,
     breaker::Pass,
     decision::{Partition, Stamp, States},
     metrics,
@@ -119,9 +119,9 @@ pub(super) struct ProbeGuard {
 }
 
 impl ProbeGuard {
-    pub(super) async fn settle(
+    pub(super) async fn settle<S: Into<States>>(
         self,
-        states: BoxFuture<'static, Result<Vec<LimitState>, Error>>,
+        states: impl Future<Output = Result<S, Error>> + Unpin,
         cost: u64,
         cache_key: Option<Key>,
         spends: bool,
@@ -132,17 +132,29 @@ impl ProbeGuard {
         inner.conclude(states.into(), cost, cache_key, at)
     }
 
+    /// A decision that spends, settled from `states` in `span`.
+    pub(super) fn settling<S: Into<States> + Send + 'static>(
+        self,
+        states: impl Future<Output = Result<S, Error>> + Unpin + Send + 'static,
+        cost: u64,
+        cache_key: Option<Key>,
+        span: tracing::Span,
+    ) -> Deciding {
+        let settled = self.settle(states, cost, cache_key, true);
+        Deciding::Waiting(Box::pin(tracing::Instrument::instrument(settled, span)))
+    }
+
     /// Awaits one store call, bounded by the timeout, and records its
     /// outcome with the breaker and the metrics.
     pub(super) async fn call<T>(
         mut self,
-        mut reply: BoxFuture<'static, Result<T, Error>>,
+        mut reply: impl Future<Output = Result<T, Error>> + Unpin,
     ) -> Result<T, Error> {
         let inner = self.inner.clone();
         let started = metrics::clock();
         // A store that answers at once needs no timer: registering one in
         // Tokio's wheel costs more than such a store's whole decision.
-        let now = reply.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        let now = Pin::new(&mut reply).poll(&mut Context::from_waker(Waker::noop()));
         let result = match now {
             Poll::Ready(result) => result,
             Poll::Pending => match tokio::time::timeout(inner.timeout, reply).await {

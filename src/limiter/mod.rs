@@ -5,13 +5,13 @@ use std::{borrow::Cow, fmt, sync::Arc, time::Duration};
 pub(crate) use self::deciding::Deciding;
 use self::deciding::ProbeGuard;
 use crate::{
-    Decision, Error, Key, MemoryStore, Quota,
+    Decision, Error, Key, MemoryStore, Quota, RedisStore,
     breaker::{self, Pass},
     decision::{Stamp, States},
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
-    store::{LimitCheck, Store},
+    store::{Checks, LimitCheck, Store},
 };
 
 pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
@@ -139,15 +139,19 @@ struct Inner {
 #[derive(Debug)]
 enum Backend {
     Memory(MemoryStore),
-    Other(Arc<dyn Store>),
+    /// Any other store; a [`RedisStore`] is also kept as itself, for
+    /// decisions that skip the trait's boxed future and vectors.
+    Other(Arc<dyn Store>, Option<RedisStore>),
 }
 
 impl Backend {
     fn new<S: Store>(store: S) -> Self {
-        match (&store as &dyn std::any::Any).downcast_ref::<MemoryStore>() {
-            Some(memory) => Backend::Memory(memory.clone()),
-            None => Backend::Other(Arc::new(store)),
+        let any = &store as &dyn std::any::Any;
+        if let Some(memory) = any.downcast_ref::<MemoryStore>() {
+            return Backend::Memory(memory.clone());
         }
+        let redis = any.downcast_ref::<RedisStore>().cloned();
+        Backend::Other(Arc::new(store), redis)
     }
 }
 
@@ -222,9 +226,9 @@ impl Limiter {
             let got = keys.len();
             return done(Err(Error::KeyCount { limits, got }));
         }
-        let store = match &inner.store {
+        let (store, redis) = match &inner.store {
             Backend::Memory(memory) => return done(self.decide_in_memory(memory, keys, cost)),
-            Backend::Other(store) => store,
+            Backend::Other(store, redis) => (store, redis),
         };
         // A reserved unit is spent before anything else is asked, and
         // before anything is allocated: the key is built on the stack.
@@ -251,7 +255,7 @@ impl Limiter {
                 reservation::Take::Crowded => reserving = None,
             }
         }
-        let mut checks = match self.checks(keys, cost) {
+        let mut checks: Checks = match self.checks(keys, cost) {
             Ok(checks) => checks,
             Err(e) => return done(Err(e)),
         };
@@ -292,17 +296,22 @@ impl Limiter {
             metrics::store_error(inner.policies.all_metric_keys());
             return done(Err(Error::CircuitOpen));
         }
-        let states = store.decide(checks, cost);
         let probe = ProbeGuard {
             inner: inner.clone(),
             pass,
             settled: false,
         };
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
-        Deciding::Waiting(Box::pin(tracing::Instrument::instrument(
-            probe.settle(states, cost, cache_key, true),
-            span,
-        )))
+        match redis {
+            Some(redis) => {
+                let states = redis.decide_states(checks, cost);
+                probe.settling(states, cost, cache_key, span)
+            }
+            None => {
+                let states = store.decide(checks.into_vec(), cost);
+                probe.settling(states, cost, cache_key, span)
+            }
+        }
     }
 
     /// Limit `i`'s check of `cost` for `keys` (one key for every limit, or
@@ -327,7 +336,7 @@ impl Limiter {
     }
 
     /// Every limit's check of `cost` for `keys`.
-    fn checks(&self, keys: &[&[u8]], cost: u64) -> Result<Vec<LimitCheck>, Error> {
+    fn checks<C: FromIterator<LimitCheck>>(&self, keys: &[&[u8]], cost: u64) -> Result<C, Error> {
         (0..self.inner.limits.len())
             .map(|i| self.limit_check(i, keys, cost))
             .collect()

@@ -17,10 +17,13 @@
 //! burst of 2000 concurrent calls took longer than the limiter's timeout.
 
 use std::{
+    future::Future,
+    pin::Pin,
     sync::{
         Arc, OnceLock,
         atomic::{AtomicBool, Ordering},
     },
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -28,10 +31,10 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::{
-    BoxFuture, LimitCheck, LimitState,
+    BoxFuture, Checks, LimitCheck,
     redis::{Request, decide, decide_spread},
 };
-use crate::Error;
+use crate::{Error, decision::States};
 
 #[cfg(feature = "cluster")]
 #[path = "batch_cluster.rs"]
@@ -44,10 +47,10 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// Requests that may wait; beyond it, requests go unbatched.
 const QUEUE: usize = 4096;
 
-type Reply = Result<Vec<LimitState>, Error>;
+type Reply = Result<States, Error>;
 
 struct Job {
-    checks: Vec<LimitCheck>,
+    checks: Checks,
     cost: u64,
     reply: oneshot::Sender<Reply>,
 }
@@ -127,9 +130,9 @@ impl Batcher {
     pub(super) fn submit<C: Batched>(
         &self,
         conn: &C,
-        checks: Vec<LimitCheck>,
+        checks: Checks,
         cost: u64,
-    ) -> Result<BoxFuture<'static, Reply>, (Vec<LimitCheck>, u64)> {
+    ) -> Result<Answer, (Checks, u64)> {
         let queue = match self.queue.get() {
             Some(queue) => queue,
             None => match tokio::runtime::Handle::try_current() {
@@ -148,16 +151,25 @@ impl Batcher {
             reply,
         };
         match queue.try_send(job) {
-            Ok(()) => Ok(Box::pin(async move {
-                answer
-                    .await
-                    .unwrap_or_else(|_| Err(Error::UnexpectedReply("batching task stopped".into())))
-            })),
+            Ok(()) => Ok(Answer(answer)),
             Err(e) => {
                 let job = e.into_inner();
                 Err((job.checks, job.cost))
             }
         }
+    }
+}
+
+/// A queued request's answer, from the batching task.
+pub(crate) struct Answer(oneshot::Receiver<Reply>);
+
+impl Future for Answer {
+    type Output = Reply;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
+        Pin::new(&mut self.0).poll(cx).map(|answer| {
+            answer.unwrap_or_else(|_| Err(Error::UnexpectedReply("batching task stopped".into())))
+        })
     }
 }
 

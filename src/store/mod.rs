@@ -41,6 +41,9 @@ pub struct LimitCheck {
     pub shadow: bool,
 }
 
+/// A request's checks, one per limit: a lone limit's held inline.
+pub(crate) type Checks = smallvec::SmallVec<[LimitCheck; 1]>;
+
 /// What a store reports for one limit of a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitState {

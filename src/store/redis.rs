@@ -1,6 +1,11 @@
 //! [`RedisStore`]: counters in Redis, one atomic script call per decision.
 
-use std::fmt;
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
 
 use bb8_redis::{RedisConnectionManager, bb8::Pool};
 use redis::{
@@ -9,9 +14,11 @@ use redis::{
 };
 
 use super::{
-    BoxFuture, LimitCheck, LimitState, Refund, Reservation, Store, batch::Batcher, call::Call,
+    BoxFuture, Checks, LimitCheck, LimitState, Refund, Reservation, Store,
+    batch::{Answer, Batcher},
+    call::Call,
 };
-use crate::Error;
+use crate::{Error, decision::States};
 
 #[path = "redis_admin.rs"]
 mod admin;
@@ -256,8 +263,50 @@ impl RedisStore {
             let mut states = parse_batch(&reply.await?.0, &request, layout)?;
             states
                 .pop()
+                .map(States::into_vec)
                 .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
         })
+    }
+}
+
+impl RedisStore {
+    /// [`Store::decide`] for the crate's [`Limiter`](crate::Limiter): the
+    /// checks inline when there is one, and a batched request's answer
+    /// unboxed, straight from the batching task.
+    pub(crate) fn decide_states(&self, checks: Checks, cost: u64) -> RedisAnswer {
+        let submitted = match &self.backend {
+            Backend::Manager(manager) => self.batcher.submit(manager, checks, cost),
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(cluster::Cluster::Connection(conn)) => {
+                self.batcher.submit(conn, checks, cost)
+            }
+            #[cfg(feature = "sentinel")]
+            Backend::Sentinel(sentinel) => self.batcher.submit(sentinel, checks, cost),
+            _ => Err((checks, cost)),
+        };
+        match submitted {
+            Ok(answer) => RedisAnswer::Batched(answer),
+            Err((checks, cost)) => RedisAnswer::Alone(self.decide_one(checks.into_vec(), cost)),
+        }
+    }
+}
+
+/// A decision on its way from [`RedisStore::decide_states`].
+pub(crate) enum RedisAnswer {
+    /// Queued for the batching task.
+    Batched(Answer),
+    /// In a call of its own (a pool, or no batching task).
+    Alone(BoxFuture<'static, Result<Vec<LimitState>, Error>>),
+}
+
+impl Future for RedisAnswer {
+    type Output = Result<States, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            RedisAnswer::Batched(answer) => Pin::new(answer).poll(cx),
+            RedisAnswer::Alone(reply) => reply.as_mut().poll(cx).map_ok(States::from_vec),
+        }
     }
 }
 
@@ -300,19 +349,11 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        let submitted = match &self.backend {
-            Backend::Manager(manager) => self.batcher.submit(manager, checks, cost),
-            #[cfg(feature = "cluster")]
-            Backend::Cluster(cluster::Cluster::Connection(conn)) => {
-                self.batcher.submit(conn, checks, cost)
+        match self.decide_states(checks.into(), cost) {
+            RedisAnswer::Batched(answer) => {
+                Box::pin(async move { answer.await.map(States::into_vec) })
             }
-            #[cfg(feature = "sentinel")]
-            Backend::Sentinel(sentinel) => self.batcher.submit(sentinel, checks, cost),
-            _ => Err((checks, cost)),
-        };
-        match submitted {
-            Ok(reply) => reply,
-            Err((checks, cost)) => self.decide_one(checks, cost),
+            RedisAnswer::Alone(reply) => reply,
         }
     }
 }

@@ -5,7 +5,7 @@
 use redis::{FromRedisValue, ParsingError, Value, aio::ConnectionLike};
 
 use super::super::{LimitCheck, LimitState, call::Call, scripts};
-use crate::{Algorithm, Error};
+use crate::{Algorithm, Error, decision::States};
 
 /// One request of a decide call: its limits and cost.
 pub(in crate::store) struct Request<'a> {
@@ -182,7 +182,7 @@ pub(in crate::store) fn parse_batch(
     reply: &[i64],
     requests: &[Request<'_>],
     layout: Layout,
-) -> Result<Vec<Vec<LimitState>>, Error> {
+) -> Result<Vec<States>, Error> {
     let mut rest = reply;
     let mut out = Vec::with_capacity(requests.len());
     for request in requests {
@@ -195,7 +195,7 @@ pub(in crate::store) fn parse_batch(
             break;
         }
         out.push(match pair {
-            true => parse_pair(rest[0], rest[1]).map(|state| vec![state])?,
+            true => parse_pair(rest[0], rest[1]).map(|state| smallvec::smallvec![state])?,
             false => parse_reply(&rest[..len], request.checks.len())?,
         });
         rest = &rest[len..];
@@ -210,7 +210,7 @@ pub(in crate::store) fn parse_batch(
 pub(in crate::store) async fn decide<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
-) -> Result<Vec<Vec<LimitState>>, Error> {
+) -> Result<Vec<States>, Error> {
     let call = decide_invocation(requests);
     let Packed(reply) = call.invoke(conn).await?;
     parse_batch(&reply, requests, Layout::of(&call))
@@ -223,7 +223,7 @@ pub(in crate::store) async fn decide<C: ConnectionLike>(
 pub(in crate::store) async fn decide_spread<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
-) -> Result<Vec<Vec<LimitState>>, Error> {
+) -> Result<Vec<States>, Error> {
     let Packed(reply) = fixed_invocation(requests, true).invoke(conn).await?;
     parse_batch(&reply, requests, Layout::Fixed)
 }
@@ -247,7 +247,7 @@ fn parse_pair(r: i64, reset_ms: i64) -> Result<LimitState, Error> {
 }
 
 /// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
-fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
+fn parse_reply(reply: &[i64], limits: usize) -> Result<States, Error> {
     let bad = || Error::UnexpectedReply(format!("decide returned {reply:?}"));
     if reply.len() != 1 + 4 * limits {
         return Err(bad());
@@ -261,7 +261,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<Vec<LimitState>, Error> {
             retry_ms: n(3)?,
         })
     });
-    let states: Option<Vec<_>> = states.collect();
+    let states: Option<States> = states.collect();
     states.ok_or_else(bad)
 }
 
@@ -322,13 +322,13 @@ mod tests {
             reset_ms,
             retry_ms,
         };
-        assert_eq!(states[0], [state(true, 3, 900, 0)]);
-        assert_eq!(states[1], [state(true, 4, 900, 0)]);
+        assert_eq!(states[0][..], [state(true, 3, 900, 0)]);
+        assert_eq!(states[1][..], [state(true, 4, 900, 0)]);
         assert_eq!(
-            states[2],
+            states[2][..],
             [state(true, 2, 900, 0), state(false, 0, 60_000, 60_000)]
         );
-        assert_eq!(states[3], [state(false, 1, 400, 400)]);
+        assert_eq!(states[3][..], [state(false, 1, 400, 400)]);
         // The general layout reads the same numbers otherwise, and a reply
         // that does not fit its requests exactly is an error.
         assert!(parse_batch(&reply, &requests, Layout::General).is_err());
