@@ -430,7 +430,6 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         settled: false,
     };
     let sent = Instant::now();
-    let cache_key = check.key.clone();
     let Ok(r) = probe.call(store.reserve(check, 1, reservations.n)).await else {
         return;
     };
@@ -453,7 +452,8 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
             retry_ms: r.window_left_ms,
         };
         let d = Decision::new([state], inner.policies.clone()).with_spent(1, Stamp::Local(sent));
-        cache.insert(cache_key.as_bytes(), 1, &d);
+        // `key` is the check's store key: the deny cache's for one limit.
+        cache.insert(key, 1, &d);
     }
 }
 
