@@ -88,7 +88,11 @@ async fn frozen_redis_times_out_instead_of_hanging() {
 
     server.freeze(true);
     let start = Instant::now();
-    let results = futures_util::future::join_all((0..50).map(|_| limiter.check("k", 1))).await;
+    let checks = futures_util::future::join_all((0..50).map(|_| limiter.check("k", 1)));
+    // A guard, so that a lost timeout fails here rather than hanging.
+    let results = tokio::time::timeout(TIMEOUT * 10, checks)
+        .await
+        .expect("checks still waiting at 10 times the timeout");
     let took = start.elapsed();
     server.freeze(false);
     for r in &results {
@@ -107,6 +111,76 @@ async fn frozen_redis_times_out_instead_of_hanging() {
     until_answered(&limiter, "other", &server).await;
     let d = limiter.check("k", 0).await.unwrap();
     assert!(d.remaining() <= 4, "{d:?}");
+    server.assert_every_key_has_ttl().await;
+}
+
+/// Limiters sharing one store share its batching task; each request still
+/// gets its own limiter's timeout. A short-timeout check queued behind calls
+/// of a long-timeout limiter, on a frozen Redis, is answered at its own
+/// deadline, not when those calls give up: whether a request with the short
+/// timeout came before (the task sweeps its queue that often) or this is
+/// the first (it wakes the task).
+#[tokio::test]
+async fn a_short_timeout_is_kept_behind_a_long_timeouts_calls() {
+    short_behind_long(true).await;
+}
+
+#[tokio::test]
+async fn a_first_short_timeout_is_kept_behind_a_long_timeouts_calls() {
+    short_behind_long(false).await;
+}
+
+async fn short_behind_long(seen_before: bool) {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let long = Duration::from_millis(1500);
+    let slow = Limiter::builder("1000/1m".parse().unwrap())
+        .store(store.clone())
+        .timeout(long)
+        .build()
+        .unwrap();
+    let quick = Limiter::builder("5/1m".parse().unwrap())
+        .name("quick")
+        .store(store)
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let first = match seen_before {
+        true => &quick,
+        false => &slow,
+    };
+    assert!(first.check("k", 1).await.unwrap().is_allowed());
+
+    server.freeze(true);
+    // Enough to fill every call the task may have in flight, and more.
+    let waiting: Vec<_> = (0..300)
+        .map(|i| {
+            let slow = slow.clone();
+            tokio::spawn(async move { slow.check(&format!("s{i}"), 1).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let start = Instant::now();
+    let r = tokio::time::timeout(long * 2, quick.check("k", 1))
+        .await
+        .expect("the quick check still waiting at twice the long timeout");
+    let took = start.elapsed();
+    assert!(matches!(r, Err(Error::Timeout(t)) if t == TIMEOUT), "{r:?}");
+    assert!(
+        took < TIMEOUT + Duration::from_millis(300),
+        "the quick check took {took:?}"
+    );
+    let started = Instant::now();
+    for task in waiting {
+        let r = tokio::time::timeout(long * 2, task)
+            .await
+            .expect("a slow check still waiting at twice its timeout")
+            .unwrap();
+        assert!(matches!(r, Err(Error::Timeout(t)) if t == long), "{r:?}");
+    }
+    assert!(started.elapsed() < long + Duration::from_millis(500));
+    server.freeze(false);
+    until_answered(&quick, "other", &server).await;
     server.assert_every_key_has_ttl().await;
 }
 

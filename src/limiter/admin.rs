@@ -92,7 +92,7 @@ impl Limiter {
             settled: false,
         };
         probe
-            .settle(store.peek(checks, cost), cost, None, false)
+            .settle(store.peek(checks, cost), false, cost, None, false)
             .await
     }
 

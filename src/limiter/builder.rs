@@ -267,6 +267,14 @@ impl LimiterBuilder {
     }
 
     /// The bound on every store call (default [`DEFAULT_TIMEOUT`], 200 ms).
+    ///
+    /// A check waits at most this long for the store, whether its request
+    /// still waits to be sent (queued behind other calls to a busy Redis)
+    /// or is in a call Redis has not answered; then it is
+    /// [`Error::Timeout`](crate::Error::Timeout), which the layers answer by
+    /// their [`OnStoreError`](crate::OnStoreError) policy. Limiters that
+    /// share a store keep each their own timeout. A call that timed out may
+    /// still be applied by Redis (its units spent, never more).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

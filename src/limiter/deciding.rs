@@ -119,48 +119,69 @@ pub(super) struct ProbeGuard {
 }
 
 impl ProbeGuard {
+    /// Settles the decision from `states`; `bounded` as for
+    /// [`call`](Self::call).
     pub(super) async fn settle<S: Into<States>>(
         self,
         states: impl Future<Output = Result<S, Error>> + Unpin,
+        bounded: bool,
         cost: u64,
         cache_key: Option<Key>,
         spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
-        let states = self.call(states).await?;
+        let states = self.call_bounded(states, bounded).await?;
         let at = spends.then(|| Stamp::Local(tokio::time::Instant::now()));
         inner.conclude(states.into(), cost, cache_key, at)
     }
 
-    /// A decision that spends, settled from `states` in `span`.
+    /// A decision that spends, settled from `states` in `span`; `bounded`
+    /// as for [`call`](Self::call).
     pub(super) fn settling<S: Into<States> + Send + 'static>(
         self,
         states: impl Future<Output = Result<S, Error>> + Unpin + Send + 'static,
+        bounded: bool,
         cost: u64,
         cache_key: Option<Key>,
         span: tracing::Span,
     ) -> Deciding {
-        let settled = self.settle(states, cost, cache_key, true);
+        let settled = self.settle(states, bounded, cost, cache_key, true);
         Deciding::Waiting(Box::pin(tracing::Instrument::instrument(settled, span)))
     }
 
     /// Awaits one store call, bounded by the timeout, and records its
     /// outcome with the breaker and the metrics.
     pub(super) async fn call<T>(
+        self,
+        reply: impl Future<Output = Result<T, Error>> + Unpin,
+    ) -> Result<T, Error> {
+        self.call_bounded(reply, false).await
+    }
+
+    /// As [`call`](Self::call); a `bounded` reply is one that ends with
+    /// [`Error::Timeout`] by the timeout of its own accord (the batching
+    /// task's [`Deadline`](crate::store::Deadline)), and gets no timer.
+    async fn call_bounded<T>(
         mut self,
         mut reply: impl Future<Output = Result<T, Error>> + Unpin,
+        bounded: bool,
     ) -> Result<T, Error> {
         let inner = self.inner.clone();
         let started = metrics::clock();
-        // A store that answers at once needs no timer: registering one in
-        // Tokio's wheel costs more than such a store's whole decision.
-        let now = Pin::new(&mut reply).poll(&mut Context::from_waker(Waker::noop()));
-        let result = match now {
-            Poll::Ready(result) => result,
-            Poll::Pending => match tokio::time::timeout(inner.timeout, reply).await {
-                Ok(result) => result,
-                Err(_) => Err(Error::Timeout(inner.timeout)),
-            },
+        let result = match bounded {
+            true => reply.await,
+            // A store that answers at once needs no timer: registering one
+            // in Tokio's wheel costs more than such a store's whole decision.
+            false => {
+                let now = Pin::new(&mut reply).poll(&mut Context::from_waker(Waker::noop()));
+                match now {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => match tokio::time::timeout(inner.timeout, reply).await {
+                        Ok(result) => result,
+                        Err(_) => Err(Error::Timeout(inner.timeout)),
+                    },
+                }
+            }
         };
         metrics::store_latency(inner.policies.metric_keys(0), started);
         self.settled = true;

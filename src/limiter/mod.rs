@@ -11,7 +11,7 @@ use crate::{
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
-    store::{Checks, LimitCheck, Store},
+    store::{Checks, Deadline, LimitCheck, Store},
 };
 
 pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
@@ -304,12 +304,13 @@ impl Limiter {
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
         match redis {
             Some(redis) => {
-                let states = redis.decide_states(checks, cost);
-                probe.settling(states, cost, cache_key, span)
+                let states = redis.decide_states(checks, cost, Deadline::after(inner.timeout));
+                let bounded = states.bounded();
+                probe.settling(states, bounded, cost, cache_key, span)
             }
             None => {
                 let states = store.decide(checks.into_vec(), cost);
-                probe.settling(states, cost, cache_key, span)
+                probe.settling(states, false, cost, cache_key, span)
             }
         }
     }

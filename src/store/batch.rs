@@ -7,14 +7,23 @@
 //! `EVALSHA` of the decide script (up to [`MAX_BATCH`] requests). On a
 //! standalone Redis a round is one call; on a cluster a round (up to 8
 //! calls' worth) is split by node, from a slot map (`batch_cluster.rs`),
-//! and its calls go out at once. There is no
-//! timer: a lone request is sent at once, and requests queue only while
-//! earlier rounds are in flight, so batches grow exactly when the server is
-//! busy. Each request is still decided on its own, all or nothing, inside
-//! the one atomic script run. This cuts Redis's per-command work and the
-//! round trips, syscalls and parsing on both sides, and on a cluster the
+//! and its calls go out at once. Nothing waits to fill a batch: a lone
+//! request is sent at once, and requests queue only while earlier rounds
+//! are in flight, so batches grow exactly when the server is busy. Each
+//! request is still decided on its own, all or nothing, inside the one
+//! atomic script run. This cuts Redis's per-command work and the round
+//! trips, syscalls and parsing on both sides, and on a cluster the
 //! per-request routing of redis-rs's cluster connection, which under a
 //! burst of 2000 concurrent calls took longer than the limiter's timeout.
+//!
+//! A request the [`Limiter`](crate::Limiter) queues carries its
+//! [`Deadline`], and the task answers it `Error::Timeout` then, whether it
+//! still waits for a round or is in a call that Redis has not answered
+//! (`batch_deadline.rs`). So the request needs no timer of its own, which
+//! cost about 650 instructions a request; a call has one, and the queue
+//! is swept on one while every round is out. A call whose requests have all
+//! timed out is dropped, so a Redis that never answers holds no round's
+//! permit past their deadlines.
 
 use std::{
     future::Future,
@@ -28,7 +37,10 @@ use std::{
 };
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot},
+    time::Instant,
+};
 
 use super::{
     BoxFuture, Checks, LimitCheck,
@@ -39,6 +51,16 @@ use crate::{Error, decision::States};
 #[cfg(feature = "cluster")]
 #[path = "batch_cluster.rs"]
 mod cluster;
+#[path = "batch_deadline.rs"]
+mod deadline;
+#[path = "batch_routing.rs"]
+mod routing;
+
+pub(crate) use self::deadline::Deadline;
+use self::{
+    deadline::{Held, Shortest, Sweep, Waiter, Waiting, within_deadlines},
+    routing::{Routing, read_router},
+};
 
 /// The most requests in one script call.
 pub(crate) const MAX_BATCH: usize = 64;
@@ -52,7 +74,7 @@ type Reply = Result<States, Error>;
 struct Job {
     checks: Checks,
     cost: u64,
-    reply: oneshot::Sender<Reply>,
+    waiter: Waiter,
 }
 
 /// A connection the batching task can send on.
@@ -116,42 +138,61 @@ impl Batched for super::redis::SentinelMaster {
 /// The handle to a connection's batching task, started on first use.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Batcher {
-    queue: Arc<OnceLock<mpsc::Sender<Job>>>,
+    link: Arc<OnceLock<Link>>,
+}
+
+/// The way to a running batching task.
+#[derive(Debug)]
+struct Link {
+    queue: mpsc::Sender<Job>,
+    shortest: Arc<Shortest>,
 }
 
 impl Batcher {
     /// The same for every clone of this batcher (of one store).
     pub(super) fn instance(&self) -> usize {
-        Arc::as_ptr(&self.queue) as *const () as usize
+        Arc::as_ptr(&self.link) as *const () as usize
     }
 
     /// Queues a request, or hands it back when it cannot be batched (no
     /// Tokio runtime to run the task, the task gone, or the queue full).
+    /// With a `deadline`, the answer comes by it ([`Answer::bounded`]).
     pub(super) fn submit<C: Batched>(
         &self,
         conn: &C,
         checks: Checks,
         cost: u64,
+        deadline: Option<Deadline>,
     ) -> Result<Answer, (Checks, u64)> {
-        let queue = match self.queue.get() {
-            Some(queue) => queue,
+        let link = match self.link.get() {
+            Some(link) => link,
             None => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => self.queue.get_or_init(|| {
-                    let (tx, rx) = mpsc::channel(QUEUE);
-                    runtime.spawn(run(rx, conn.clone()));
-                    tx
+                Ok(runtime) => self.link.get_or_init(|| {
+                    let (queue, rx) = mpsc::channel(QUEUE);
+                    let shortest = Arc::new(Shortest::new());
+                    runtime.spawn(run(rx, conn.clone(), shortest.clone()));
+                    Link { queue, shortest }
                 }),
                 Err(_) => return Err((checks, cost)),
             },
         };
+        if let Some(deadline) = deadline {
+            link.shortest.note(deadline);
+        }
         let (reply, answer) = oneshot::channel();
         let job = Job {
             checks,
             cost,
-            reply,
+            waiter: Waiter {
+                reply: Some(reply),
+                deadline,
+            },
         };
-        match queue.try_send(job) {
-            Ok(()) => Ok(Answer(answer)),
+        match link.queue.try_send(job) {
+            Ok(()) => Ok(Answer {
+                answer,
+                bounded: deadline.is_some(),
+            }),
             Err(e) => {
                 let job = e.into_inner();
                 Err((job.checks, job.cost))
@@ -161,13 +202,24 @@ impl Batcher {
 }
 
 /// A queued request's answer, from the batching task.
-pub(crate) struct Answer(oneshot::Receiver<Reply>);
+pub(crate) struct Answer {
+    answer: oneshot::Receiver<Reply>,
+    bounded: bool,
+}
+
+impl Answer {
+    /// Whether the answer comes by the request's [`Deadline`] (a timeout
+    /// then), so that the caller needs no timer.
+    pub(crate) fn bounded(&self) -> bool {
+        self.bounded
+    }
+}
 
 impl Future for Answer {
     type Output = Reply;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
-        Pin::new(&mut self.0).poll(cx).map(|answer| {
+        Pin::new(&mut self.answer).poll(cx).map(|answer| {
             answer.unwrap_or_else(|_| Err(Error::UnexpectedReply("batching task stopped".into())))
         })
     }
@@ -175,48 +227,63 @@ impl Future for Answer {
 
 /// Takes what is waiting, up to [`MAX_BATCH`], whenever a round may start,
 /// and sends it as one call per group.
-async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
+async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C, shortest: Arc<Shortest>) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut routing = Routing::new(read_router(&conn).await.unwrap_or_default());
+    let mut routing = Routing::new(read_router(&conn, None).await.unwrap_or_default());
     // Set by a call that failed: the router is read again before the next
     // round (a cluster's slots may have moved).
     let stale = Arc::new(AtomicBool::new(false));
-    while let Ok(permit) = permits.clone().acquire_owned().await {
-        let Some(first) = queue.recv().await else {
-            return;
+    // Requests taken from the queue while every round's permit was out.
+    let mut held = Held::default();
+    let mut sweep = Sweep::new();
+    loop {
+        if held.jobs.is_empty() {
+            match queue.recv().await {
+                Some(job) => held.push(job),
+                None => return,
+            }
+        }
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let waiting = Waiting {
+                    queue: &mut queue,
+                    held: &mut held,
+                    shortest: &shortest,
+                };
+                sweep.until_permit(&permits, waiting).await
+            }
         };
-        let router = routing
-            .current(&conn, stale.swap(false, Ordering::Relaxed))
-            .await;
-        let mut jobs = Vec::with_capacity(C::ROUND.min(queue.len() + 1));
-        jobs.push(first);
+        let mut jobs = held.take(C::ROUND);
         while jobs.len() < C::ROUND {
             match queue.try_recv() {
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
+        let earliest = jobs.iter().filter_map(|job| job.waiter.due()).min();
+        let until = match (earliest, sweep.next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let router = routing
+            .current(&conn, stale.swap(false, Ordering::Relaxed), until)
+            .await;
         // Callers that gave up (timed out, went away) cost Redis nothing.
-        jobs.retain(|job| !job.reply.is_closed());
+        let now = Instant::now();
+        if jobs
+            .iter()
+            .any(|job| job.waiter.due().is_some_and(|at| at <= now) || job.waiter.gone())
+        {
+            for job in &mut jobs {
+                job.waiter.expire(now);
+            }
+            jobs.retain(|job| !job.waiter.gone());
+        }
         if jobs.is_empty() {
             continue;
         }
-        let mut groups: Vec<(C::Group, Vec<Job>)> = Vec::new();
-        let count = jobs.len();
-        for (i, job) in jobs.into_iter().enumerate() {
-            let group = C::group(&router, &job.checks);
-            let open =
-                |(g, jobs): &&mut (C::Group, Vec<Job>)| *g == group && jobs.len() < MAX_BATCH;
-            match groups.iter_mut().find(open) {
-                Some((_, jobs)) => jobs.push(job),
-                None => {
-                    // Room for every job left (one group, as a rule).
-                    let mut jobs = Vec::with_capacity((count - i).min(MAX_BATCH));
-                    jobs.push(job);
-                    groups.push((group, jobs));
-                }
-            }
-        }
+        let groups = group::<C>(&router, jobs);
         // The round's permit is free again once its last call is answered.
         let permit = Arc::new(permit);
         for (group, jobs) in groups {
@@ -230,67 +297,39 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C) {
     }
 }
 
-/// The router a batching task groups by: read again every [`ROUTER_AGE`]
-/// in the background, so that no round waits for it, and at once (bounded
-/// by [`ROUTER_WAIT`]) after a failed call.
-struct Routing<R> {
-    router: Arc<R>,
-    read_at: tokio::time::Instant,
-    /// A background read is on its way.
-    reading: Arc<AtomicBool>,
-    /// What the last background read found, not yet in use.
-    fresh: Arc<std::sync::Mutex<Option<Arc<R>>>>,
-}
-
-impl<R: Default + Send + Sync + 'static> Routing<R> {
-    fn new(router: Arc<R>) -> Self {
-        Self {
-            router,
-            read_at: tokio::time::Instant::now(),
-            reading: Arc::new(AtomicBool::new(false)),
-            fresh: Arc::new(std::sync::Mutex::new(None)),
+/// A round's requests by group, each group in calls of at most
+/// [`MAX_BATCH`]: as they are when they fit one call (a standalone Redis's
+/// round always does), without moving them.
+fn group<C: Batched>(router: &C::Router, jobs: Vec<Job>) -> Vec<(C::Group, Vec<Job>)> {
+    let Some(head) = jobs.first() else {
+        return Vec::new();
+    };
+    let first = C::group(router, &head.checks);
+    if jobs.len() <= MAX_BATCH
+        && jobs
+            .iter()
+            .skip(1)
+            .all(|job| C::group(router, &job.checks) == first)
+    {
+        return vec![(first, jobs)];
+    }
+    let mut groups: Vec<(C::Group, Vec<Job>)> = Vec::new();
+    let count = jobs.len();
+    for (i, job) in jobs.into_iter().enumerate() {
+        let group = C::group(router, &job.checks);
+        let open = |(g, jobs): &&mut (C::Group, Vec<Job>)| *g == group && jobs.len() < MAX_BATCH;
+        match groups.iter_mut().find(open) {
+            Some((_, jobs)) => jobs.push(job),
+            None => {
+                // Room for every job left (one group, as a rule).
+                let mut jobs = Vec::with_capacity((count - i).min(MAX_BATCH));
+                jobs.push(job);
+                groups.push((group, jobs));
+            }
         }
     }
-
-    /// The router for the next round: read now if `stale`, else the newest
-    /// one (and a background read started once it is old).
-    async fn current<C: Batched<Router = R>>(&mut self, conn: &C, stale: bool) -> Arc<R> {
-        let now = tokio::time::Instant::now();
-        if stale && let Some(router) = read_router(conn).await {
-            (self.router, self.read_at) = (router, now);
-        } else if let Some(router) = lock(&self.fresh).take() {
-            self.router = router;
-        }
-        if self.read_at.elapsed() >= ROUTER_AGE && !self.reading.swap(true, Ordering::Relaxed) {
-            self.read_at = now;
-            let (conn, fresh, reading) = (conn.clone(), self.fresh.clone(), self.reading.clone());
-            tokio::spawn(async move {
-                if let Some(router) = read_router(&conn).await {
-                    *lock(&fresh) = Some(router);
-                }
-                reading.store(false, Ordering::Relaxed);
-            });
-        }
-        self.router.clone()
-    }
+    groups
 }
-
-/// A lock whose data stays consistent if a holder panicked.
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Reads `conn`'s router, waiting at most [`ROUTER_WAIT`] (a node that does
-/// not answer): `None` past it.
-async fn read_router<C: Batched>(conn: &C) -> Option<Arc<C::Router>> {
-    tokio::time::timeout(ROUTER_WAIT, conn.router())
-        .await
-        .ok()
-        .map(Arc::new)
-}
-
-/// The longest a read of the router is waited for.
-const ROUTER_WAIT: Duration = Duration::from_millis(500);
 
 /// A call on its way, for [`send`].
 struct Sent {
@@ -302,8 +341,16 @@ struct Sent {
     _permit: Arc<OwnedSemaphorePermit>,
 }
 
-/// Sends one group of requests as one call and answers each request.
-async fn send<C: Batched>(jobs: Vec<Job>, mut conn: C, call: Sent) {
+/// Sends one group of requests as one call and answers each request, or
+/// a timeout at its deadline.
+async fn send<C: Batched>(mut jobs: Vec<Job>, mut conn: C, call: Sent) {
+    let mut waiters: Vec<Waiter> = jobs
+        .iter_mut()
+        .map(|job| Waiter {
+            reply: job.waiter.reply.take(),
+            deadline: job.waiter.deadline,
+        })
+        .collect();
     let requests: Vec<Request<'_>> = jobs
         .iter()
         .map(|job| Request {
@@ -311,24 +358,28 @@ async fn send<C: Batched>(jobs: Vec<Job>, mut conn: C, call: Sent) {
             cost: job.cost,
         })
         .collect();
-    let result = match call.spread {
-        true => decide_spread(&mut conn, &requests).await,
-        false => decide(&mut conn, &requests).await,
+    let decided = async {
+        match call.spread {
+            true => decide_spread(&mut conn, &requests).await,
+            false => decide(&mut conn, &requests).await,
+        }
     };
+    let result = within_deadlines(decided, &mut waiters).await;
     drop(requests);
-    if result.is_err() {
-        call.stale.store(true, Ordering::Relaxed);
-    }
     match result {
-        Ok(states) => {
-            for (job, states) in jobs.into_iter().zip(states) {
-                let _ = job.reply.send(Ok(states));
+        Some(Ok(states)) => {
+            for (waiter, states) in waiters.iter_mut().zip(states) {
+                waiter.answer(Ok(states));
             }
         }
-        Err(e) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone_for_batch()));
+        Some(Err(e)) => {
+            call.stale.store(true, Ordering::Relaxed);
+            for waiter in &mut waiters {
+                waiter.answer(Err(e.clone_for_batch()));
             }
         }
+        // Every request timed out: the call is dropped (Redis may still
+        // apply it, as with any timed-out call).
+        None => call.stale.store(true, Ordering::Relaxed),
     }
 }

@@ -17,6 +17,7 @@ mod pool;
 mod redis;
 pub(crate) mod scripts;
 
+pub(crate) use self::batch::Deadline;
 pub use self::lease::{LeaseState, LeaseStore};
 pub(crate) use self::memory::Credit;
 pub use self::memory::MemoryStore;

@@ -15,7 +15,7 @@ use redis::{
 
 use super::{
     BoxFuture, Checks, LimitCheck, LimitState, Refund, Reservation, Store,
-    batch::{Answer, Batcher},
+    batch::{Answer, Batcher, Deadline},
     call::Call,
 };
 use crate::{Error, decision::States};
@@ -272,16 +272,22 @@ impl RedisStore {
 impl RedisStore {
     /// [`Store::decide`] for the crate's [`Limiter`](crate::Limiter): the
     /// checks inline when there is one, and a batched request's answer
-    /// unboxed, straight from the batching task.
-    pub(crate) fn decide_states(&self, checks: Checks, cost: u64) -> RedisAnswer {
+    /// unboxed, straight from the batching task, which answers a timeout
+    /// at `deadline` ([`RedisAnswer::bounded`]).
+    pub(crate) fn decide_states(
+        &self,
+        checks: Checks,
+        cost: u64,
+        deadline: Option<Deadline>,
+    ) -> RedisAnswer {
         let submitted = match &self.backend {
-            Backend::Manager(manager) => self.batcher.submit(manager, checks, cost),
+            Backend::Manager(manager) => self.batcher.submit(manager, checks, cost, deadline),
             #[cfg(feature = "cluster")]
             Backend::Cluster(cluster::Cluster::Connection(conn)) => {
-                self.batcher.submit(conn, checks, cost)
+                self.batcher.submit(conn, checks, cost, deadline)
             }
             #[cfg(feature = "sentinel")]
-            Backend::Sentinel(sentinel) => self.batcher.submit(sentinel, checks, cost),
+            Backend::Sentinel(sentinel) => self.batcher.submit(sentinel, checks, cost, deadline),
             _ => Err((checks, cost)),
         };
         match submitted {
@@ -297,6 +303,17 @@ pub(crate) enum RedisAnswer {
     Batched(Answer),
     /// In a call of its own (a pool, or no batching task).
     Alone(BoxFuture<'static, Result<Vec<LimitState>, Error>>),
+}
+
+impl RedisAnswer {
+    /// Whether it comes by the deadline it was asked with (a timeout then),
+    /// so that the caller needs no timer of its own.
+    pub(crate) fn bounded(&self) -> bool {
+        match self {
+            RedisAnswer::Batched(answer) => answer.bounded(),
+            RedisAnswer::Alone(_) => false,
+        }
+    }
 }
 
 impl Future for RedisAnswer {
@@ -349,7 +366,8 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        match self.decide_states(checks.into(), cost) {
+        // Unbounded: the caller keeps its own timer.
+        match self.decide_states(checks.into(), cost, None) {
             RedisAnswer::Batched(answer) => {
                 Box::pin(async move { answer.await.map(States::into_vec) })
             }

@@ -1,0 +1,286 @@
+//! Deadlines of batched requests: each is answered `Error::Timeout` at its
+//! own, whether it waits for a round (in the queue or held) or is in a call
+//! Redis has not answered; see `batch.rs`.
+
+use std::{
+    future::Future,
+    pin::{Pin, pin},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::{
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot},
+    time::{Instant, Sleep},
+};
+
+use super::{Job, QUEUE, Reply};
+use crate::Error;
+
+/// Who waits for a request's answer, and until when.
+pub(super) struct Waiter {
+    /// `None` once answered.
+    pub(super) reply: Option<oneshot::Sender<Reply>>,
+    /// `None` for a caller that bounds the wait itself.
+    pub(super) deadline: Option<Deadline>,
+}
+
+impl Waiter {
+    /// Whether nobody waits any more: answered, or the caller went away.
+    pub(super) fn gone(&self) -> bool {
+        self.reply.as_ref().is_none_or(|reply| reply.is_closed())
+    }
+
+    /// The deadline of a request still waiting.
+    pub(super) fn due(&self) -> Option<Instant> {
+        self.deadline
+            .filter(|_| self.reply.is_some())
+            .map(|deadline| deadline.at)
+    }
+
+    /// Answers `Error::Timeout` if the deadline has passed at `now`.
+    pub(super) fn expire(&mut self, now: Instant) {
+        if let Some(deadline) = self.deadline
+            && deadline.at <= now
+            && let Some(reply) = self.reply.take()
+        {
+            let _ = reply.send(Err(Error::Timeout(deadline.timeout)));
+        }
+    }
+
+    pub(super) fn answer(&mut self, answer: Reply) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+/// When a queued request stops waiting: its limiter's timeout after it was
+/// asked. The batching task answers it [`Error::Timeout`] then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    at: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// `timeout` from now; `None` if that is too far to tell (the caller
+    /// then keeps a timer of its own).
+    pub(crate) fn after(timeout: Duration) -> Option<Self> {
+        let at = Instant::now().checked_add(timeout)?;
+        Some(Self { at, timeout })
+    }
+}
+
+/// The shortest timeout of any request queued so far, which the task's
+/// sweeps of its queue go by (see [`Sweep`]), and its wake-up when a
+/// shorter one comes.
+#[derive(Debug)]
+pub(super) struct Shortest {
+    nanos: AtomicU64,
+    shorter: Notify,
+}
+
+impl Shortest {
+    pub(super) fn new() -> Self {
+        Self {
+            nanos: AtomicU64::new(u64::MAX),
+            shorter: Notify::new(),
+        }
+    }
+
+    fn get(&self) -> Option<Duration> {
+        match self.nanos.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// Notes `deadline`'s timeout, waking the task if it is shorter than
+    /// any before.
+    pub(super) fn note(&self, deadline: Deadline) {
+        let nanos = u64::try_from(deadline.timeout.as_nanos()).unwrap_or(u64::MAX - 1);
+        if nanos < self.nanos.load(Ordering::Relaxed) {
+            self.nanos.fetch_min(nanos, Ordering::Relaxed);
+            self.shorter.notify_one();
+        }
+    }
+}
+
+/// Requests taken from the queue to wait for a round, oldest first, with
+/// the earliest of their deadlines.
+#[derive(Default)]
+pub(super) struct Held {
+    pub(super) jobs: Vec<Job>,
+    earliest: Option<Instant>,
+}
+
+impl Held {
+    pub(super) fn push(&mut self, job: Job) {
+        if let Some(at) = job.waiter.due() {
+            self.earliest = Some(self.earliest.map_or(at, |earliest| earliest.min(at)));
+        }
+        self.jobs.push(job);
+    }
+
+    /// The oldest `n`, leaving the rest.
+    pub(super) fn take(&mut self, n: usize) -> Vec<Job> {
+        let jobs = match self.jobs.len() <= n {
+            true => std::mem::take(&mut self.jobs),
+            false => self.jobs.drain(..n).collect(),
+        };
+        self.earliest = self.jobs.iter().filter_map(|job| job.waiter.due()).min();
+        jobs
+    }
+
+    /// Answers those due at `now` with a timeout, and drops those nobody
+    /// waits for.
+    fn expire(&mut self, now: Instant) {
+        for job in &mut self.jobs {
+            job.waiter.expire(now);
+        }
+        self.jobs.retain(|job| !job.waiter.gone());
+        self.earliest = self.jobs.iter().filter_map(|job| job.waiter.due()).min();
+    }
+}
+
+/// What waits for a round's permit: the queue and the requests held.
+pub(super) struct Waiting<'a> {
+    pub(super) queue: &'a mut mpsc::Receiver<Job>,
+    pub(super) held: &'a mut Held,
+    pub(super) shortest: &'a Shortest,
+}
+
+/// Timeouts of requests still in the queue, which the task does not see:
+/// while it waits for a round's permit, it sweeps the queue into [`Held`]
+/// (where each request is answered at its deadline) every shortest timeout
+/// of the requests queued so far. A request queued after a sweep is due no
+/// sooner than the next, unless its timeout is shorter than any before,
+/// which wakes the task for a sweep at once. So the queue is not watched
+/// request by request (a wake-up of the task each, which cost more than
+/// the timer it saves), and each request is still answered at its
+/// deadline.
+pub(super) struct Sweep {
+    timer: Timer,
+    /// When the next sweep is due; `None` before the first.
+    pub(super) next: Option<Instant>,
+}
+
+impl Sweep {
+    pub(super) fn new() -> Self {
+        Self {
+            timer: Timer::new(),
+            next: None,
+        }
+    }
+
+    /// Waits for a round's permit, sweeping the queue when due.
+    pub(super) async fn until_permit(
+        &mut self,
+        permits: &Arc<Semaphore>,
+        waiting: Waiting<'_>,
+    ) -> OwnedSemaphorePermit {
+        let Waiting {
+            queue,
+            held,
+            shortest,
+        } = waiting;
+        let mut acquire = pin!(permits.clone().acquire_owned());
+        let mut shorter = pin!(shortest.shorter.notified());
+        // Never swept since requests with a timeout came: sweep now.
+        let mut due = self.next.is_none() && shortest.get().is_some();
+        std::future::poll_fn(|cx| {
+            // The task holds the semaphore, so it is never closed.
+            if let Poll::Ready(Ok(permit)) = acquire.as_mut().poll(cx) {
+                return Poll::Ready(permit);
+            }
+            while shorter.as_mut().poll(cx).is_ready() {
+                shorter.set(shortest.shorter.notified());
+                due = true;
+            }
+            loop {
+                let at = match (held.earliest, self.next) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if !std::mem::take(&mut due) && !self.timer.poll_at(at, cx) {
+                    return Poll::Pending;
+                }
+                let now = Instant::now();
+                while held.jobs.len() < QUEUE {
+                    match queue.try_recv() {
+                        Ok(job) => held.push(job),
+                        Err(_) => break,
+                    }
+                }
+                self.next = shortest.get().and_then(|t| now.checked_add(t));
+                held.expire(now);
+            }
+        })
+        .await
+    }
+}
+
+/// One timer, re-armed to the earliest deadline of what waits.
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    at: Option<Instant>,
+}
+
+impl Timer {
+    fn new() -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+            at: None,
+        }
+    }
+
+    /// Whether `at` (if any) has come; otherwise `cx` is woken when it does.
+    fn poll_at(&mut self, at: Option<Instant>, cx: &mut Context<'_>) -> bool {
+        let Some(at) = at else {
+            return false;
+        };
+        if self.at != Some(at) {
+            self.sleep.as_mut().reset(at);
+            self.at = Some(at);
+        }
+        self.sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// Awaits `call`, answering each waiter whose deadline comes first with a
+/// timeout; `None` (the call dropped) once nobody waits for it.
+pub(super) async fn within_deadlines<F: Future>(
+    call: F,
+    waiters: &mut [Waiter],
+) -> Option<F::Output> {
+    let mut call = pin!(call);
+    let mut timer: Option<Timer> = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = call.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        loop {
+            let earliest = waiters.iter().filter_map(Waiter::due).min();
+            let Some(at) = earliest else {
+                return match waiters.iter().all(Waiter::gone) {
+                    true => Poll::Ready(None),
+                    // Callers that bound their wait themselves.
+                    false => Poll::Pending,
+                };
+            };
+            if !timer.get_or_insert_with(Timer::new).poll_at(Some(at), cx) {
+                return Poll::Pending;
+            }
+            let now = Instant::now();
+            for waiter in waiters.iter_mut() {
+                waiter.expire(now);
+            }
+        }
+    })
+    .await
+}
