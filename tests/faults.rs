@@ -184,6 +184,22 @@ async fn short_behind_long(seen_before: bool) {
     server.assert_every_key_has_ttl().await;
 }
 
+/// A timeout too long to add to the clock (the batching task cannot hold a
+/// deadline for it) still decides, on a timer of the limiter's own.
+#[tokio::test]
+async fn a_timeout_past_the_clocks_range_still_decides() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder("2/1m".parse().unwrap())
+        .store(server.store().await)
+        .timeout(Duration::MAX)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 1);
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 0);
+    assert!(!limiter.check("k", 1).await.unwrap().is_allowed());
+    server.assert_every_key_has_ttl().await;
+}
+
 #[tokio::test]
 async fn lazy_store_starts_while_redis_is_down() {
     let mut server = RedisServer::start();

@@ -58,7 +58,7 @@ mod routing;
 
 pub(crate) use self::deadline::Deadline;
 use self::{
-    deadline::{Held, Shortest, Sweep, Waiter, Waiting, within_deadlines},
+    deadline::{Held, Shortest, Sweep, Waiter, Waiting, drop_finished, earliest, within_deadlines},
     routing::{Routing, read_router},
 };
 
@@ -254,32 +254,27 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C, shortest: Arc<
                 sweep.until_permit(&permits, waiting).await
             }
         };
-        let mut jobs = held.take(C::ROUND);
+        let mut jobs = Vec::with_capacity(C::ROUND.min(held.jobs.len() + queue.len()));
+        held.take_into(&mut jobs, C::ROUND);
         while jobs.len() < C::ROUND {
             match queue.try_recv() {
                 Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
-        let earliest = jobs.iter().filter_map(|job| job.waiter.due()).min();
-        let until = match (earliest, sweep.next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let router = routing
-            .current(&conn, stale.swap(false, Ordering::Relaxed), until)
-            .await;
+        // A stale router is read again, by the round's earliest deadline.
+        let reread = stale.swap(false, Ordering::Relaxed);
+        let until = reread
+            .then(|| {
+                earliest(
+                    jobs.iter().filter_map(|job| job.waiter.due()).min(),
+                    sweep.next,
+                )
+            })
+            .flatten();
+        let router = routing.current(&conn, reread, until).await;
         // Callers that gave up (timed out, went away) cost Redis nothing.
-        let now = Instant::now();
-        if jobs
-            .iter()
-            .any(|job| job.waiter.due().is_some_and(|at| at <= now) || job.waiter.gone())
-        {
-            for job in &mut jobs {
-                job.waiter.expire(now);
-            }
-            jobs.retain(|job| !job.waiter.gone());
-        }
+        drop_finished(&mut jobs, Instant::now());
         if jobs.is_empty() {
             continue;
         }

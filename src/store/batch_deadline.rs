@@ -127,24 +127,38 @@ impl Held {
         self.jobs.push(job);
     }
 
-    /// The oldest `n`, leaving the rest.
-    pub(super) fn take(&mut self, n: usize) -> Vec<Job> {
-        let jobs = match self.jobs.len() <= n {
-            true => std::mem::take(&mut self.jobs),
-            false => self.jobs.drain(..n).collect(),
-        };
+    /// Moves the oldest `n` into `jobs`, leaving the rest.
+    pub(super) fn take_into(&mut self, jobs: &mut Vec<Job>, n: usize) {
+        jobs.extend(self.jobs.drain(..n.min(self.jobs.len())));
         self.earliest = self.jobs.iter().filter_map(|job| job.waiter.due()).min();
-        jobs
     }
 
     /// Answers those due at `now` with a timeout, and drops those nobody
     /// waits for.
     fn expire(&mut self, now: Instant) {
-        for job in &mut self.jobs {
-            job.waiter.expire(now);
-        }
-        self.jobs.retain(|job| !job.waiter.gone());
+        drop_finished(&mut self.jobs, now);
         self.earliest = self.jobs.iter().filter_map(|job| job.waiter.due()).min();
+    }
+}
+
+/// Answers the jobs due at `now` with a timeout, and drops those nobody
+/// waits for (answered, or the caller went away).
+pub(super) fn drop_finished(jobs: &mut Vec<Job>, now: Instant) {
+    let finished = |job: &Job| job.waiter.due().is_some_and(|at| at <= now) || job.waiter.gone();
+    if !jobs.iter().any(finished) {
+        return;
+    }
+    for job in jobs.iter_mut() {
+        job.waiter.expire(now);
+    }
+    jobs.retain(|job| !job.waiter.gone());
+}
+
+/// The earlier of two instants, either of which may be unknown.
+pub(super) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -203,10 +217,7 @@ impl Sweep {
                 due = true;
             }
             loop {
-                let at = match (held.earliest, self.next) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                let at = earliest(held.earliest, self.next);
                 if !std::mem::take(&mut due) && !self.timer.poll_at(at, cx) {
                     return Poll::Pending;
                 }
