@@ -151,8 +151,9 @@ def cell(redis, binary, server, workload, args, logdir, rnd, cluster=None):
             sys.exit(f"{server.name} / {workload.name}: {problem}; server log {log}:\n"
                      f"{procs.read_tail(log)}")
         url = f"http://127.0.0.1:{port}/"
-        if args.warmup:
-            wrk.run(url, args.warmup, args.connections, args.threads, workload.script)
+        warmup = server.warmup if server.warmup is not None else args.warmup
+        if warmup:
+            wrk.run(url, warmup, args.connections, args.threads, workload.script)
         cpu = redisstats.reset(redis)
         server_cpu = procs.cpu_seconds(pid)
         result = wrk.run(url, args.seconds, args.connections, args.threads, workload.script)

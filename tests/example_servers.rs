@@ -255,8 +255,9 @@ async fn rate_limit_refund_gives_server_errors_back() {
     }
 }
 
-/// `RATE_LIMIT_RESERVE`: a hot key's units are reserved a few at a call,
-/// and the quota is still exact (one instance: nothing under-admitted).
+/// `RATE_LIMIT_RESERVE` (with `RATE_LIMIT_RESERVE_KEYS`): a hot key's units
+/// are reserved a few at a call, and the quota is still exact (one
+/// instance: nothing under-admitted).
 #[tokio::test]
 async fn rate_limit_reserve_admits_exactly_the_quota_in_few_calls() {
     let server = support::RedisServer::start();
@@ -266,6 +267,7 @@ async fn rate_limit_reserve_admits_exactly_the_quota_in_few_calls() {
         ("RATE_LIMIT", "20/60s"),
         ("RATE_LIMIT_KEY", "header:x-api-key"),
         ("RATE_LIMIT_RESERVE", "10"),
+        ("RATE_LIMIT_RESERVE_KEYS", "1000"),
     ];
     let mut conn = server.conn().await;
     for name in EXAMPLES {
@@ -315,6 +317,10 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("RATE_LIMIT_REFUND", "5xx"),
         ("RATE_LIMIT_RESERVE", "0"),
         ("RATE_LIMIT_RESERVE", "ten"),
+        ("RATE_LIMIT_RESERVE_KEYS", "0"),
+        ("RATE_LIMIT_RESERVE_KEYS", "lots"),
+        // A size for reservations that are not on.
+        ("RATE_LIMIT_RESERVE_KEYS", "200000"),
     ] {
         for name in EXAMPLES {
             let stderr = refused(name, &[(var, value)]);

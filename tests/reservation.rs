@@ -436,25 +436,10 @@ async fn requests_waiting_on_a_denied_flight_share_its_denial() {
 async fn keys_new_to_a_full_map_are_checked_and_reserve_only_when_hit_again() {
     let server = RedisServer::start();
     let l = reserving(server.store().await, "100/60s", 10);
-    let key = |i: usize| format!("k{i}");
     const KEYS: usize = 30_000;
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
-        let checks = chunk.iter().map(|&i| {
-            let l = l.clone();
-            async move { l.check(&key(i), 1).await.unwrap().is_allowed() }
-        });
-        assert!(join_all(checks).await.into_iter().all(|allowed| allowed));
-    }
+    check_keys(&l, KEYS).await;
     let mut conn = server.conn().await;
-    let mut counts: Vec<u64> = Vec::with_capacity(KEYS);
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(1_000) {
-        let mut pipe = redis::pipe();
-        for &i in chunk {
-            pipe.cmd("GET").arg(l.store_key(&key(i)));
-        }
-        let got: Vec<u64> = pipe.query_async(&mut conn).await.unwrap();
-        counts.extend(got);
-    }
+    let counts = counters(&server, &l, KEYS).await;
     let checked = counts.iter().filter(|&&c| c == 1).count();
     let reserved = counts.iter().filter(|&&c| c == 10).count();
     assert_eq!(checked + reserved, KEYS, "every counter is 1 or 10");
@@ -473,4 +458,67 @@ async fn keys_new_to_a_full_map_are_checked_and_reserve_only_when_hit_again() {
         assert_eq!(counter, expected);
     }
     server.assert_every_key_has_ttl().await;
+}
+
+/// `local_reservation_keys` sizes the map: 30,000 keys, three times the
+/// default, each reserve at their first request and are then admitted in
+/// process, and the bound is checked when the limiter is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_map_keeps_reservations_for_more_keys() {
+    let server = RedisServer::start();
+    let l = Limiter::builder("100/60s".parse().unwrap())
+        .name("global")
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .local_reservation(10)
+        .local_reservation_keys(40_000)
+        .build()
+        .unwrap();
+    const KEYS: usize = 30_000;
+    check_keys(&l, KEYS).await;
+    let counts = counters(&server, &l, KEYS).await;
+    let reserved = counts.iter().filter(|&&c| c == 10).count();
+    assert_eq!(reserved, KEYS, "every key reserved 10 units");
+    // A second request of every key is admitted from its reservation: no
+    // counter moves.
+    check_keys(&l, KEYS).await;
+    assert_eq!(counters(&server, &l, KEYS).await, counts);
+    server.assert_every_key_has_ttl().await;
+    for keys in [0, 10_000_001] {
+        let built = Limiter::builder(Quota::per_minute(100))
+            .store(server.store().await)
+            .local_reservation(10)
+            .local_reservation_keys(keys)
+            .build();
+        assert!(
+            matches!(built, Err(ConfigError::Reservation(_))),
+            "{keys} keys: {built:?}"
+        );
+    }
+}
+
+/// Checks keys `k0 .. k{keys - 1}` once each, 500 at a time: all allowed.
+async fn check_keys(l: &Limiter, keys: usize) {
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(500) {
+        let checks = chunk.iter().map(|&i| {
+            let l = l.clone();
+            async move { l.check(&format!("k{i}"), 1).await.unwrap().is_allowed() }
+        });
+        assert!(join_all(checks).await.into_iter().all(|allowed| allowed));
+    }
+}
+
+/// The counters of keys `k0 .. k{keys - 1}`, in order.
+async fn counters(server: &RedisServer, l: &Limiter, keys: usize) -> Vec<u64> {
+    let mut conn = server.conn().await;
+    let mut counts: Vec<u64> = Vec::with_capacity(keys);
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for &i in chunk {
+            pipe.cmd("GET").arg(l.store_key(&format!("k{i}")));
+        }
+        let got: Vec<u64> = pipe.query_async(&mut conn).await.unwrap();
+        counts.extend(got);
+    }
+    counts
 }

@@ -1,6 +1,6 @@
 //! `RATE_LIMIT`, `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`,
-//! `RATE_LIMIT_DENY_CACHE`, `RATE_LIMIT_SHADOW` and `RATE_LIMIT_RESERVE`:
-//! the limits an example server enforces, and how.
+//! `RATE_LIMIT_DENY_CACHE`, `RATE_LIMIT_SHADOW`, `RATE_LIMIT_RESERVE` and
+//! `RATE_LIMIT_RESERVE_KEYS`: the limits an example server enforces, and how.
 
 use redis_ratelimit::{Limiter, LimiterBuilder, Quota};
 
@@ -15,6 +15,8 @@ pub(super) struct Limits {
     shadow: bool,
     /// `RATE_LIMIT_RESERVE`: units reserved per Redis call (hot keys).
     reserve: Option<u64>,
+    /// `RATE_LIMIT_RESERVE_KEYS`: how many keys may hold a reservation.
+    reserve_keys: Option<usize>,
     /// For the startup line, e.g. `10/1s;1000/1d (gcra, burst 20)`.
     described: String,
 }
@@ -85,6 +87,29 @@ impl Limits {
             ),
             None => None,
         };
+        let reserve_keys = match var("RATE_LIMIT_RESERVE_KEYS")? {
+            Some(n) => Some(
+                n.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=10_000_000).contains(n))
+                    .ok_or_else(|| {
+                        Error::config(
+                            "RATE_LIMIT_RESERVE_KEYS",
+                            &n,
+                            "use a whole number of keys from 1 to 10000000, such as 200000, or unset it",
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        if reserve_keys.is_some() && reserve.is_none() {
+            return Err(Error::usage(
+                "RATE_LIMIT_RESERVE_KEYS sizes the local reservations: set RATE_LIMIT_RESERVE too, \
+                 or unset RATE_LIMIT_RESERVE_KEYS"
+                    .into(),
+            ));
+        }
         if reserve.is_some() && (algorithm != "fixed-window" || quotas.len() > 1) {
             return Err(Error::usage(
                 "RATE_LIMIT_RESERVE needs one fixed-window quota: set RATE_LIMIT_ALGORITHM=fixed-window \
@@ -104,9 +129,11 @@ impl Limits {
         } else {
             ""
         };
-        let reserved = reserve
-            .map(|n| format!(", local reservation of {n}"))
-            .unwrap_or_default();
+        let reserved = match (reserve, reserve_keys) {
+            (Some(n), Some(keys)) => format!(", local reservation of {n} for up to {keys} keys"),
+            (Some(n), None) => format!(", local reservation of {n}"),
+            _ => String::new(),
+        };
         let described = format!(
             "{} ({algorithm}{burst_text}, {cache}{dry}{reserved})",
             list.join(";")
@@ -118,6 +145,7 @@ impl Limits {
             deny_cache,
             shadow,
             reserve,
+            reserve_keys,
             described,
         }))
     }
@@ -125,12 +153,9 @@ impl Limits {
     /// A builder with every quota. One quota is named `default`; several are
     /// named by their text (`"10/1s"`), which the `RateLimit` headers show.
     pub(super) fn builder(&self) -> LimiterBuilder {
-        let mut builder = Limiter::builder(self.quotas[0]).shadow(self.shadow);
+        let mut builder = self.reserving(Limiter::builder(self.quotas[0]).shadow(self.shadow));
         if !self.deny_cache {
             builder = builder.deny_cache(0);
-        }
-        if let Some(n) = self.reserve {
-            builder = builder.local_reservation(n);
         }
         if self.quotas.len() > 1 {
             builder = builder.name(self.quotas[0].to_string());
@@ -143,6 +168,17 @@ impl Limits {
 }
 
 impl Limits {
+    /// `builder` with `RATE_LIMIT_RESERVE` and `RATE_LIMIT_RESERVE_KEYS`.
+    fn reserving(&self, mut builder: LimiterBuilder) -> LimiterBuilder {
+        if let Some(n) = self.reserve {
+            builder = builder.local_reservation(n);
+        }
+        if let Some(keys) = self.reserve_keys {
+            builder = builder.local_reservation_keys(keys);
+        }
+        builder
+    }
+
     /// `quota` under `RATE_LIMIT_ALGORITHM` and `RATE_LIMIT_BURST`, as
     /// every quota of `RATE_LIMIT`.
     pub(super) fn shape(&self, quota: Quota) -> Result<Quota, Error> {
@@ -152,12 +188,9 @@ impl Limits {
     /// A builder for one tier's limiter: `quota`, named `name`, with the
     /// deny cache and shadow settings of the default.
     pub(super) fn tier_builder(&self, name: &str, quota: Quota) -> LimiterBuilder {
-        let mut builder = Limiter::builder(quota).name(name).shadow(self.shadow);
+        let mut builder = self.reserving(Limiter::builder(quota).name(name).shadow(self.shadow));
         if !self.deny_cache {
             builder = builder.deny_cache(0);
-        }
-        if let Some(n) = self.reserve {
-            builder = builder.local_reservation(n);
         }
         builder
     }

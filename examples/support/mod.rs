@@ -17,6 +17,7 @@
 //! | `RATE_LIMIT_DENY_CACHE` | `on` | `off` sends every denial to the store (see `Limiter`'s deny cache) |
 //! | `RATE_LIMIT_SHADOW` | `off` | `on`: dry run, decisions are made and reported but nothing is denied |
 //! | `RATE_LIMIT_RESERVE` | unset: off | Redis only, one `fixed-window` quota: reserve up to this many units of a key per Redis call and admit from them in process (`LimiterBuilder::local_reservation`), for hot keys; may under-admit by at most that many per instance and window, never over-admits |
+//! | `RATE_LIMIT_RESERVE_KEYS` | unset: 10000 | with `RATE_LIMIT_RESERVE`: how many keys may hold a reservation at once (`LimiterBuilder::local_reservation_keys`, 1 to 10000000, about 300 bytes each); size it to the keys hit again within a window |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
 //! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
 //! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended) |

@@ -32,6 +32,8 @@ pub struct LimiterBuilder {
     share_counters: bool,
     /// Units per local reservation; 0 for none.
     reservation: u64,
+    /// How many keys hold a reservation at most.
+    reservation_keys: usize,
 }
 
 impl LimiterBuilder {
@@ -49,6 +51,7 @@ impl LimiterBuilder {
             named: false,
             share_counters: false,
             reservation: 0,
+            reservation_keys: super::slots::RESERVED_KEYS,
         }
     }
 
@@ -204,7 +207,8 @@ impl LimiterBuilder {
     ///   reserve call (single flight), then share its answer: its units, its
     ///   denial, or its error. Other keys are not blocked. At most 10,000
     ///   keys hold a reservation per limiter (beyond that only while their
-    ///   reserve calls run); a full map drops the keys not hit since it last
+    ///   reserve calls run; [`local_reservation_keys`](Self::local_reservation_keys)
+    ///   changes the bound); a full map drops the keys not hit since it last
     ///   made room, so a hot key stays, and dropping one only under-admits.
     ///   Once the map has dropped a key (more keys are in use than it
     ///   holds), a key it does not hold is checked by the store as without
@@ -257,6 +261,42 @@ impl LimiterBuilder {
     /// ```
     pub fn local_reservation(mut self, n: u64) -> Self {
         self.reservation = n;
+        self
+    }
+
+    /// How many keys may hold a [local reservation](Self::local_reservation)
+    /// at once, per limiter (default 10,000; 1 to 10,000,000, else
+    /// [`build`](Self::build) fails with [`ConfigError::Reservation`]). The
+    /// bound is about, not exact: the map is split into shards of at most
+    /// 1,250 keys, and a shard that fills makes room on its own.
+    ///
+    /// Size it to the keys that are hit again within a window, when there
+    /// are more than 10,000: say 100,000 tenants of 10,000 requests a
+    /// minute each. A key the map holds is admitted in process after its
+    /// first request (one reserve call, not batched with other checks);
+    /// once more keys are in use than the map holds, a key it does not hold
+    /// is checked by the store as without reservations. Each held key costs
+    /// about 300 bytes, so the default map takes at most about 3 MB and
+    /// 1,000,000 keys about 300 MB, and each can leave up to `n + n / 4`
+    /// units unspent per window: size `n` to the quota.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis_ratelimit::{Limiter, Quota, RedisStore};
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// // 100,000 tenants of 10,000 requests a minute, each reserving 100 at a time.
+    /// let per_tenant = Limiter::builder(Quota::per_minute(10_000))
+    ///     .store(store)
+    ///     .local_reservation(100)
+    ///     .local_reservation_keys(100_000)
+    ///     .build()?;
+    /// assert!(per_tenant.check("tenant-42", 1).await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn local_reservation_keys(mut self, keys: usize) -> Self {
+        self.reservation_keys = keys;
         self
     }
 
@@ -335,8 +375,10 @@ impl LimiterBuilder {
         // The in-memory store has no use for a deny cache.
         let deny_cache = (self.deny_cache > 0 && !matches!(store, Backend::Memory(_)))
             .then(|| DenyCache::new(self.deny_cache, self.deny_cache_max_age));
-        let reservations = (self.reservation > 0 && !matches!(store, Backend::Memory(_)))
-            .then(|| super::reservation::Reservations::new(self.reservation));
+        let reservations =
+            (self.reservation > 0 && !matches!(store, Backend::Memory(_))).then(|| {
+                super::reservation::Reservations::new(self.reservation, self.reservation_keys)
+            });
         let instance = match &store {
             Backend::Memory(memory) => memory.instance(),
             Backend::Other(store, _) => store.instance(),
@@ -361,6 +403,11 @@ impl LimiterBuilder {
 impl LimiterBuilder {
     /// Whether a local reservation can serve this limiter exactly.
     fn check_reservation(&self) -> Result<(), ConfigError> {
+        if !(1..=super::slots::MAX_RESERVED_KEYS).contains(&self.reservation_keys) {
+            return Err(ConfigError::Reservation(
+                "local_reservation_keys must be 1 to 10,000,000 keys",
+            ));
+        }
         if self.limits.len() > 1 {
             return Err(ConfigError::Reservation(
                 "a limiter with several limits cannot reserve: use one limiter per limit",

@@ -70,16 +70,18 @@ struct Pool {
     end: Option<Instant>,
     /// What the store had left after the last reservation.
     left: u64,
-    /// Reserve calls finished, and how the last one ended.
+    /// Reserve calls finished, and how the last one ended if it granted
+    /// nothing (boxed: most keys never see one, and a held key's entry
+    /// stays small).
     flights: u64,
-    last: Option<Outcome>,
+    last: Option<Box<Outcome>>,
     /// A refill is on its way (at most one per key).
     refilling: bool,
 }
 
-/// How a finished flight ended, for the requests that waited on it.
+/// How a finished flight that granted nothing ended, for the requests
+/// that waited on it.
 enum Outcome {
-    Granted,
     /// The store had `left` units; the denial, and when it was made.
     Denied(u64, Decision, Instant),
     Failed(Error),
@@ -152,10 +154,11 @@ impl Pool {
 }
 
 impl Reservations {
-    pub(super) fn new(n: u64) -> Self {
+    /// Reservations of `n` units, for at most about `keys` keys.
+    pub(super) fn new(n: u64, keys: usize) -> Self {
         Self {
             n,
-            slots: Slots::new(),
+            slots: Slots::with_capacity(keys),
         }
     }
 
@@ -285,7 +288,7 @@ pub(super) async fn reserving(
         }
         if pool.flights != seen {
             // A flight ended while this request waited: share its answer.
-            match &pool.last {
+            match pool.last.as_deref() {
                 Some(Outcome::Denied(left, d, at)) if cost > *left => {
                     return Looked::Denied(d.clone().aged(now.saturating_duration_since(*at)));
                 }
@@ -326,7 +329,7 @@ pub(super) async fn reserving(
         slots.with_flight(&key, &flight, |pool| {
             pool.flights += 1;
             pool.left = left.unwrap_or(pool.left);
-            pool.last = Some(last);
+            pool.last = Some(Box::new(last));
         });
     };
     let r = match reply {
@@ -355,7 +358,7 @@ pub(super) async fn reserving(
     }
     let granted = slots.with_flight(&key, &flight, |pool| {
         pool.flights += 1;
-        pool.last = Some(Outcome::Granted);
+        pool.last = None;
         pool.grant(&r, cost, sent)
     });
     // A dropped entry keeps nothing: the request's own state still counts.
@@ -485,7 +488,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn units_are_spent_only_while_their_window_lasts() {
-        let r = Reservations::new(10);
+        let r = Reservations::new(10, super::super::slots::RESERVED_KEYS);
         assert!(matches!(r.take(b"k", 1), Take::Short));
         holding(&r, "k", 3, 1_000);
         let Take::Taken(state, _) = r.take(b"k", 2) else {
@@ -501,7 +504,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refund_goes_back_only_to_a_reservation_of_its_window() {
-        let r = Reservations::new(10);
+        let r = Reservations::new(10, super::super::slots::RESERVED_KEYS);
         holding(&r, "k", 0, 10_000);
         let end = Instant::now() + Duration::from_millis(10_000);
         let half = Duration::from_millis(5_000);

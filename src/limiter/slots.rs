@@ -6,8 +6,10 @@
 //! second-chance bit, and the key's single flight (a Tokio mutex behind an
 //! `Arc`, cloned only by the requests that call the store).
 //!
-//! The map holds at most [`RESERVED_KEYS`], in [`SHARDS`] shards picked by a
-//! hash seeded at random per map (foldhash's quality variant, the hash
+//! The map holds at most its capacity ([`RESERVED_KEYS`] unless
+//! [`LimiterBuilder::local_reservation_keys`](super::LimiterBuilder::local_reservation_keys)
+//! says otherwise), in shards of at most [`SHARD_KEYS`] keys (at least
+//! [`SHARDS`] of them) picked by a hash seeded at random per map (foldhash's quality variant, the hash
 //! quick_cache uses), so a client cannot aim at one shard, and a shard
 //! holds so few keys that even a chosen collision costs a bounded scan. A
 //! shard that is full when a key is new drops, in one pass, every entry
@@ -36,12 +38,22 @@ use std::{
 use foldhash::quality::RandomState;
 use hashbrown::HashTable;
 
-/// How many keys hold a live reservation at most, per limiter.
-const RESERVED_KEYS: usize = 10_000;
+/// How many keys hold a live reservation at most, per limiter, by default.
+pub(crate) const RESERVED_KEYS: usize = 10_000;
 
-/// Shards of the map: a full shard's pass visits at most
-/// `RESERVED_KEYS / SHARDS` entries.
+/// The most keys a map may be asked to hold: about 4 GB of entries.
+pub(crate) const MAX_RESERVED_KEYS: usize = 10_000_000;
+
+/// Shards of the map at least.
 const SHARDS: usize = 8;
+
+/// Keys per shard at most, unless the map holds more than
+/// [`MAX_SHARDS`] shards of them: a full shard's pass visits that many
+/// entries under its lock.
+const SHARD_KEYS: usize = RESERVED_KEYS / SHARDS;
+
+/// Shards of the map at most.
+const MAX_SHARDS: usize = MAX_RESERVED_KEYS / SHARD_KEYS;
 
 /// A key's single flight: held by the one request calling the store for it.
 pub(super) type Flight = Arc<tokio::sync::Mutex<()>>;
@@ -73,22 +85,21 @@ pub(super) struct Slots<V> {
 }
 
 impl<V: Default> Slots<V> {
-    pub(super) fn new() -> Self {
-        Self::with_capacity(RESERVED_KEYS)
-    }
-
-    fn with_capacity(keys: usize) -> Self {
+    /// A map of at most about `keys` keys (1 to [`MAX_RESERVED_KEYS`]; the
+    /// builder checks): `keys` rounded up to whole shards.
+    pub(super) fn with_capacity(keys: usize) -> Self {
+        let shards = keys.div_ceil(SHARD_KEYS).clamp(SHARDS, MAX_SHARDS);
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
-            cap: keys.div_ceil(SHARDS).max(1),
+            cap: keys.div_ceil(shards).max(1),
             crowded: AtomicBool::new(false),
         }
     }
 
     fn shard(&self, key: &[u8]) -> (MutexGuard<'_, HashTable<Entry<V>>>, u64) {
         let hash = self.hasher.hash_one(key);
-        let i = ((u128::from(hash) * SHARDS as u128) >> 64) as usize;
+        let i = ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize;
         // Every write below leaves an entry whole: a poisoned lock (a panic
         // elsewhere) leaves the map consistent.
         let shard = self.shards[i]
@@ -285,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_flights_write_back_misses_a_key_dropped_and_made_again() {
-        let slots: Slots<u64> = Slots::new();
+        let slots: Slots<u64> = Slots::with_capacity(RESERVED_KEYS);
         let (flight, ()) = slots.entry(b"k", |v| *v = 1);
         assert_eq!(slots.with_flight(b"k", &flight, |v| *v), Some(1));
         slots.remove(b"k");
@@ -293,5 +304,27 @@ mod tests {
         slots.entry(b"k", |v| *v = 2);
         assert_eq!(slots.with_flight(b"k", &flight, |v| *v), None);
         assert_eq!(slots.with(b"k", |v| *v), Some(2));
+    }
+
+    #[test]
+    fn a_larger_map_holds_more_keys_in_shards_of_a_bounded_size() {
+        // Well below capacity, nothing is dropped: 30,000 keys in a map of
+        // 40,000 (the default of 10,000 would hold about a third of them).
+        let slots: Slots<u64> = Slots::with_capacity(40_000);
+        assert_eq!(slots.shards.len(), 40_000 / SHARD_KEYS);
+        for i in 0..30_000u32 {
+            slots.entry(format!("k{i}").as_bytes(), |_| ());
+        }
+        assert_eq!(slots.len(), 30_000);
+        assert!(!slots.crowded());
+        // The default map: eight shards of 1,250 keys.
+        let small: Slots<u64> = Slots::with_capacity(RESERVED_KEYS);
+        assert_eq!((small.shards.len(), small.cap), (SHARDS, SHARD_KEYS));
+        // A tiny map keeps its eight shards, one key each; the largest, at
+        // most MAX_SHARDS shards.
+        let tiny: Slots<u64> = Slots::with_capacity(1);
+        assert_eq!((tiny.shards.len(), tiny.cap), (SHARDS, 1));
+        let most: Slots<u64> = Slots::with_capacity(MAX_RESERVED_KEYS);
+        assert_eq!((most.shards.len(), most.cap), (MAX_SHARDS, SHARD_KEYS));
     }
 }
