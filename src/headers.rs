@@ -48,6 +48,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
@@ -222,8 +223,8 @@ pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
         return sf_item(d.policy(), params);
     }
     // The hot path: the prefix is built once by the sf serialiser; this only
-    // appends two integers (sf integers: at most 15 digits), on the stack,
-    // and copies the result once into the value.
+    // appends two integers (sf integers: at most 15 digits), written once
+    // into the value's own buffer, which the value then keeps (no copy).
     let prefix = d.policies().ratelimit_prefix(d.binding()).as_bytes();
     let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
     let parts = [
@@ -232,24 +233,12 @@ pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
         b";t=",
         t.format(t_secs(d)).as_bytes(),
     ];
-    let mut value = [0u8; RATELIMIT_VALUE_MAX];
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    if len > value.len() {
-        // Only a policy name longer than `keyspace::validate` allows.
-        return HeaderValue::from_bytes(&parts.concat()).unwrap_or(HeaderValue::from_static(""));
-    }
-    let mut at = 0;
+    let mut value = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
     for part in parts {
-        value[at..at + part.len()].copy_from_slice(part);
-        at += part.len();
+        value.extend_from_slice(part);
     }
-    HeaderValue::from_bytes(&value[..len]).unwrap_or(HeaderValue::from_static(""))
+    HeaderValue::from_maybe_shared(Bytes::from(value)).unwrap_or(HeaderValue::from_static(""))
 }
-
-/// The longest `RateLimit` value of a validated policy name: the name (at
-/// most 64 characters, `keyspace::validate`) quoted, `;r=`, `;t=` and two
-/// 15-digit integers.
-const RATELIMIT_VALUE_MAX: usize = 64 + 2 + 3 + 15 + 3 + 15;
 
 /// Where [`write`] puts headers: an `http` 1 header map or response, or an
 /// actix-web response (which uses `http` 0.2 types, converted through bytes).

@@ -63,6 +63,16 @@ pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), ConfigErro
 /// path of the in-memory store. Every piece written is ASCII.
 pub(crate) trait KeyBuf {
     fn push_str(&mut self, s: &str);
+
+    /// Appends bytes of the safe alphabet: ASCII, so UTF-8 (and were they
+    /// not, the lossy reading would still write a byte for each).
+    #[inline]
+    fn push_safe(&mut self, safe: &[u8]) {
+        match std::str::from_utf8(safe) {
+            Ok(s) => self.push_str(s),
+            Err(_) => self.push_str(&String::from_utf8_lossy(safe)),
+        }
+    }
 }
 
 impl KeyBuf for String {
@@ -101,10 +111,16 @@ impl StackKey {
 
 impl KeyBuf for StackKey {
     fn push_str(&mut self, s: &str) {
-        match self.buf.get_mut(self.len..self.len + s.len()) {
+        self.push_safe(s.as_bytes());
+    }
+
+    /// Bytes, as they are: the key is bytes here, never read as text.
+    #[inline]
+    fn push_safe(&mut self, safe: &[u8]) {
+        match self.buf.get_mut(self.len..self.len + safe.len()) {
             Some(to) => {
-                to.copy_from_slice(s.as_bytes());
-                self.len += s.len();
+                to.copy_from_slice(safe);
+                self.len += safe.len();
             }
             None => self.overflowed = true,
         }
@@ -122,9 +138,8 @@ pub(crate) fn push_client(out: &mut impl KeyBuf, client: &[u8]) {
 pub(crate) fn push_escaped(out: &mut impl KeyBuf, client: &[u8]) {
     let raw =
         !client.is_empty() && client.len() <= RAW_KEY_MAX && client.iter().all(|&b| is_safe(b));
-    // Safe bytes are ASCII, so a raw key is always UTF-8.
-    if raw && let Ok(s) = std::str::from_utf8(client) {
-        out.push_str(s);
+    if raw {
+        out.push_safe(client);
         return;
     }
     const HEX: &[u8; 16] = b"0123456789abcdef";
