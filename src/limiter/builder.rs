@@ -278,7 +278,11 @@ impl LimiterBuilder {
     /// is checked by the store as without reservations. Each held key costs
     /// about 300 bytes, so the default map takes at most about 3 MB and
     /// 1,000,000 keys about 300 MB, and each can leave up to `n + n / 4`
-    /// units unspent per window: size `n` to the quota.
+    /// units unspent per window: size `n` to the quota. Until the map is
+    /// full, every new key's first request is a reserve call of its own, so
+    /// a flood of one-off keys (clients that make up keys) costs Redis about
+    /// one unbatched script call each up to the map's size, then what it
+    /// would without reservations.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]

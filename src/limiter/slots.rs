@@ -41,7 +41,7 @@ use hashbrown::HashTable;
 /// How many keys hold a live reservation at most, per limiter, by default.
 pub(crate) const RESERVED_KEYS: usize = 10_000;
 
-/// The most keys a map may be asked to hold: about 4 GB of entries.
+/// The most keys a map may be asked to hold: about 3 GB at 300 bytes a key.
 pub(crate) const MAX_RESERVED_KEYS: usize = 10_000_000;
 
 /// Shards of the map at least.
