@@ -64,13 +64,18 @@ pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), ConfigErro
 pub(crate) trait KeyBuf {
     fn push_str(&mut self, s: &str);
 
-    /// Appends bytes of the safe alphabet: ASCII, so UTF-8 (and were they
-    /// not, the lossy reading would still write a byte for each).
+    /// Appends bytes of the safe alphabet: ASCII, so UTF-8. Were they not,
+    /// each byte would still be written as a character of its own (never a
+    /// replacement character that two keys could share).
     #[inline]
     fn push_safe(&mut self, safe: &[u8]) {
         match std::str::from_utf8(safe) {
             Ok(s) => self.push_str(s),
-            Err(_) => self.push_str(&String::from_utf8_lossy(safe)),
+            Err(_) => {
+                for &b in safe {
+                    self.push_str(char::from(b).encode_utf8(&mut [0; 4]));
+                }
+            }
         }
     }
 }
@@ -160,6 +165,23 @@ mod tests {
         let mut s = String::new();
         push_client(&mut s, k);
         s
+    }
+
+    #[test]
+    fn bytes_pushed_as_safe_stay_distinct_even_if_not_utf8() {
+        // Never reached with safe bytes (all ASCII), but a key is never
+        // written lossily: distinct bytes give distinct keys.
+        let pushed = |b: &[u8]| {
+            let mut s = String::new();
+            s.push_safe(b);
+            s
+        };
+        assert_eq!(pushed(b"user:42"), "user:42");
+        assert_ne!(pushed(b"a\xfe"), pushed(b"a\xff"));
+        assert_ne!(pushed(b"a\xfe\xfe"), pushed(b"a\xfe"));
+        let mut stack = StackKey::new();
+        stack.push_safe(b"a\xfe");
+        assert_eq!(stack.get(), Some(&b"a\xfe"[..]));
     }
 
     #[test]

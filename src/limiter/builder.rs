@@ -268,7 +268,8 @@ impl LimiterBuilder {
     /// at once, per limiter (default 10,000; 1 to 10,000,000, else
     /// [`build`](Self::build) fails with [`ConfigError::Reservation`]). The
     /// bound is about, not exact: the map is split into shards of at most
-    /// 1,250 keys, and a shard that fills makes room on its own.
+    /// 1,250 keys, and a shard that fills makes room on its own. Without
+    /// [`local_reservation`](Self::local_reservation) it has no effect.
     ///
     /// Size it to the keys that are hit again within a window, when there
     /// are more than 10,000: say 100,000 tenants of 10,000 requests a

@@ -9,8 +9,8 @@
 //! The map holds at most its capacity ([`RESERVED_KEYS`] unless
 //! [`LimiterBuilder::local_reservation_keys`](super::LimiterBuilder::local_reservation_keys)
 //! says otherwise), in shards of at most [`SHARD_KEYS`] keys (at least
-//! [`SHARDS`] of them) picked by a hash seeded at random per map (foldhash's quality variant, the hash
-//! quick_cache uses), so a client cannot aim at one shard, and a shard
+//! [`SHARDS`] of them) picked by a hash seeded at random per map
+//! (foldhash's quality variant, the hash quick_cache uses), so a client cannot aim at one shard, and a shard
 //! holds so few keys that even a chosen collision costs a bounded scan. A
 //! shard that is full when a key is new drops, in one pass, every entry
 //! neither hit since the last pass nor in a flight, and if that leaves it

@@ -1,8 +1,8 @@
 //! [`Lanes`]: the tasks that send the batching task's calls.
 //!
 //! A task spawned per call cost each call about 3,000 instructions, most of
-//! them its cell's allocation (cache-line aligned, so glibc's slow
-//! `memalign` path). Instead, [`IN_FLIGHT`] tasks live as long as the
+//! them its cell's allocation and the copies of the call's future into
+//! it. Instead, [`IN_FLIGHT`] tasks live as long as the
 //! batching task and send one call at a time each. A round whose call finds
 //! no idle lane (on a cluster, a round's second call and after) gets a task
 //! of its own, as before.
