@@ -11,6 +11,7 @@
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit) |
 //! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full; see `MemoryStore`) |
 
+#[cfg(feature = "metrics")]
 use std::time::Instant;
 
 use crate::Decision;
@@ -105,10 +106,10 @@ pub(crate) fn store_error<'a>(limits: impl Iterator<Item = &'a Keys>) {
 }
 
 /// Records how long a store call took, from its [`clock`].
-pub(crate) fn store_latency(limit: &Keys, started: Option<Instant>) {
+pub(crate) fn store_latency(limit: &Keys, started: Clock) {
     #[cfg(feature = "metrics")]
-    if let Some(started) = started {
-        let seconds = started.elapsed().as_secs_f64();
+    {
+        let seconds = since_start().saturating_sub(started.0) as f64 / 1e9;
         let key = &limit.keys[names::STORE_LATENCY];
         metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(seconds));
     }
@@ -116,10 +117,26 @@ pub(crate) fn store_latency(limit: &Keys, started: Option<Instant>) {
     let _ = (limit, started);
 }
 
-/// The start of a store call, for [`store_latency`]; `None` (no clock read)
-/// when the `metrics` feature is off and nothing would record it.
-pub(crate) fn clock() -> Option<Instant> {
-    cfg!(feature = "metrics").then(Instant::now)
+/// The start of a store call, for [`store_latency`]: nanoseconds since the
+/// first clock read, 8 bytes where an `Instant` takes 16, since a decision
+/// on its way carries it. With the `metrics` feature off, nothing would
+/// record it, so it reads no clock and holds nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock(#[cfg(feature = "metrics")] u64);
+
+/// Starts a store call's [`Clock`].
+pub(crate) fn clock() -> Clock {
+    Clock(
+        #[cfg(feature = "metrics")]
+        since_start(),
+    )
+}
+
+/// Nanoseconds since the first call.
+#[cfg(feature = "metrics")]
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Counts a new key refused (denied) by a full in-memory store.

@@ -5,7 +5,8 @@ use std::{
     future::Future,
     pin::Pin,
     sync::Arc,
-    task::{Context, Poll, Waker},
+    task::{Context, Poll, Waker, ready},
+    time::Duration,
 };
 
 use super::Inner;
@@ -14,7 +15,7 @@ use crate::{
     breaker::Pass,
     decision::{Partition, Stamp, States},
     metrics,
-    store::BoxFuture,
+    store::{BoxFuture, StoreReply},
 };
 
 /// The future of [`Limiter::decide`](super::Limiter::decide).
@@ -22,9 +23,12 @@ use crate::{
 /// Most decisions are known before anything waits (bad input, a cached
 /// denial, an open breaker, the in-memory store): those are `Ready` and cost
 /// no allocation and no task switch. The tower service takes them with
-/// [`now`](Self::now) and calls the inner service at once.
+/// [`now`](Self::now) and calls the inner service at once. A store's
+/// decision is [`Settling`], held in place: boxing it cost every request on
+/// the Redis path an allocation of about 500 bytes.
 pub(crate) enum Deciding {
     Ready(Option<Result<Decision, Error>>),
+    Settling(Settling),
     Waiting(BoxFuture<'static, Result<Decision, Error>>),
 }
 
@@ -33,7 +37,7 @@ impl Deciding {
     pub(crate) fn now(&mut self) -> Option<Result<Decision, Error>> {
         match self {
             Deciding::Ready(result) => result.take(),
-            Deciding::Waiting(_) => None,
+            Deciding::Settling(_) | Deciding::Waiting(_) => None,
         }
     }
 }
@@ -45,6 +49,10 @@ impl Deciding {
         match self {
             Deciding::Ready(result) => {
                 Deciding::Ready(result.map(|r| r.map(|d| d.with_partition(partition))))
+            }
+            Deciding::Settling(Settling { reply, mut then }) => {
+                then.rare.get_or_insert_default().partition = Some(partition);
+                Deciding::Settling(Settling { reply, then })
             }
             Deciding::Waiting(fut) => Deciding::Waiting(Box::pin(async move {
                 fut.await.map(|d| d.with_partition(partition))
@@ -59,7 +67,117 @@ impl Future for Deciding {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             Deciding::Ready(result) => Poll::Ready(result.take().expect("polled after completion")),
+            Deciding::Settling(settling) => Pin::new(settling).poll(cx),
             Deciding::Waiting(fut) => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A store's decision on its way ([`ProbeGuard::settling`]): the reply,
+/// bounded by the timeout, then what follows it.
+///
+/// It is kept about as small as a ready decision, since the tower service
+/// moves a [`Deciding`] a few times per request whichever it is: what only
+/// some decisions carry (an enabled span, partition keys) is boxed.
+pub(crate) struct Settling {
+    reply: Timed<StoreReply>,
+    then: Then,
+}
+
+/// What follows a store's reply: the breaker's record and the decision, in
+/// the decision's span.
+struct Then {
+    probe: ProbeGuard,
+    started: metrics::Clock,
+    cost: u64,
+    cache_key: Option<Key>,
+    rare: Option<Box<Rare>>,
+}
+
+/// What only some decisions carry, boxed to keep [`Settling`] small.
+#[derive(Default)]
+struct Rare {
+    /// The decision's span, when enabled (a disabled one records nothing).
+    span: Option<tracing::Span>,
+    /// Partition keys (`pk`), when the layer writes them.
+    partition: Option<Partition>,
+}
+
+impl Then {
+    fn span(&self) -> Option<&tracing::Span> {
+        self.rare.as_ref()?.span.as_ref()
+    }
+}
+
+impl Future for Settling {
+    type Output = Result<Decision, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Settling { reply, then } = self.get_mut();
+        let result = {
+            let _entered = then.span().map(tracing::Span::enter);
+            ready!(reply.poll_within(then.probe.inner.timeout, cx))
+        };
+        Poll::Ready(then.finish(result))
+    }
+}
+
+impl Then {
+    /// The decision from the store's reply, in the decision's span.
+    fn finish(&mut self, result: Result<States, Error>) -> Result<Decision, Error> {
+        let Rare { span, partition } = self.rare.take().map(|rare| *rare).unwrap_or_default();
+        let _entered = span.as_ref().map(tracing::Span::enter);
+        let states = self.probe.record(result, self.started)?;
+        let at = Stamp::Local(tokio::time::Instant::now());
+        let decision =
+            (self.probe.inner).conclude(states, self.cost, self.cache_key.take(), Some(at));
+        match partition {
+            Some(partition) => decision.map(|d| d.with_partition(partition)),
+            None => decision,
+        }
+    }
+}
+
+/// A store's reply, bounded by the timeout. A `bounded` reply ends with
+/// [`Error::Timeout`] by the timeout of its own accord (the batching task's
+/// [`Deadline`](crate::store::Deadline)) and gets no timer; any other is
+/// polled once at [`start`](Self::start) and gets one only if it is not
+/// ready then: a store that answers at once needs none, and registering one
+/// in Tokio's wheel costs more than such a store's whole decision.
+struct Timed<F> {
+    reply: F,
+    /// `None` for a bounded reply.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T, F: Future<Output = Result<T, Error>> + Unpin> Timed<F> {
+    /// The reply, timed; or its result, if it is ready at once.
+    fn start(mut reply: F, bounded: bool, timeout: Duration) -> Result<Self, Result<T, Error>> {
+        if bounded {
+            return Ok(Self { reply, timer: None });
+        }
+        let noop = &mut Context::from_waker(Waker::noop());
+        match Pin::new(&mut reply).poll(noop) {
+            Poll::Ready(result) => Err(result),
+            Poll::Pending => Ok(Self {
+                reply,
+                timer: Some(Box::pin(tokio::time::sleep(timeout))),
+            }),
+        }
+    }
+
+    /// Polls the reply; [`Error::Timeout`] (of `timeout`, its length) once
+    /// the timer fires.
+    fn poll_within(&mut self, timeout: Duration, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
+        if let Poll::Ready(result) = Pin::new(&mut self.reply).poll(cx) {
+            return Poll::Ready(result);
+        }
+        match &mut self.timer {
+            Some(sleep) => sleep
+                .as_mut()
+                .poll(cx)
+                .map(|()| Err(Error::Timeout(timeout))),
+            None => Poll::Pending,
         }
     }
 }
@@ -119,8 +237,7 @@ pub(super) struct ProbeGuard {
 }
 
 impl ProbeGuard {
-    /// Settles the decision from `states`; `bounded` as for
-    /// [`call`](Self::call).
+    /// Settles the decision from `states`; `bounded` as for [`Timed`].
     pub(super) async fn settle<S: Into<States>>(
         self,
         states: impl Future<Output = Result<S, Error>> + Unpin,
@@ -135,18 +252,34 @@ impl ProbeGuard {
         inner.conclude(states.into(), cost, cache_key, at)
     }
 
-    /// A decision that spends, settled from `states` in `span`; `bounded`
-    /// as for [`call`](Self::call).
-    pub(super) fn settling<S: Into<States> + Send + 'static>(
+    /// A decision that spends, settled from `reply` in `span`, in place
+    /// (no box); `bounded` as for [`Timed`].
+    pub(super) fn settling(
         self,
-        states: impl Future<Output = Result<S, Error>> + Unpin + Send + 'static,
+        reply: StoreReply,
         bounded: bool,
         cost: u64,
         cache_key: Option<Key>,
         span: tracing::Span,
     ) -> Deciding {
-        let settled = self.settle(states, bounded, cost, cache_key, true);
-        Deciding::Waiting(Box::pin(tracing::Instrument::instrument(settled, span)))
+        let timeout = self.inner.timeout;
+        let mut then = Then {
+            probe: self,
+            started: metrics::clock(),
+            cost,
+            cache_key,
+            rare: (!span.is_disabled()).then(|| {
+                Box::new(Rare {
+                    span: Some(span),
+                    partition: None,
+                })
+            }),
+        };
+        match Timed::start(reply, bounded, timeout) {
+            Ok(reply) => Deciding::Settling(Settling { reply, then }),
+            // Ready at once (a store that answers in place): no timer.
+            Err(result) => Deciding::Ready(Some(then.finish(result))),
+        }
     }
 
     /// Awaits one store call, bounded by the timeout, and records its
@@ -158,31 +291,25 @@ impl ProbeGuard {
         self.call_bounded(reply, false).await
     }
 
-    /// As [`call`](Self::call); a `bounded` reply is one that ends with
-    /// [`Error::Timeout`] by the timeout of its own accord (the batching
-    /// task's [`Deadline`](crate::store::Deadline)), and gets no timer.
+    /// As [`call`](Self::call); `bounded` as for [`Timed`].
     async fn call_bounded<T>(
         mut self,
-        mut reply: impl Future<Output = Result<T, Error>> + Unpin,
+        reply: impl Future<Output = Result<T, Error>> + Unpin,
         bounded: bool,
     ) -> Result<T, Error> {
-        let inner = self.inner.clone();
         let started = metrics::clock();
-        let result = match bounded {
-            true => reply.await,
-            // A store that answers at once needs no timer: registering one
-            // in Tokio's wheel costs more than such a store's whole decision.
-            false => {
-                let now = Pin::new(&mut reply).poll(&mut Context::from_waker(Waker::noop()));
-                match now {
-                    Poll::Ready(result) => result,
-                    Poll::Pending => match tokio::time::timeout(inner.timeout, reply).await {
-                        Ok(result) => result,
-                        Err(_) => Err(Error::Timeout(inner.timeout)),
-                    },
-                }
-            }
+        let timeout = self.inner.timeout;
+        let result = match Timed::start(reply, bounded, timeout) {
+            Ok(mut reply) => std::future::poll_fn(|cx| reply.poll_within(timeout, cx)).await,
+            Err(result) => result,
         };
+        self.record(result, started)
+    }
+
+    /// Records a call's outcome (`started` by [`metrics::clock`]) with the
+    /// breaker and the metrics; the guard is settled.
+    fn record<T>(&mut self, result: Result<T, Error>, started: metrics::Clock) -> Result<T, Error> {
+        let inner = &self.inner;
         metrics::store_latency(inner.policies.metric_keys(0), started);
         self.settled = true;
         match result {
@@ -206,5 +333,31 @@ impl Drop for ProbeGuard {
         if !self.settled {
             self.inner.breaker.abandon(self.pass);
         }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tower service moves a `Deciding` a few times per request, so a
+    /// store's decision on its way keeps it no larger than when only a
+    /// ready decision and a box could be in it: a larger one cost the
+    /// in-memory path about 130 instructions a request in copies
+    /// (callgrind, `benches/server-cost.sh`).
+    #[test]
+    fn a_decision_on_its_way_keeps_deciding_as_small_as_a_ready_one() {
+        use std::mem::size_of;
+        #[allow(dead_code)]
+        enum ReadyOrBoxed {
+            Ready(Option<Result<Decision, Error>>),
+            Waiting(BoxFuture<'static, Result<Decision, Error>>),
+        }
+        assert!(
+            size_of::<Deciding>() <= size_of::<ReadyOrBoxed>(),
+            "Deciding {} bytes, Settling {}, a ready decision or a box {}",
+            size_of::<Deciding>(),
+            size_of::<Settling>(),
+            size_of::<ReadyOrBoxed>()
+        );
     }
 }

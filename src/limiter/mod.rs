@@ -11,7 +11,7 @@ use crate::{
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
-    store::{Checks, Deadline, LimitCheck, Store},
+    store::{Checks, Deadline, LimitCheck, Store, StoreReply},
 };
 
 pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
@@ -304,12 +304,13 @@ impl Limiter {
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
         match redis {
             Some(redis) => {
-                let states = redis.decide_states(checks, cost, Deadline::after(inner.timeout));
-                let bounded = states.bounded();
+                let deadline = Deadline::after(inner.timeout);
+                let states = redis.decide_states(checks, cost, deadline);
+                let bounded = states.bounded(deadline);
                 probe.settling(states, bounded, cost, cache_key, span)
             }
             None => {
-                let states = store.decide(checks.into_vec(), cost);
+                let states = StoreReply::Alone(store.decide(checks.into_vec(), cost));
                 probe.settling(states, false, cost, cache_key, span)
             }
         }

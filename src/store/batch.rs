@@ -162,7 +162,7 @@ impl Batcher {
 
     /// Queues a request, or hands it back when it cannot be batched (no
     /// Tokio runtime to run the task, the task gone, or the queue full).
-    /// With a `deadline`, the answer comes by it ([`Answer::bounded`]).
+    /// With a `deadline`, the answer comes by it.
     pub(super) fn submit<C: Batched>(
         &self,
         conn: &C,
@@ -195,10 +195,7 @@ impl Batcher {
             },
         };
         match link.queue.try_send(job) {
-            Ok(()) => Ok(Answer {
-                answer,
-                bounded: deadline.is_some(),
-            }),
+            Ok(()) => Ok(Answer { answer }),
             Err(e) => {
                 let job = e.into_inner();
                 Err((job.checks, job.cost))
@@ -207,18 +204,11 @@ impl Batcher {
     }
 }
 
-/// A queued request's answer, from the batching task.
+/// A queued request's answer, from the batching task: by the request's
+/// [`Deadline`], if it had one (a timeout then), so that the caller needs no
+/// timer.
 pub(crate) struct Answer {
     answer: oneshot::Receiver<Reply>,
-    bounded: bool,
-}
-
-impl Answer {
-    /// Whether the answer comes by the request's [`Deadline`] (a timeout
-    /// then), so that the caller needs no timer.
-    pub(crate) fn bounded(&self) -> bool {
-        self.bounded
-    }
 }
 
 impl Future for Answer {

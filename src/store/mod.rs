@@ -22,6 +22,7 @@ pub use self::lease::{LeaseState, LeaseStore};
 pub(crate) use self::memory::Credit;
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub(crate) use self::redis::StoreReply;
 pub use self::scripts::{
     ACQUIRE_LUA, DECIDE_FIXED_LUA, DECIDE_LUA, PEEK_LUA, REFUND_LUA, RELEASE_LUA, RENEW_LUA,
     RESERVE_LUA, RESET_LUA,

@@ -273,13 +273,13 @@ impl RedisStore {
     /// [`Store::decide`] for the crate's [`Limiter`](crate::Limiter): the
     /// checks inline when there is one, and a batched request's answer
     /// unboxed, straight from the batching task, which answers a timeout
-    /// at `deadline` ([`RedisAnswer::bounded`]).
+    /// at `deadline` ([`StoreReply::bounded`]).
     pub(crate) fn decide_states(
         &self,
         checks: Checks,
         cost: u64,
         deadline: Option<Deadline>,
-    ) -> RedisAnswer {
+    ) -> StoreReply {
         let submitted = match &self.backend {
             Backend::Manager(manager) => self.batcher.submit(manager, checks, cost, deadline),
             #[cfg(feature = "cluster")]
@@ -291,38 +291,37 @@ impl RedisStore {
             _ => Err((checks, cost)),
         };
         match submitted {
-            Ok(answer) => RedisAnswer::Batched(answer),
-            Err((checks, cost)) => RedisAnswer::Alone(self.decide_one(checks.into_vec(), cost)),
+            Ok(answer) => StoreReply::Batched(answer),
+            Err((checks, cost)) => StoreReply::Alone(self.decide_one(checks.into_vec(), cost)),
         }
     }
 }
 
-/// A decision on its way from [`RedisStore::decide_states`].
-pub(crate) enum RedisAnswer {
+/// A decision on its way from [`RedisStore::decide_states`], or from any
+/// other [`Store`]'s [`decide`](Store::decide) (`Alone`).
+pub(crate) enum StoreReply {
     /// Queued for the batching task.
     Batched(Answer),
-    /// In a call of its own (a pool, or no batching task).
+    /// In a call of its own (a pool, no batching task, another store).
     Alone(BoxFuture<'static, Result<Vec<LimitState>, Error>>),
 }
 
-impl RedisAnswer {
-    /// Whether it comes by the deadline it was asked with (a timeout then),
-    /// so that the caller needs no timer of its own.
-    pub(crate) fn bounded(&self) -> bool {
-        match self {
-            RedisAnswer::Batched(answer) => answer.bounded(),
-            RedisAnswer::Alone(_) => false,
-        }
+impl StoreReply {
+    /// Whether it comes by `deadline`, the one it was asked with (a timeout
+    /// then), so that the caller needs no timer of its own: a batched
+    /// request's does.
+    pub(crate) fn bounded(&self, deadline: Option<Deadline>) -> bool {
+        matches!(self, StoreReply::Batched(_)) && deadline.is_some()
     }
 }
 
-impl Future for RedisAnswer {
+impl Future for StoreReply {
     type Output = Result<States, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
-            RedisAnswer::Batched(answer) => Pin::new(answer).poll(cx),
-            RedisAnswer::Alone(reply) => reply.as_mut().poll(cx).map_ok(States::from_vec),
+            StoreReply::Batched(answer) => Pin::new(answer).poll(cx),
+            StoreReply::Alone(reply) => reply.as_mut().poll(cx).map_ok(States::from_vec),
         }
     }
 }
@@ -368,10 +367,10 @@ impl Store for RedisStore {
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         // Unbounded: the caller keeps its own timer.
         match self.decide_states(checks.into(), cost, None) {
-            RedisAnswer::Batched(answer) => {
+            StoreReply::Batched(answer) => {
                 Box::pin(async move { answer.await.map(States::into_vec) })
             }
-            RedisAnswer::Alone(reply) => reply,
+            StoreReply::Alone(reply) => reply,
         }
     }
 }
