@@ -101,3 +101,28 @@ async fn batches_of_unlike_requests_stay_exact() {
     );
     server.assert_every_key_has_ttl().await;
 }
+
+/// Requests queued faster than calls go out are sent in calls of at most
+/// 64 each (`MAX_BATCH`): all 600 here are queued before the first call
+/// leaves (one task polls them all first), so the calls are exactly
+/// 600 / 64 rounded up, whatever the timing.
+#[tokio::test]
+async fn a_queue_goes_out_in_calls_of_at_most_64_requests() {
+    let server = RedisServer::start();
+    let limiter = server.limiter("100/1m").await;
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    let before = server.script_calls().await;
+
+    let keys: Vec<String> = (0..10).map(|k| format!("k{k}")).collect();
+    let checks = (0..600).map(|i| limiter.check(&keys[i % 10], 1));
+    let decisions = join_all(checks).await;
+    let calls = server.script_calls().await - before;
+
+    assert_eq!(calls, 10, "600 queued requests in calls of 64");
+    for (k, key) in keys.iter().enumerate() {
+        let mine = decisions.iter().skip(k).step_by(10);
+        let allowed = mine.filter(|d| d.as_ref().unwrap().is_allowed()).count();
+        assert_eq!(allowed, 60, "{key}: each request is decided on its own");
+    }
+    server.assert_every_key_has_ttl().await;
+}
