@@ -339,9 +339,13 @@ impl Limiter {
 
     /// Every limit's check of `cost` for `keys`.
     fn checks<C: FromIterator<LimitCheck>>(&self, keys: &[&[u8]], cost: u64) -> Result<C, Error> {
-        (0..self.inner.limits.len())
-            .map(|i| self.limit_check(i, keys, cost))
-            .collect()
+        match self.inner.limits.len() {
+            // The common lone limit, without collecting `Result`s.
+            1 => Ok(std::iter::once(self.limit_check(0, keys, cost)?).collect()),
+            limits => (0..limits)
+                .map(|i| self.limit_check(i, keys, cost))
+                .collect(),
+        }
     }
 
     /// The in-memory store decides at once, and it cannot fail or hang: no
