@@ -17,7 +17,7 @@ use std::{
 use http::{Request, Response, StatusCode};
 use redis_ratelimit::{RateLimitLayer, key::Global};
 use support::Backend;
-use tower::{Service, ServiceExt, limit::ConcurrencyLimitLayer, service_fn};
+use tower::{Layer, Service, ServiceExt, limit::ConcurrencyLimitLayer, service_fn};
 
 /// 3 admitted then 3 denied through one service value, sequentially, and
 /// the inner service called exactly 3 times.
@@ -111,4 +111,27 @@ async fn a_decision_known_in_call_clones_nothing() {
     // deny cache, in call).
     let redis = clones_over_four_requests(Backend::redis().await).await;
     assert!(redis >= 2, "{redis} clones");
+}
+
+/// A tower service may be called outside a Tokio runtime and its future
+/// polled inside one later: the Redis store's decision then starts on its
+/// first poll (no timer or store call in `call`), and decides as usual.
+#[test]
+fn a_call_made_outside_a_runtime_decides_when_polled_in_one() {
+    let server = support::RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let limiter = rt.block_on(server.limiter("2/1h"));
+    let mut svc =
+        RateLimitLayer::new(limiter, Global).layer(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new("ok".to_owned()))
+        }));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        // Called here, on a thread without a runtime; polled in one.
+        let response = svc.call(Request::new(()));
+        statuses.push(rt.block_on(response).unwrap().status());
+    }
+    let (ok, denied) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses, [ok, ok, denied]);
+    rt.block_on(server.assert_every_key_has_ttl());
 }

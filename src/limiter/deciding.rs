@@ -262,20 +262,36 @@ impl ProbeGuard {
         cache_key: Option<Key>,
         span: tracing::Span,
     ) -> Deciding {
+        // An unbounded reply is polled and timed at once, which needs a
+        // Tokio runtime: a tower service called outside one (its future
+        // polled in one later) gets the decision started on its first poll.
+        if !bounded && tokio::runtime::Handle::try_current().is_err() {
+            let settled = self.settle(reply, false, cost, cache_key, true);
+            return Deciding::Waiting(Box::pin(tracing::Instrument::instrument(settled, span)));
+        }
         let timeout = self.inner.timeout;
+        let rare = (!span.is_disabled()).then(|| {
+            Box::new(Rare {
+                span: Some(span),
+                partition: None,
+            })
+        });
+        let started = metrics::clock();
+        let reply = {
+            let _entered = rare
+                .as_ref()
+                .and_then(|r| r.span.as_ref())
+                .map(tracing::Span::enter);
+            Timed::start(reply, bounded, timeout)
+        };
         let mut then = Then {
             probe: self,
-            started: metrics::clock(),
+            started,
             cost,
             cache_key,
-            rare: (!span.is_disabled()).then(|| {
-                Box::new(Rare {
-                    span: Some(span),
-                    partition: None,
-                })
-            }),
+            rare,
         };
-        match Timed::start(reply, bounded, timeout) {
+        match reply {
             Ok(reply) => Deciding::Settling(Settling { reply, then }),
             // Ready at once (a store that answers in place): no timer.
             Err(result) => Deciding::Ready(Some(then.finish(result))),
