@@ -4,15 +4,21 @@
 mod support;
 
 use futures_util::future::join_all;
+use redis_ratelimit::Limiter;
 use support::RedisServer;
+
+/// A limiter on `server` with `quota`, warmed up (the script loaded, the
+/// connection up), and the script calls made so far.
+async fn warmed(server: &RedisServer, quota: &str) -> (Limiter, u64) {
+    let limiter = server.limiter(quota).await;
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    (limiter, server.script_calls().await)
+}
 
 #[tokio::test]
 async fn concurrent_decisions_share_script_calls_and_stay_exact() {
     let server = RedisServer::start();
-    let limiter = server.limiter("30/1m").await;
-    // Warm up: the script is loaded and the connection is up.
-    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    let before = server.script_calls().await;
+    let (limiter, before) = warmed(&server, "30/1m").await;
 
     let keys = ["a", "b", "c", "d"];
     let checks = (0..400).map(|i| limiter.check(keys[i % 4], 1));
@@ -109,9 +115,7 @@ async fn batches_of_unlike_requests_stay_exact() {
 #[tokio::test]
 async fn a_queue_goes_out_in_calls_of_at_most_64_requests() {
     let server = RedisServer::start();
-    let limiter = server.limiter("100/1m").await;
-    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    let before = server.script_calls().await;
+    let (limiter, before) = warmed(&server, "100/1m").await;
 
     let keys: Vec<String> = (0..10).map(|k| format!("k{k}")).collect();
     let checks = (0..600).map(|i| limiter.check(&keys[i % 10], 1));

@@ -103,12 +103,6 @@ struct Rare {
     partition: Option<Partition>,
 }
 
-impl Then {
-    fn span(&self) -> Option<&tracing::Span> {
-        self.rare.as_ref()?.span.as_ref()
-    }
-}
-
 impl Future for Settling {
     type Output = Result<Decision, Error>;
 
@@ -123,6 +117,11 @@ impl Future for Settling {
 }
 
 impl Then {
+    /// The decision's span, when enabled.
+    fn span(&self) -> Option<&tracing::Span> {
+        self.rare.as_ref()?.span.as_ref()
+    }
+
     /// The decision from the store's reply, in the decision's span.
     fn finish(&mut self, result: Result<States, Error>) -> Result<Decision, Error> {
         let Rare { span, partition } = self.rare.take().map(|rare| *rare).unwrap_or_default();
@@ -351,6 +350,7 @@ impl Drop for ProbeGuard {
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
