@@ -16,9 +16,17 @@ the same round, and the median of the server's own CPU time per request
 (user + system, from /proc), which the VM's drift moves less than req/s.
 With --redis, every limited cell uses one redis-server of the run's own
 (REDIS_URL, the ConnectionManager), and its CPU per request is printed too.
+With --floor (and --redis), each round also runs benches/peers'
+redis-floor (axum and one PING per request, no limiter) on that Redis, and
+the summary sets each build's server CPU over plain beside the floor's: the
+issue-19 target "server CPU per request over plain <= the floor's" in real
+CPU time, kernel and scheduling included, which callgrind's instruction
+counts (server-cost.sh) leave out. Every cell also prints the server's
+context switches per request (every thread's, voluntary or not, from /proc).
 
 Needs git, cargo, wrk (apt-get install -y wrk) and python3; redis-server
-for --redis.
+for --redis; for --floor, the peers built (cargo build --release in
+benches/peers).
 """
 
 import argparse
@@ -52,10 +60,16 @@ def build(rev, target):
     return binary
 
 
+FLOOR = os.path.join(ROOT, "benches", "peers", "target", "release", "redis-floor")
+
+
 def cell(binary, workload, limited, seconds, log, redis=None):
+    """One server under the workload: req/s, and per request the server's
+    CPU µs, Redis's CPU µs (given `redis`) and the server's context
+    switches."""
     env = {"RATE_LIMIT": workload.quota if limited else "off",
            "RATE_LIMIT_KEY": workload.key}
-    if redis and limited:
+    if redis:
         env["REDIS_URL"] = redis.url
     with procs.serving(binary, env, log) as (port, _, pid):
         problem = procs.prepare(port, workload, limited)
@@ -63,13 +77,14 @@ def cell(binary, workload, limited, seconds, log, redis=None):
             sys.exit(f"ab.py: {os.path.basename(binary)}: {problem}")
         url = f"http://127.0.0.1:{port}/"
         wrk.run(url, 1, 32, script=workload.script)
-        before = procs.cpu_seconds(pid)
+        before, switches = procs.cpu_seconds(pid), procs.context_switches(pid)
         redis_before = procs.cpu_seconds(redis.proc.pid) if redis else 0.0
         result = wrk.run(url, seconds, 32, script=workload.script)
         cpu = procs.cpu_seconds(pid) - before
+        switches = procs.context_switches(pid) - switches
         redis_cpu = procs.cpu_seconds(redis.proc.pid) - redis_before if redis else 0.0
     per = 1e6 / result["requests"]
-    return result["rps"], cpu * per, redis_cpu * per
+    return result["rps"], cpu * per, redis_cpu * per, switches / result["requests"]
 
 
 def main():
@@ -80,32 +95,54 @@ def main():
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--redis", action="store_true",
                    help="the limited cells on a redis-server of the run's own")
+    p.add_argument("--floor", action="store_true",
+                   help="with --redis: a cell of the PING floor every round")
     args = p.parse_args()
     procs.require("git", "cargo", "wrk", *(["redis-server"] if args.redis else []))
+    if args.floor and not (args.redis and os.access(FLOOR, os.X_OK)):
+        sys.exit(f"ab.py: --floor needs --redis and {FLOOR} "
+                 "(cargo build --release in benches/peers)")
     workload = next(w for w in catalog.WORKLOADS if args.workload in w.name)
     target = os.path.join(ROOT, "target", "ab")
     builds = {rev: build(rev, target) for rev in args.revs}
     log = os.path.join(target, "server.log")
     redis = procs.Redis() if args.redis else None
-    plain, rows = "plain axum", {name: [] for name in ["plain axum", *builds]}
+    plain, floor = "plain axum", "floor"
+    # Per round: (binary, limited, with Redis), in a shuffled order.
+    cells = {rev: (binary, True, redis) for rev, binary in builds.items()}
+    if args.floor:
+        cells[floor] = (FLOOR, False, redis)
+    rows = {name: [] for name in [plain, *cells]}
     try:
         for r in range(args.rounds):
-            base_rps, base_cpu, _ = cell(builds[args.revs[-1]], workload, False, args.seconds, log)
-            rows[plain].append((base_rps, 1.0, base_cpu, 0.0))
-            for rev in random.sample(list(builds), len(builds)):
-                rps, cpu, redis_cpu = cell(builds[rev], workload, True, args.seconds, log, redis)
-                rows[rev].append((rps, rps / base_rps, cpu, redis_cpu))
-                print(f"round {r + 1}: {rev:12s} {rps:9.0f} req/s, {rps / base_rps:.2f}x, "
-                      f"server {cpu:.2f} µs/req, Redis {redis_cpu:.2f} µs/req", file=sys.stderr)
+            base = cell(builds[args.revs[-1]], workload, False, args.seconds, log)
+            rows[plain].append((base[0], 1.0, base[1], 0.0, base[3]))
+            for name in random.sample(list(cells), len(cells)):
+                binary, limited, with_redis = cells[name]
+                rps, cpu, redis_cpu, switches = cell(binary, workload, limited, args.seconds,
+                                                     log, with_redis)
+                rows[name].append((rps, rps / base[0], cpu, redis_cpu, switches))
+                print(f"round {r + 1}: {name:12s} {rps:9.0f} req/s, {rps / base[0]:.2f}x, "
+                      f"server {cpu:.2f} µs/req (plain {base[1]:.2f}), Redis {redis_cpu:.2f} "
+                      f"µs/req, {switches:.2f} context switches/req", file=sys.stderr)
     finally:
         if redis:
             redis.stop()
     print(f"{workload.name}{', Redis' if redis else ''}, {args.rounds} rounds of "
           f"{args.seconds} s, medians:")
-    for name, cells in rows.items():
-        rps, ratio, cpu, redis_cpu = (statistics.median(c[i] for c in cells) for i in range(4))
+    medians = {}
+    for name, rounds in rows.items():
+        medians[name] = [statistics.median(c[i] for c in rounds) for i in range(5)]
+        rps, ratio, cpu, redis_cpu, switches = medians[name]
         more = f", Redis {redis_cpu:.2f} µs/req" if redis and name != plain else ""
-        print(f"  {name:12s} {rps:9.0f} req/s  {ratio:.2f}x  server {cpu:.2f} µs/req{more}")
+        print(f"  {name:12s} {rps:9.0f} req/s  {ratio:.2f}x  server {cpu:.2f} µs/req{more}, "
+              f"{switches:.2f} context switches/req")
+    if args.floor:
+        # Each round's cell minus that round's plain cell, then the median.
+        print("server CPU per request over plain (median of the rounds' differences):")
+        for name in cells:
+            over = statistics.median(c[2] - b[2] for c, b in zip(rows[name], rows[plain]))
+            print(f"  {name:12s} {over:+.2f} µs/req")
 
 
 if __name__ == "__main__":

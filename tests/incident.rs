@@ -317,6 +317,13 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
         (11, "0"),
         (12, "2"),
         (12, "x"),
+        // Short spoils: a leading zero, a sign, a space, a letter.
+        (1, "05"),
+        (4, "02"),
+        (5, "1 "),
+        (8, "1x"),
+        (9, "+1"),
+        (11, "0 "),
     ] {
         let mut argv = good.to_vec();
         argv[i] = spoiled;

@@ -194,6 +194,22 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid):
+    """Context switches (voluntary and not) of a running process so far, all
+    its threads: each is a thread that slept or was preempted."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    # voluntary_ctxt_switches and nonvoluntary_ctxt_switches
+                    if "ctxt_switches:" in line:
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
+    return total
+
+
 def rusage_seconds(who):
     """User + system CPU seconds of getrusage(who): RUSAGE_SELF or RUSAGE_CHILDREN."""
     ru = resource.getrusage(who)
