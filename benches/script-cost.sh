@@ -21,6 +21,10 @@
 #                counters are given a TTL after the warm-up, as ours have)
 #   return 1     an EVALSHA that does nothing: the per-call cost
 #
+# Then the fast path again at 1, 8 and 32 decisions a call, and what a call
+# costs by itself and each decision in it (a line through the three
+# points): the share a batch's size spreads, and the share it cannot.
+#
 # Needs redis-server, redis-cli, redis-benchmark and valgrind
 # (apt-get install -y redis-server redis-tools valgrind).
 set -euo pipefail
@@ -82,6 +86,15 @@ measure() {
   total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}')
   printf '%-10s %9d instructions per call  %7d per decision\n' \
     "$name" $((total / calls)) $((total / calls / decisions))
+  last=$((total / calls))
+}
+
+# fast_args N: the fast path's KEYS and ARGV for a call of N decisions (one run).
+fast_args() {
+  local n=$1 i
+  fast_call=("$n")
+  for i in $(seq "$n"); do fast_call+=("k:__rand_int__:$i"); done
+  fast_call+=(1 1000000000 3600000 0 1 "$n" 1 1 1)
 }
 
 echo "redis-server instructions, $calls calls of 8 allowed decisions each ($(redis-server --version | awk '{print $3}'))"
@@ -89,3 +102,22 @@ measure general "$work/general.lua" 8 8 "${keys[@]}" "${general[@]}"
 measure "fast path" "$work/fast.lua" 8 8 "${keys[@]}" "${fast[@]}"
 measure bare "$work/bare.lua" 8 8 "${keys[@]}" 1
 measure "return 1" "$work/return1.lua" 1 0
+
+# The fast path at 1, 8 and 32 decisions a call: a least-squares line
+# through the three, its intercept what a call costs by itself.
+declare -A per_call
+for n in 1 8 32; do
+  fast_args "$n"
+  measure "fast, $n" "$work/fast.lua" "$n" "${fast_call[@]}" >/dev/null
+  per_call[$n]=$last
+done
+python3 - "${per_call[1]}" "${per_call[8]}" "${per_call[32]}" <<'PY'
+import sys
+xs, ys = [1, 8, 32], [int(v) for v in sys.argv[1:]]
+mx, my = sum(xs) / 3, sum(ys) / 3
+slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+fixed = my - slope * mx
+print(f"fast path at 1, 8, 32 a call: {', '.join(f'{y:,}' for y in ys)} instructions a call;")
+print(f"  a call by itself about {fixed:,.0f}, each decision about {slope:,.0f} "
+      f"(at 8 a call, the call's own share is {fixed / ys[1]:.0%})")
+PY
