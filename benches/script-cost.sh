@@ -14,7 +14,10 @@
 #   general      lua/lib.lua + fixed_window.lua + sliding_window.lua +
 #                gcra.lua + decide.lua (DECIDE_LUA), fixed-window limits
 #   fast path    lua/lib.lua + fixed_window.lua + decide_fixed.lua
-#                (DECIDE_FIXED_LUA): what fixed-window limits run
+#                (DECIDE_FIXED_LUA) in its compact form (0, limit, window,
+#                cost): what a batch of one limiter's requests sends
+#   spelled out  the same script and requests as one policy and one run:
+#                what a batch of several limiters' or costs' requests sends
 #   bare         INCRBY and PTTL per key and a reply of the same shape, with
 #                no validation, no healing, no settling: the cost of the Redis
 #                calls through Lua alone, a floor for any such script (its
@@ -52,8 +55,10 @@ for i in 1 2 3 4 5 6 7 8; do keys+=("k:__rand_int__:$i"); done
 # algorithm, limit, window_ms, burst, shadow.
 general=(8)
 # decide_fixed.lua: policies, one policy (limit, window_ms, shadow), then
-# runs, then the run: 8 requests, cost 1, 1 limit, policy 1.
-fast=(1 1000000000 3600000 0 1 8 1 1 1)
+# runs, then the run: 8 requests, cost 1, 1 limit, policy 1; or in the
+# compact form, 0, the limit, the window and the cost.
+spelled=(1 1000000000 3600000 0 1 8 1 1 1)
+fast=(0 1000000000 3600000 1)
 for _ in 1 2 3 4 5 6 7 8; do
   general+=(1 1 1 1000000000 3600000 0 0)
 done
@@ -84,22 +89,23 @@ measure() {
   wait "$pid" || true
   local total
   total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}')
-  printf '%-10s %9d instructions per call  %7d per decision\n' \
+  printf '%-11s %9d instructions per call  %7d per decision\n' \
     "$name" $((total / calls)) $((total / calls / decisions))
   last=$((total / calls))
 }
 
-# fast_args N: the fast path's KEYS and ARGV for a call of N decisions (one run).
+# fast_args N: the fast path's KEYS and ARGV for a call of N decisions (compact form).
 fast_args() {
   local n=$1 i
   fast_call=("$n")
   for i in $(seq "$n"); do fast_call+=("k:__rand_int__:$i"); done
-  fast_call+=(1 1000000000 3600000 0 1 "$n" 1 1 1)
+  fast_call+=(0 1000000000 3600000 1)
 }
 
 echo "redis-server instructions, $calls calls of 8 allowed decisions each ($(redis-server --version | awk '{print $3}'))"
 measure general "$work/general.lua" 8 8 "${keys[@]}" "${general[@]}"
 measure "fast path" "$work/fast.lua" 8 8 "${keys[@]}" "${fast[@]}"
+measure "spelled out" "$work/fast.lua" 8 8 "${keys[@]}" "${spelled[@]}"
 measure bare "$work/bare.lua" 8 8 "${keys[@]}" 1
 measure "return 1" "$work/return1.lua" 1 0
 

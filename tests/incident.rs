@@ -343,6 +343,114 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
     assert_eq!(exists, 0, "a rejected call wrote a key");
 }
 
+/// The fast path's compact form (one run of requests with one limit each:
+/// `0`, the limit, the window and the cost, then any carried keys) decides
+/// and replies as the same requests spelled out do, and checks its
+/// arguments before writing too.
+#[tokio::test]
+async fn the_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA);
+    let call = |keys: &[&str], argv: &[&str]| {
+        let mut call = script.prepare_invoke();
+        for k in keys {
+            call.key(*k);
+        }
+        call.arg(argv);
+        call
+    };
+    // Limit 5 a 10 s window, cost 2; a call of three requests, the second
+    // and third on one key: spelled out, compact, and compact with two keys
+    // carried (a cluster node's batch). Each on keys of its own, three calls
+    // in a row: spent, then partly denied (taken back), then denied.
+    let spelled = ["1", "5", "10000", "0", "1", "3", "2", "1", "1"];
+    let forms: [(&str, &[&str], bool); 3] = [
+        ("s", &spelled, false),
+        ("c", &["0", "5", "10000", "2"], false),
+        ("r", &["0", "5", "10000", "2"], true),
+    ];
+    let mut replies = Vec::new();
+    for (prefix, argv, carried) in forms {
+        let (a, b) = (format!("{prefix}:a"), format!("{prefix}:b"));
+        let keys = [a.as_str(), b.as_str(), b.as_str()];
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let reply: support::Reply = match carried {
+                false => call(&keys, argv).invoke_async(&mut conn).await.unwrap(),
+                true => {
+                    let argv = [argv, &keys[1..]].concat();
+                    call(&keys[..1], &argv)
+                        .invoke_async(&mut conn)
+                        .await
+                        .unwrap()
+                }
+            };
+            seen.push(reply.0);
+        }
+        let counts: (i64, i64) = (conn.get(&a).await.unwrap(), conn.get(&b).await.unwrap());
+        replies.push((prefix, seen, counts));
+    }
+    let (_, first, counts) = &replies[0];
+    // a: 3 left, 1 left, denied (1 left); b: 3 left then 1 left, then
+    // denied twice.
+    let remaining = |seen: &Vec<Vec<i64>>| -> Vec<i64> {
+        seen.iter()
+            .flat_map(|r| r.iter().step_by(2).copied())
+            .collect()
+    };
+    assert_eq!(remaining(first), [3, 3, 1, 1, -2, -2, -2, -2, -2]);
+    assert_eq!(*counts, (4, 4));
+    for (prefix, seen, theirs) in &replies[1..] {
+        assert_eq!(remaining(seen), remaining(first), "{prefix}: {seen:?}");
+        assert_eq!(theirs, counts, "{prefix}: the counters differ");
+        // The reset: a whole window for a fresh counter, else its TTL.
+        for (mine, spelled) in seen.iter().zip(first) {
+            for (m, s) in mine.iter().zip(spelled).skip(1).step_by(2) {
+                assert!((m - s).abs() < 1000 && *m <= 10_000, "{prefix}: {seen:?}");
+            }
+        }
+    }
+    server.assert_every_key_has_ttl().await;
+
+    // Each argument spoiled in turn, nothing else missing or extra: refused,
+    // and nothing written.
+    let good = ["0", "5", "1000", "1"];
+    let mut bad: Vec<Vec<&str>> = Vec::new();
+    for (i, spoiled) in [
+        (1, "0"),
+        (1, "x"),
+        (1, "1.5"),
+        (1, "05"),
+        (1, "-5"),
+        (2, "0"),
+        (2, "-1"),
+        (2, "1e3"),
+        (2, " 1000"),
+        (3, "0"),
+        (3, "x"),
+        (3, "+1"),
+        (3, "1 "),
+    ] {
+        let mut argv = good.to_vec();
+        argv[i] = spoiled;
+        bad.push(argv);
+    }
+    bad.push(good[..3].to_vec());
+    bad.push(good[..1].to_vec());
+    for argv in bad {
+        let r: redis::RedisResult<support::Reply> =
+            call(&["k"], &argv).invoke_async(&mut conn).await;
+        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
+    }
+    let r: redis::RedisResult<support::Reply> = call(&[], &good).invoke_async(&mut conn).await;
+    assert!(r.is_err(), "a call with no key accepted: {r:?}");
+    let exists: usize = conn.exists(&["k"]).await.unwrap();
+    assert_eq!(exists, 0, "a refused call wrote a key");
+    let ok: support::Reply = call(&["k"], &good).invoke_async(&mut conn).await.unwrap();
+    assert_eq!(ok.0, [4, 1000], "the good call");
+}
+
 /// The script validates its arguments before writing anything.
 #[tokio::test]
 async fn script_rejects_bad_arguments_without_writing() {

@@ -133,10 +133,9 @@ def designs():
     fast = lua_join("lib.lua", "fixed_window.lua", "decide_fixed.lua")
 
     def ours(n):
-        # decide_fixed.lua: policies (1), the policy (limit, window_ms,
-        # shadow), runs (1), then the run: n requests, cost 1, 1 limit,
-        # policy 1 (one limiter's batch, as RedisStore sends it).
-        tail = [1, LIMIT, WINDOW_MS, 0, 1, n, 1, 1, 1]
+        # decide_fixed.lua's compact form: 0, the limit, the window and the
+        # cost (one limiter's batch, as RedisStore sends it).
+        tail = [0, LIMIT, WINDOW_MS, 1]
         return lambda i, sha: command("EVALSHA", sha["ours"], n, *keys(i, n), *tail)
 
     def bare(n):

@@ -57,6 +57,16 @@ impl Call {
         self.script.is_some_and(|mine| std::ptr::eq(mine, script))
     }
 
+    /// The command's words after `EVALSHA` and the SHA1, as text (tests).
+    #[cfg(test)]
+    pub(super) fn words(&self) -> Vec<String> {
+        let arg = |a: redis::Arg<&[u8]>| match a {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => "<not a word>".into(),
+        };
+        self.cmd.args_iter().skip(2).map(arg).collect()
+    }
+
     /// Appends an argument (`ARGV[n]`).
     pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         self.cmd.arg(arg);

@@ -64,8 +64,10 @@ pub(in crate::store) fn general_invocation(
 /// The fixed-window fast path's call (see `lua/decide_fixed.lua`): the
 /// batch's distinct policies once, then its requests as runs of alike ones
 /// (the same cost and policies, as one limiter's requests are), each run
-/// sent once: a request of a run costs Redis one argument, its key. Its
-/// reply is read with [`Layout::Fixed`].
+/// sent once: a request of a run costs Redis one argument, its key. A batch
+/// that is one run of requests with one limit and a cost above 0 (nearly
+/// every batch) goes in the script's compact form instead: its limit, window
+/// and cost, and the keys. Its reply is read with [`Layout::Fixed`].
 fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
     let mut policies: Vec<(u64, u64, bool)> = Vec::new();
     let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
@@ -102,8 +104,17 @@ fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
         true => requests.first().map_or(0, |r| r.checks.len()),
         false => keys.len(),
     };
+    let compact = match (&runs[..], &policies[..]) {
+        ([(first, [_], _)], [(limit, window_ms, _)]) if requests[*first].cost > 0 => {
+            Some((*limit, *window_ms, requests[*first].cost))
+        }
+        _ => None,
+    };
     // Room for the rest: each number at most 20 digits, the carried keys.
-    let more = 2 + 3 * policies.len() + runs.iter().map(|r| 3 + r.1.len()).sum::<usize>();
+    let more = match compact {
+        Some(_) => 4,
+        None => 2 + 3 * policies.len() + runs.iter().map(|r| 3 + r.1.len()).sum::<usize>(),
+    };
     let carried = &keys[declared..];
     let carried_bytes: usize = carried.iter().map(|k| k.len()).sum();
     let mut call = Call::with_room(
@@ -112,15 +123,20 @@ fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
         more + carried.len(),
         20 * more + carried_bytes,
     );
-    call.arg(policies.len());
-    for (limit, window_ms, shadow) in policies {
-        call.arg(limit).arg(window_ms).arg(u8::from(shadow));
-    }
-    call.arg(runs.len());
-    for (first, numbers, len) in runs {
-        call.arg(len).arg(requests[first].cost).arg(numbers.len());
-        for number in numbers {
-            call.arg(*number);
+    if let Some((limit, window_ms, cost)) = compact {
+        // Whether the limit is a shadow's is the caller's to read.
+        call.arg(0).arg(limit).arg(window_ms).arg(cost);
+    } else {
+        call.arg(policies.len());
+        for (limit, window_ms, shadow) in policies {
+            call.arg(limit).arg(window_ms).arg(u8::from(shadow));
+        }
+        call.arg(runs.len());
+        for (first, numbers, len) in runs {
+            call.arg(len).arg(requests[first].cost).arg(numbers.len());
+            for number in numbers {
+                call.arg(*number);
+            }
         }
     }
     for key in carried {
@@ -338,6 +354,58 @@ mod tests {
         assert!(parse_batch(&longer, &requests, Layout::Fixed).is_err());
         // A negative reset is a bad reply, never a state.
         assert!(parse_batch(&[3, -1], &requests[..1], Layout::Fixed).is_err());
+    }
+
+    #[test]
+    fn one_run_of_lone_limits_goes_in_the_compact_form() {
+        let a = [check("a", "5/1s")];
+        let b = [check("b", "5/1s")];
+        let shadow = [LimitCheck {
+            shadow: true,
+            ..check("c", "5/1s")
+        }];
+        let other = [check("d", "9/1m")];
+        let two = [check("e", "5/1s"), check("f", "9/1m")];
+        let request = |checks, cost| Request { checks, cost };
+        let words = |requests: &[Request<'_>], spread| {
+            let call = fixed_invocation(requests, spread);
+            assert!(Layout::of(&call) == Layout::Fixed);
+            call.words()
+        };
+        // KEYS, then 0, the limit, the window and the cost.
+        let one_run = [request(&a, 2), request(&b, 2), request(&a, 2)];
+        assert_eq!(
+            words(&one_run, false),
+            ["3", "a", "b", "a", "0", "5", "1000", "2"]
+        );
+        // A cluster node's batch: the first key declared, the others carried.
+        assert_eq!(
+            words(&one_run, true),
+            ["1", "a", "0", "5", "1000", "2", "b", "a"]
+        );
+        // A shadow limit's requests alike: the caller reads their denials.
+        let shadows = [request(&shadow, 1), request(&shadow, 1)];
+        assert_eq!(
+            words(&shadows, false),
+            ["2", "c", "c", "0", "5", "1000", "1"]
+        );
+        // Anything else is spelled out: two costs, two policies, a look, two
+        // limits in one request.
+        let spelled = |requests: &[Request<'_>]| {
+            let w = words(requests, false);
+            w[1 + requests.iter().map(|r| r.checks.len()).sum::<usize>()] != "0"
+        };
+        assert!(spelled(&[request(&a, 1), request(&b, 2)]));
+        assert!(spelled(&[request(&a, 1), request(&other, 1)]));
+        assert!(spelled(&[request(&a, 1), request(&shadow, 1)]));
+        assert!(spelled(&[request(&a, 0)]));
+        assert!(spelled(&[request(&two, 1)]));
+        assert_eq!(
+            words(&[request(&a, 1), request(&b, 2)], false),
+            [
+                "2", "a", "b", "1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "2", "1", "1"
+            ]
+        );
     }
 
     #[test]
