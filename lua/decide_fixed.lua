@@ -42,8 +42,8 @@
 -- declared or carried, is one request. Whether the limit is a shadow's does
 -- not matter to a request of one limit (its caller reads the denial), so it
 -- is not sent. Against the same requests spelled out as one policy and one
--- run, this form saves Redis six arguments and their checks: 23,000 of
--- 170,000 instructions for a call of 8, 20,600 of 75,800 for a call of 1
+-- run, this form saves Redis six arguments and their checks: about 22,000
+-- of 172,000 instructions for a call of 8, 18,000 of 76,000 for a call of 1
 -- (benches/script-cost.sh). Its reply is the same.
 --
 -- Reply: one MessagePack array (cmsgpack.pack), flat, request by request.
