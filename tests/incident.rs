@@ -257,14 +257,7 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
     let script = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA);
     // ARGV: policies, then per policy: limit, window_ms, shadow; then runs,
     // then per run: requests, cost, limits, then a policy per limit.
-    let call = |keys: &[&str], argv: &[&str]| {
-        let mut call = script.prepare_invoke();
-        for k in keys {
-            call.key(*k);
-        }
-        call.arg(argv);
-        call
-    };
+    let call = |keys: &[&str], argv: &[&str]| support::invocation(&script, keys, argv);
     // Two requests as one run, then as two runs of one, then with the
     // second key carried after the runs (a cluster node's batch): the same
     // reply.
@@ -332,15 +325,9 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
     // Counts that do not match: a missing argument, an extra one.
     bad.push(good[..good.len() - 1].to_vec());
     bad.push([&good[..], &["1"]].concat());
-    for argv in bad {
-        let r: redis::RedisResult<support::Reply> =
-            call(&["k", "k2"], &argv).invoke_async(&mut conn).await;
-        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
-    }
-    let r: redis::RedisResult<support::Reply> = call(&["k"], &good).invoke_async(&mut conn).await;
-    assert!(r.is_err(), "a missing key accepted: {r:?}");
-    let exists: usize = conn.exists(&["k", "k2"]).await.unwrap();
-    assert_eq!(exists, 0, "a rejected call wrote a key");
+    support::assert_refused(&mut conn, &script, &["k", "k2"], &bad).await;
+    // A missing key.
+    support::assert_refused(&mut conn, &script, &["k"], &[good.to_vec()]).await;
 }
 
 /// The fast path's compact form (one run of requests with one limit each:
@@ -352,14 +339,7 @@ async fn the_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
     let script = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA);
-    let call = |keys: &[&str], argv: &[&str]| {
-        let mut call = script.prepare_invoke();
-        for k in keys {
-            call.key(*k);
-        }
-        call.arg(argv);
-        call
-    };
+    let call = |keys: &[&str], argv: &[&str]| support::invocation(&script, keys, argv);
     // Limit 5 a 10 s window, cost 2; a call of three requests, the second
     // and third on one key: spelled out, compact, and compact with two keys
     // carried (a cluster node's batch). Each on keys of its own, three calls
@@ -438,15 +418,9 @@ async fn the_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     }
     bad.push(good[..3].to_vec());
     bad.push(good[..1].to_vec());
-    for argv in bad {
-        let r: redis::RedisResult<support::Reply> =
-            call(&["k"], &argv).invoke_async(&mut conn).await;
-        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
-    }
-    let r: redis::RedisResult<support::Reply> = call(&[], &good).invoke_async(&mut conn).await;
-    assert!(r.is_err(), "a call with no key accepted: {r:?}");
-    let exists: usize = conn.exists(&["k"]).await.unwrap();
-    assert_eq!(exists, 0, "a refused call wrote a key");
+    support::assert_refused(&mut conn, &script, &["k"], &bad).await;
+    // No key at all.
+    support::assert_refused(&mut conn, &script, &[], &[good.to_vec()]).await;
     let ok: support::Reply = call(&["k"], &good).invoke_async(&mut conn).await.unwrap();
     assert_eq!(ok.0, [4, 1000], "the good call");
 }

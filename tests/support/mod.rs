@@ -54,6 +54,44 @@ impl redis::FromRedisValue for Reply {
     }
 }
 
+/// A script's invocation on `keys` with `argv`, for tests that call a
+/// script directly.
+pub fn invocation<'a>(
+    script: &'a redis::Script,
+    keys: &[&str],
+    argv: &[&str],
+) -> redis::ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    for k in keys {
+        call.key(*k);
+    }
+    call.arg(argv);
+    call
+}
+
+/// Calls `script` with each of `bad` (its `ARGV`) on `keys`: every call must
+/// be refused, and write no key (none of `keys` exists, and the number of
+/// keys is as it was).
+pub async fn assert_refused(
+    conn: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    keys: &[&str],
+    bad: &[Vec<&str>],
+) {
+    let dbsize = || redis::cmd("DBSIZE");
+    let before: usize = dbsize().query_async(conn).await.unwrap();
+    for argv in bad {
+        let r: redis::RedisResult<Reply> = invocation(script, keys, argv).invoke_async(conn).await;
+        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
+    }
+    for key in keys {
+        let exists: bool = redis::AsyncCommands::exists(conn, *key).await.unwrap();
+        assert!(!exists, "a refused call wrote {key}");
+    }
+    let after: usize = dbsize().query_async(conn).await.unwrap();
+    assert_eq!(after, before, "a refused call wrote a key");
+}
+
 /// The store timeout of the harness's limiters. Tests run in parallel on a
 /// loaded machine (2 cores in CI), where the 200 ms default would test the
 /// machine rather than the code; tests about timeouts set their own.
