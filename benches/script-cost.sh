@@ -44,7 +44,7 @@ done
 
 join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
 # As store/scripts.rs's DECIDE_LUA: decide.lua after `local peek = false`.
-{ join lib.lua fixed_window.lua sliding_window.lua gcra.lua; echo 'local peek = false'; join decide.lua; } >"$work/general.lua"
+{ join lib.lua; echo 'local corruption, read_string, int = value_helpers()'; join fixed_window.lua sliding_window.lua gcra.lua; echo 'local peek = false'; join decide.lua; } >"$work/general.lua"
 join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
 cp "$root/benches/bare.lua" "$work/bare.lua"
 echo 'return 1' >"$work/return1.lua"

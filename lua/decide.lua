@@ -104,7 +104,7 @@ local function clock()
     now_ms = math.floor(now_us / 1000)
   end
 end
-local fixed_window = fixed_window_module()
+local fixed_window = fixed_window_module(corruption)
 local modules = { fixed_window, sliding_window, gcra }
 
 -- Decides one request, appending its reply.

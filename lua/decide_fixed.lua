@@ -182,14 +182,14 @@ for _ = 1, runs do
       local k = key_of[i]
       local total = rpcall('INCRBY', k, cost_s)
       if type(total) ~= 'number' or total < cost then
-        fw = fw or fixed_window_module()
+        fw = fw or fixed_window_module((value_helpers()))
         total = fw.respend(k, total, cost_s)
       end
       local ttl = win -- a counter the spend created: a whole window
       if total ~= cost then
         ttl = rcall('PTTL', k)
         if ttl < 0 or ttl > win then
-          fw = fw or fixed_window_module()
+          fw = fw or fixed_window_module((value_helpers()))
           ttl = fw.heal(k, ttl, win, win_s)
         end
       end
@@ -216,7 +216,7 @@ for _ = 1, runs do
   else
     -- Any other run (several limits, or a cost of 0 that only looks):
     -- each request all or nothing across its limits.
-    fw = fw or fixed_window_module()
+    fw = fw or fixed_window_module((value_helpers()))
     before, ttls, fresh = before or {}, ttls or {}, fresh or {}
     local first_policy = arg + 3
     for _ = 1, count do

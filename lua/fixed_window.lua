@@ -35,13 +35,14 @@
 -- %.17g, exact for every integer up to 2^53) or as the caller's decimal
 -- strings, which spares that formatting: `window_arg` and `cost_arg` below.
 --
--- The module is built by calling fixed_window_module(), which returns its
--- table: a script builds it only when it needs it. Each function defined is
--- a closure that Redis's Lua creates, and collects, at every call of the
+-- The module is built by calling fixed_window_module(corruption), which
+-- returns its table (corruption is lib.lua's, from value_helpers()): a
+-- script builds it only when it needs it. Each function defined is a
+-- closure that Redis's Lua creates, and collects, at every call of the
 -- script, about 1,300 instructions of Redis's each (callgrind); the fast
 -- path (decide_fixed.lua) decides its common requests without it.
 
-local function fixed_window_module()
+local function fixed_window_module(corruption)
   local fixed_window = {}
 
   -- The window left at key, healing a missing or over-long TTL.

@@ -31,44 +31,56 @@ local function whole(v, min)
   return n
 end
 
--- Takes an error reply of redis.pcall: returns if it is the one error a
--- script expects, a value that is corrupt (of the wrong type, not an integer,
--- or out of an integer's range), and raises it otherwise. Every other error
--- (OOM, READONLY, MISCONF, BUSY, NOPERM...) reaches the caller as the error
--- it is: it says nothing about the value, so nothing is repaired for it.
--- Redis refuses a write only while a script has written nothing, so a refused
--- write raised here leaves every key as it was.
-local function corruption(reply)
-  local err = reply.err
-  local corrupt = { -- built here, on this rare path, not at every call
-    'WRONGTYPE ',
-    'ERR value is not an integer',
-    'ERR increment or decrement would overflow',
-  }
-  for _, prefix in ipairs(corrupt) do
-    if string.sub(err, 1, #prefix) == prefix then
-      return
+-- The helpers for stored values: corruption, read_string and int, built
+-- by a call, value_helpers(), which returns the three. Redis runs a whole
+-- script at every call and makes every closure it defines each time, about
+-- 1,250 instructions of Redis's each (benches/script-cost.sh); the
+-- fixed-window fast path and the concurrency scripts need none of these on
+-- their common path, so they pay for one closure, this one, not three.
+-- Scripts that use them throughout build them once at the top
+-- (store/scripts.rs: `local corruption, read_string, int = value_helpers()`).
+local function value_helpers()
+  -- Takes an error reply of redis.pcall: returns if it is the one error a
+  -- script expects, a value that is corrupt (of the wrong type, not an integer,
+  -- or out of an integer's range), and raises it otherwise. Every other error
+  -- (OOM, READONLY, MISCONF, BUSY, NOPERM...) reaches the caller as the error
+  -- it is: it says nothing about the value, so nothing is repaired for it.
+  -- Redis refuses a write only while a script has written nothing, so a refused
+  -- write raised here leaves every key as it was.
+  local function corruption(reply)
+    local err = reply.err
+    local corrupt = { -- built here, on this rare path, not at every call
+      'WRONGTYPE ',
+      'ERR value is not an integer',
+      'ERR increment or decrement would overflow',
+    }
+    for _, prefix in ipairs(corrupt) do
+      if string.sub(err, 1, #prefix) == prefix then
+        return
+      end
     end
+    error(reply)
   end
-  error(reply)
-end
 
--- The string stored at key (GET), or nil when there is none. A value of the
--- wrong type is corrupt: it is deleted and reads as nil, rather than wedging
--- the key. Any other error is raised (see corruption). The caller parses the
--- string, and deletes it if it is not what it wrote.
-local function read_string(key)
-  local raw = redis.pcall('GET', key)
-  if type(raw) == 'table' then
-    corruption(raw)
-    redis.call('DEL', key)
-    return nil
+  -- The string stored at key (GET), or nil when there is none. A value of the
+  -- wrong type is corrupt: it is deleted and reads as nil, rather than wedging
+  -- the key. Any other error is raised (see corruption). The caller parses the
+  -- string, and deletes it if it is not what it wrote.
+  local function read_string(key)
+    local raw = redis.pcall('GET', key)
+    if type(raw) == 'table' then
+      corruption(raw)
+      redis.call('DEL', key)
+      return nil
+    end
+    return raw or nil
   end
-  return raw or nil
-end
 
--- An integer argument for redis.call, as a string: how Redis formats a Lua
--- number is version-dependent (%.14g loses digits above 10^14).
-local function int(n)
-  return string.format('%d', n)
+  -- An integer argument for redis.call, as a string: how Redis formats a Lua
+  -- number is version-dependent (%.14g loses digits above 10^14).
+  local function int(n)
+    return string.format('%d', n)
+  end
+
+  return corruption, read_string, int
 end

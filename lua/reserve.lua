@@ -39,7 +39,7 @@ if #KEYS ~= 1 or #ARGV ~= 4 or not limit or not window or not need or not want o
 end
 
 -- The count and window left, healing a corrupt value or a missing TTL.
-local count, ttl = fixed_window_module().look(KEYS[1], window, ARGV[2])
+local count, ttl = fixed_window_module((value_helpers())).look(KEYS[1], window, ARGV[2])
 local left = limit - count
 if left < need then
   return {0, math.max(0, left), ttl}

@@ -55,7 +55,8 @@ macro_rules! after_the_algorithms {
     ($($tail:expr),+ $(,)?) => {
         concat!(
             include_str!("../../lua/lib.lua"),
-            "\n",
+            // The value helpers, which these scripts use throughout.
+            "\nlocal corruption, read_string, int = value_helpers()\n",
             include_str!("../../lua/fixed_window.lua"),
             "\n",
             include_str!("../../lua/sliding_window.lua"),
