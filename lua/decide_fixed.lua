@@ -42,9 +42,9 @@
 -- declared or carried, is one request. Whether the limit is a shadow's does
 -- not matter to a request of one limit (its caller reads the denial), so it
 -- is not sent. Against the same requests spelled out as one policy and one
--- run, this form saves Redis six arguments and their checks: about 22,000
--- of 172,000 instructions for a call of 8, 18,000 of 76,000 for a call of 1
--- (benches/script-cost.sh). Its reply is the same.
+-- run, this form saves Redis five arguments (four, not nine) and their
+-- checks: about 22,000 of 172,000 instructions for a call of 8, 18,000 of
+-- 76,000 for a call of 1 (benches/script-cost.sh). Its reply is the same.
 --
 -- Reply: one MessagePack array (cmsgpack.pack), flat, request by request.
 -- A request of a run with one limit and a cost above 0 (nearly every
@@ -84,7 +84,8 @@ local rcall, rpcall = redis.call, redis.pcall
 local compact = ARGV[1] == '0'
 -- The compact form's limit and window.
 local c_limit, c_window
--- The other form's policies and runs (nil in the compact form).
+-- The other form's policies (nil in the compact form), and the number of
+-- runs (the compact form's is 1).
 local policies, limit, window, window_s, shadow, first, runs
 local arg, keys -- the ARGV index after the runs, the number of keys
 if compact then
@@ -161,7 +162,7 @@ local key = 0 -- KEYS index before the request being decided
 local fw
 local before, ttls, fresh
 
-arg = first and first + 1
+arg = first and first + 1 -- the first run's arguments (none in the compact form)
 for _ = 1, runs do
   -- The run: its requests, cost and number of limits, and the first
   -- limit's policy; the compact form's one run is every key.
