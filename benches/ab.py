@@ -22,14 +22,22 @@ the summary sets each build's server CPU over plain beside the floor's: the
 issue-19 target "server CPU per request over plain <= the floor's" in real
 CPU time, kernel and scheduling included, which callgrind's instruction
 counts (server-cost.sh) leave out. Every cell also prints the server's
-context switches per request (every thread's, voluntary or not, from /proc).
+context switches per request (every thread's, voluntary or not, from /proc)
+and how much of its CPU time was the kernel's (system time, from /proc).
+With --syscalls, it prints too the server's syscalls per request, and of
+them the `epoll_wait` and `futex` calls by which its Tokio workers sleep and
+wake each other (`perf stat` on kernel tracepoints, during the measured run).
 
 Needs git, cargo, wrk (apt-get install -y wrk) and python3; redis-server
 for --redis; for --floor, the peers built (cargo build --release in
-benches/peers).
+benches/peers); for --syscalls, perf (apt-get install -y linux-perf) with
+access to tracepoints (root).
+
+    python3 benches/ab.py HEAD --redis --floor --syscalls --rounds 3
 """
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -63,10 +71,11 @@ def build(rev, target):
 FLOOR = os.path.join(ROOT, "benches", "peers", "target", "release", "redis-floor")
 
 
-def cell(binary, workload, limited, seconds, log, redis=None):
+def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False):
     """One server under the workload: req/s, and per request the server's
-    CPU µs, Redis's CPU µs (given `redis`) and the server's context
-    switches."""
+    CPU µs, Redis's CPU µs (given `redis`), the server's context switches,
+    its system CPU µs, and (with `syscalls`) its syscalls, `epoll_wait`s and
+    `futex`es (else None for each)."""
     env = {"RATE_LIMIT": workload.quota if limited else "off",
            "RATE_LIMIT_KEY": workload.key}
     if redis:
@@ -77,14 +86,19 @@ def cell(binary, workload, limited, seconds, log, redis=None):
             sys.exit(f"ab.py: {os.path.basename(binary)}: {problem}")
         url = f"http://127.0.0.1:{port}/"
         wrk.run(url, 1, 32, script=workload.script)
-        before, switches = procs.cpu_seconds(pid), procs.context_switches(pid)
-        redis_before = procs.cpu_seconds(redis.proc.pid) if redis else 0.0
-        result = wrk.run(url, seconds, 32, script=workload.script)
-        cpu = procs.cpu_seconds(pid) - before
-        switches = procs.context_switches(pid) - switches
-        redis_cpu = procs.cpu_seconds(redis.proc.pid) - redis_before if redis else 0.0
-    per = 1e6 / result["requests"]
-    return result["rps"], cpu * per, redis_cpu * per, switches / result["requests"]
+        counting = procs.syscall_counts(pid) if syscalls else contextlib.nullcontext({})
+        with counting as counts:
+            (user, system), switches = procs.cpu_split(pid), procs.context_switches(pid)
+            redis_before = procs.cpu_seconds(redis.proc.pid) if redis else 0.0
+            result = wrk.run(url, seconds, 32, script=workload.script)
+            user2, system2 = procs.cpu_split(pid)
+            switches = procs.context_switches(pid) - switches
+            redis_cpu = procs.cpu_seconds(redis.proc.pid) - redis_before if redis else 0.0
+    n = result["requests"]
+    per = 1e6 / n
+    cpu, system = (user2 - user + system2 - system) * per, (system2 - system) * per
+    calls = [counts[k] / n if counts else None for k in ("syscalls", "epoll_wait", "futex")]
+    return result["rps"], cpu, redis_cpu * per, switches / n, system, *calls
 
 
 def main():
@@ -97,8 +111,11 @@ def main():
                    help="the limited cells on a redis-server of the run's own")
     p.add_argument("--floor", action="store_true",
                    help="with --redis: a cell of the PING floor every round")
+    p.add_argument("--syscalls", action="store_true",
+                   help="count the server's syscalls with perf stat")
     args = p.parse_args()
-    procs.require("git", "cargo", "wrk", *(["redis-server"] if args.redis else []))
+    procs.require("git", "cargo", "wrk", *(["redis-server"] if args.redis else []),
+                  *(["perf"] if args.syscalls else []))
     if args.floor and not (args.redis and os.access(FLOOR, os.X_OK)):
         sys.exit(f"ab.py: --floor needs --redis and {FLOOR} "
                  "(cargo build --release in benches/peers)")
@@ -115,13 +132,15 @@ def main():
     rows = {name: [] for name in [plain, *cells]}
     try:
         for r in range(args.rounds):
-            base = cell(builds[args.revs[-1]], workload, False, args.seconds, log)
-            rows[plain].append((base[0], 1.0, base[1], 0.0, base[3]))
+            base = cell(builds[args.revs[-1]], workload, False, args.seconds, log,
+                        syscalls=args.syscalls)
+            rows[plain].append((base[0], 1.0, *base[1:]))
             for name in random.sample(list(cells), len(cells)):
                 binary, limited, with_redis = cells[name]
-                rps, cpu, redis_cpu, switches = cell(binary, workload, limited, args.seconds,
-                                                     log, with_redis)
-                rows[name].append((rps, rps / base[0], cpu, redis_cpu, switches))
+                got = cell(binary, workload, limited, args.seconds, log, with_redis,
+                           args.syscalls)
+                rps, cpu, redis_cpu, switches = got[:4]
+                rows[name].append((rps, rps / base[0], *got[1:]))
                 print(f"round {r + 1}: {name:12s} {rps:9.0f} req/s, {rps / base[0]:.2f}x, "
                       f"server {cpu:.2f} µs/req (plain {base[1]:.2f}), Redis {redis_cpu:.2f} "
                       f"µs/req, {switches:.2f} context switches/req", file=sys.stderr)
@@ -132,11 +151,15 @@ def main():
           f"{args.seconds} s, medians:")
     medians = {}
     for name, rounds in rows.items():
-        medians[name] = [statistics.median(c[i] for c in rounds) for i in range(5)]
-        rps, ratio, cpu, redis_cpu, switches = medians[name]
+        medians[name] = [statistics.median(c[i] for c in rounds) for i in range(6)]
+        rps, ratio, cpu, redis_cpu, switches, system = medians[name]
         more = f", Redis {redis_cpu:.2f} µs/req" if redis and name != plain else ""
-        print(f"  {name:12s} {rps:9.0f} req/s  {ratio:.2f}x  server {cpu:.2f} µs/req{more}, "
-              f"{switches:.2f} context switches/req")
+        print(f"  {name:12s} {rps:9.0f} req/s  {ratio:.2f}x  server {cpu:.2f} µs/req "
+              f"({system:.2f} system){more}, {switches:.2f} context switches/req")
+        if args.syscalls:
+            calls, epoll, futex = (statistics.median(c[i] for c in rounds) for i in (6, 7, 8))
+            print(f"  {'':12s} {calls:.2f} syscalls/req: {epoll:.3f} epoll_wait, "
+                  f"{futex:.3f} futex")
     if args.floor:
         # Each round's cell minus that round's plain cell, then the median.
         print("server CPU per request over plain (median of the rounds' differences):")

@@ -9,6 +9,7 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -188,10 +189,59 @@ def terminate(proc, grace=10):
 
 def cpu_seconds(pid):
     """User + system CPU time of a running process, all its threads."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid):
+    """(user, system) CPU seconds of a running process, all its threads. The
+    kernel splits a thread's run time between the two by sampling at each
+    clock tick, so over a few seconds the split is close, not exact."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 of stat(5); fields[0] is field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+# The kernel tracepoints `syscall_counts` reads: every syscall, and the two
+# by which a Tokio worker goes to sleep or wakes another.
+SYSCALL_EVENTS = {
+    "raw_syscalls:sys_enter": "syscalls",
+    "syscalls:sys_enter_epoll_wait": "epoll_wait",
+    "syscalls:sys_enter_futex": "futex",
+}
+
+
+@contextmanager
+def syscall_counts(pid):
+    """Counts a running process's syscalls (all its threads) while the block
+    runs, with `perf stat` on kernel tracepoints (needs perf, and root or
+    kernel.perf_event_paranoid at -1). Yields a dict that is filled on the
+    way out: "syscalls", "epoll_wait" and "futex". A tracepoint perf cannot
+    read is a loud failure, never a count of 0."""
+    with tempfile.NamedTemporaryFile("r", suffix=".perf") as out:
+        proc = subprocess.Popen(
+            ["perf", "stat", "-x,", "-o", out.name, "-e", ",".join(SYSCALL_EVENTS),
+             "-p", str(pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.1)  # attached before the block's work starts
+        if proc.poll() is not None:
+            sys.exit(f"perf stat failed: {proc.stderr.read().decode().strip()}")
+        counts = {}
+        try:
+            yield counts
+        finally:
+            proc.send_signal(signal.SIGINT)  # perf prints its counts and exits
+            proc.wait()
+        for line in out.read().splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and fields[2] in SYSCALL_EVENTS:
+                if not fields[0].isdigit():
+                    sys.exit(f"perf stat cannot count {fields[2]}: {fields[0]}")
+                counts[SYSCALL_EVENTS[fields[2]]] = int(fields[0])
+        missing = set(SYSCALL_EVENTS.values()) - set(counts)
+        if missing:
+            sys.exit(f"perf stat gave no count for {', '.join(sorted(missing))}")
 
 
 def context_switches(pid):
