@@ -54,6 +54,13 @@ impl Entry {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Packed<const N: usize>([u64; N]);
 
+/// A free slot's filler: never read as an entry.
+impl<const N: usize> Default for Packed<N> {
+    fn default() -> Self {
+        Self([0; N])
+    }
+}
+
 impl<const N: usize> Packed<N> {
     pub(super) fn expires_ms(&self) -> u64 {
         self.0[0]

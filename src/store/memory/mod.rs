@@ -322,8 +322,8 @@ fn refused(retry_ms: u64) -> Checked {
 }
 
 /// [`Counters::check`] in one algorithm's table.
-fn check_in<const N: usize, A>(
-    table: &mut Table<Packed<N>, A>,
+fn check_in<const N: usize, const K: usize>(
+    table: &mut Table<Packed<N>, K>,
     id: KeyId,
     quota: Quota,
     cost: u64,

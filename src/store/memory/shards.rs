@@ -19,7 +19,7 @@
 
 use super::{
     algorithms::{Now, Packed},
-    ids::{KeyId, Line32, Line64, Table},
+    ids::{KeyId, Table},
 };
 
 /// The most keys a shard holds: 3/4 of the 4,096-bucket table that holds
@@ -40,9 +40,9 @@ const WARN_GAP_MS: u64 = 10_000;
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     /// Fixed-window and GCRA keys: 32-byte slots, two to a cache line.
-    pub(super) short: Table<Packed<2>, Line32>,
-    /// Sliding-window keys: 64-byte slots.
-    pub(super) long: Table<Packed<4>, Line64>,
+    pub(super) short: Table<Packed<2>, 2>,
+    /// Sliding-window keys: 48-byte slots, one to a cache line.
+    pub(super) long: Table<Packed<4>, 1>,
     /// No entry held expires before this (ms): exact after a sweep, lowered
     /// by every new key. An entry whose expiry is shortened in place (an
     /// over-long window healed) may end sooner; the cursor reclaims it.
