@@ -126,8 +126,8 @@ impl<T: Copy + Default, const K: usize> Table<T, K> {
         true
     }
 
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
-        self.reclaim(0, self.slots(), |e| keep(e));
+    pub(super) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.reclaim(0, self.slots(), keep);
     }
 
     /// Removes the entries that `keep` rejects among slots `from..`, at
