@@ -24,6 +24,13 @@ CPU time, kernel and scheduling included, which callgrind's instruction
 counts (server-cost.sh) leave out. Every cell also prints the server's
 context switches per request (every thread's, voluntary or not, from /proc)
 and how much of its CPU time was the kernel's (system time, from /proc).
+With --headers-floor, each round also runs benches/peers' headers-floor
+(axum whose handler reads the key and writes the draft's `RateLimit` and
+`RateLimit-Policy`, with the workload's quota, and limits nothing): what
+any limiter that keeps our documented headers pays at least, the floor of
+the issue-19 target "memory store >= 0.95x". It needs a workload whose
+requests are all allowed (it never answers 429), and its CPU over plain is
+printed beside each build's.
 With --syscalls, it prints too the server's syscalls per request, and of
 them the `epoll_wait` and `futex` calls by which its Tokio workers sleep and
 wake each other (`perf stat` on kernel tracepoints, during the measured run).
@@ -34,6 +41,7 @@ benches/peers); for --syscalls, perf (apt-get install -y linux-perf) with
 access to tracepoints (root).
 
     python3 benches/ab.py HEAD --redis --floor --syscalls --rounds 3
+    python3 benches/ab.py HEAD --headers-floor --workload 100k --rounds 10
 """
 
 import argparse
@@ -68,7 +76,13 @@ def build(rev, target):
     return binary
 
 
-FLOOR = os.path.join(ROOT, "benches", "peers", "target", "release", "redis-floor")
+PEERS = os.path.join(ROOT, "benches", "peers", "target", "release")
+FLOOR = os.path.join(PEERS, "redis-floor")
+HEADERS_FLOOR = os.path.join(PEERS, "headers-floor")
+# A cell's `limited`: the workload's quota and key, and the warm-up's probe
+# expects the limiter's answers; or FLOOR_OF_HEADERS: the quota and key, but
+# the probe expects what an unlimited server answers (the headers floor).
+FLOOR_OF_HEADERS = "headers"
 
 
 def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False):
@@ -81,7 +95,7 @@ def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False):
     if redis:
         env["REDIS_URL"] = redis.url
     with procs.serving(binary, env, log) as (port, _, pid):
-        problem = procs.prepare(port, workload, limited)
+        problem = procs.prepare(port, workload, limited is True)
         if problem:
             sys.exit(f"ab.py: {os.path.basename(binary)}: {problem}")
         url = f"http://127.0.0.1:{port}/"
@@ -111,6 +125,8 @@ def main():
                    help="the limited cells on a redis-server of the run's own")
     p.add_argument("--floor", action="store_true",
                    help="with --redis: a cell of the PING floor every round")
+    p.add_argument("--headers-floor", action="store_true",
+                   help="a cell of the headers floor every round (an all-allowed workload)")
     p.add_argument("--syscalls", action="store_true",
                    help="count the server's syscalls with perf stat")
     args = p.parse_args()
@@ -119,16 +135,24 @@ def main():
     if args.floor and not (args.redis and os.access(FLOOR, os.X_OK)):
         sys.exit(f"ab.py: --floor needs --redis and {FLOOR} "
                  "(cargo build --release in benches/peers)")
+    if args.headers_floor and not os.access(HEADERS_FLOOR, os.X_OK):
+        sys.exit(f"ab.py: --headers-floor needs {HEADERS_FLOOR} "
+                 "(cargo build --release in benches/peers)")
     workload = next(w for w in catalog.WORKLOADS if args.workload in w.name)
+    if args.headers_floor and workload.spend:
+        sys.exit(f"ab.py: --headers-floor needs a workload whose requests are all allowed; "
+                 f"{workload.name!r} spends its keys first (the floor never answers 429)")
     target = os.path.join(ROOT, "target", "ab")
     builds = {rev: build(rev, target) for rev in args.revs}
     log = os.path.join(target, "server.log")
     redis = procs.Redis() if args.redis else None
-    plain, floor = "plain axum", "floor"
+    plain, floor, headers_floor = "plain axum", "floor", "headers floor"
     # Per round: (binary, limited, with Redis), in a shuffled order.
     cells = {rev: (binary, True, redis) for rev, binary in builds.items()}
     if args.floor:
         cells[floor] = (FLOOR, False, redis)
+    if args.headers_floor:
+        cells[headers_floor] = (HEADERS_FLOOR, FLOOR_OF_HEADERS, None)
     rows = {name: [] for name in [plain, *cells]}
     try:
         for r in range(args.rounds):
@@ -160,7 +184,7 @@ def main():
             calls, epoll, futex = (statistics.median(c[i] for c in rounds) for i in (6, 7, 8))
             print(f"  {'':12s} {calls:.2f} syscalls/req: {epoll:.3f} epoll_wait, "
                   f"{futex:.3f} futex")
-    if args.floor:
+    if args.floor or args.headers_floor:
         # Each round's cell minus that round's plain cell, then the median.
         print("server CPU per request over plain (median of the rounds' differences):")
         for name in cells:
