@@ -73,6 +73,11 @@ What it measures
                 DECIDE_FIXED_LUA), with N = 8 decisions per EVALSHA (what
                 RedisStore's batches reach under load), 32, 50 (near the most one
                 batch holds, store/batch.rs MAX_BATCH) and 1
+   function xN  ours as a Redis 7 function library (FUNCTION LOAD, then
+                FCALL decide_fixed), N = 8 and 1: lib.lua and fixed_window.lua
+                run once, at load, and a policy's limit and window are parsed
+                once per load, not per call (harness/designs.py as_function).
+                Not what RedisStore sends: docs/performance-notes.md says why
    bare x8      INCRBY + PTTL per key through Lua and the packed reply, nothing
                 else (benches/bare.lua): a floor for any such script.
                 It sets no TTL, so its counters are created with one

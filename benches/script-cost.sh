@@ -28,6 +28,17 @@
 # costs by itself and each decision in it (a line through the three
 # points): the share a batch's size spreads, and the share it cannot.
 #
+# Last, the fast path as a Redis 7 function (FUNCTION LOAD, then FCALL), at
+# 1 and 8 decisions a call: what a function library would save Redis. Not
+# what the store sends (it sends EVALSHA; docs/performance-notes.md says why):
+#   function        the same code, run as a function: lib.lua's and
+#                   fixed_window.lua's closures made once, at load, and no
+#                   script looked up by its SHA1; lib.lua's `parsed` emptied
+#                   at every call, as a script's is
+#   function, kept  the same with `parsed` kept from call to call, so a
+#                   policy's limit and window are parsed and checked once
+#                   per load, not once per call
+#
 # Needs redis-server, redis-cli, redis-benchmark and valgrind
 # (apt-get install -y redis-server redis-tools valgrind).
 set -euo pipefail
@@ -48,6 +59,18 @@ join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
 join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
 cp "$root/benches/bare.lua" "$work/bare.lua"
 echo 'return 1' >"$work/return1.lua"
+# The fast path as a function library: decide_fixed.lua's body is the
+# function's, with KEYS and ARGV its arguments.
+as_function() {
+  echo '#!lua name=script_cost'
+  join lib.lua fixed_window.lua
+  echo "redis.register_function('decide_fixed', function(KEYS, ARGV)"
+  echo "$1"
+  join decide_fixed.lua
+  echo 'end)'
+}
+as_function "parsed = { ['0'] = 0, ['1'] = 1 }" >"$work/function.fn.lua"
+as_function '' >"$work/kept.fn.lua"
 
 keys=()
 for i in 1 2 3 4 5 6 7 8; do keys+=("k:__rand_int__:$i"); done
@@ -70,20 +93,27 @@ free_port() { PYTHONPATH="$root/benches" python3 -c 'from harness.procs import f
 measure() {
   local name=$1 file=$2 decisions=$3
   shift 3
-  local port out pid sha
+  local port out pid sha=
   port=$(free_port)
   out=$work/$name.callgrind
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
     redis-server --port "$port" --save '' --appendonly no >"$work/$name.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
-  sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$file")")
-  redis-benchmark -p "$port" -n 2000 -c 4 -r 100 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
+  local run=(EVALSHA)
+  if [[ $file == *.fn.lua ]]; then
+    redis-cli -p "$port" -x FUNCTION LOAD REPLACE <"$file" >/dev/null
+    run=(FCALL decide_fixed)
+  else
+    sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$file")")
+    run+=("$sha")
+  fi
+  redis-benchmark -p "$port" -n 2000 -c 4 -r 100 -q "${run[@]}" "$@" >/dev/null 2>&1
   # Every counter gets a TTL, as ours have: bare.lua sets none, and a key
   # with no TTL costs Redis less to find (no lookup in its expiry table).
   redis-cli -p "$port" EVAL "for _, k in ipairs(redis.call('KEYS', 'k:*')) do redis.call('PEXPIRE', k, 3600000) end" 0 >/dev/null
   callgrind_control -i on "$pid" >/dev/null 2>&1
-  redis-benchmark -p "$port" -n "$calls" -c 4 -r 100 -q EVALSHA "$sha" "$@" >/dev/null 2>&1
+  redis-benchmark -p "$port" -n "$calls" -c 4 -r 100 -q "${run[@]}" "$@" >/dev/null 2>&1
   callgrind_control -i off "$pid" >/dev/null 2>&1
   redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
   wait "$pid" || true
@@ -127,3 +157,16 @@ print(f"fast path at 1, 8, 32 a call: {', '.join(f'{y:,}' for y in ys)} instruct
 print(f"  a call by itself about {fixed:,.0f}, each decision about {slope:,.0f} "
       f"(at 8 a call, the call's own share is {fixed / ys[1]:.0%})")
 PY
+
+# The fast path as a function, beside the script, at 1 and 8 a call.
+for n in 1 8; do
+  fast_args "$n"
+  measure "fast, $n" "$work/fast.lua" "$n" "${fast_call[@]}" >/dev/null
+  script=$last
+  measure "fn, $n" "$work/function.fn.lua" "$n" "${fast_call[@]}" >/dev/null
+  function=$last
+  measure "kept, $n" "$work/kept.fn.lua" "$n" "${fast_call[@]}" >/dev/null
+  printf 'fast path, %2d a call: script %7d, function %7d (%+.1f%%), function with parsed kept %7d (%+.1f%%)\n' \
+    "$n" "$script" "$function" "$(python3 -c "print(100 * ($function / $script - 1))")" \
+    "$last" "$(python3 -c "print(100 * ($last / $script - 1))")"
+done

@@ -28,6 +28,8 @@ class Design:
     counter: str = "string"
     ttl: bool = True  # every key must have a TTL
     scripts: dict = field(default_factory=dict)  # name -> source
+    # A function library (FUNCTION LOAD REPLACE) the design's calls run.
+    library: str = ""
     # Creates the counters, untimed, in its stead (and counts no decision);
     # None: the design's own calls create them.
     setup: object = None
@@ -40,6 +42,16 @@ def lua_join(*names):
         with open(os.path.join(LUA, name)) as f:
             parts.append(f.read() + "\n")
     return "".join(parts)
+
+
+def as_function(source):
+    """decide_fixed.lua as a Redis 7 function library, as script-cost.sh's
+    as_function() builds its "kept" variant: lib.lua and fixed_window.lua at
+    the library's top level (run once, at load, so lib.lua's `parsed` is
+    kept from call to call), decide_fixed.lua's body the function's."""
+    return ("#!lua name=redis_limit\n" + lua_join("lib.lua", "fixed_window.lua")
+            + "redis.register_function('decide_fixed', function(KEYS, ARGV)\n"
+            + source + "\nend)\n")
 
 
 def k(i):
@@ -138,6 +150,10 @@ def designs():
         tail = [0, LIMIT, WINDOW_MS, 1]
         return lambda i, sha: command("EVALSHA", sha["ours"], n, *keys(i, n), *tail)
 
+    def function(n):
+        tail = [0, LIMIT, WINDOW_MS, 1]
+        return lambda i, sha: command("FCALL", "decide_fixed", n, *keys(i, n), *tail)
+
     def bare(n):
         return lambda i, sha: command("EVALSHA", sha["bare"], n, *keys(i, n), 1)
 
@@ -159,6 +175,10 @@ def designs():
                equals(1, "not the integer 1"), "evalsha", scripts={"return1": "return 1"}),
         *[Design(f"ours: decide_fixed.lua, {n} per call", n, ours(n), 1, check_ours(n),
                  "evalsha", prefix="k:", scripts={"ours": fast}) for n in (8, 32, 50, 1)],
+        # Not what RedisStore sends (docs/performance-notes.md says why).
+        *[Design(f"ours as a Redis function (FCALL, not shipped), {n} per call", n, function(n),
+                 1, check_ours(n), "fcall", prefix="k:",
+                 library=as_function(lua_join("decide_fixed.lua"))) for n in (8, 1)],
         # bare.lua sets no TTL: its counters are created with one (SET PX),
         # which INCRBY keeps.
         Design("bare Lua INCRBY + PTTL, 8 per call", 8, bare(8), 1, check_bare(8), "evalsha",

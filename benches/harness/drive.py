@@ -159,6 +159,8 @@ def measure(port, control, design, args):
     control.call("FLUSHALL")
     shas = {name: control.call("SCRIPT", "LOAD", src).decode()
             for name, src in design.scripts.items()}
+    if design.library:
+        control.call("FUNCTION", "LOAD", "REPLACE", design.library)
     made = 0
     if design.setup:  # create the counters, untimed
         deep(port, design.setup, KEYS, shas, control, timed=False)
