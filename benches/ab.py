@@ -34,6 +34,8 @@ printed beside each build's.
 With --syscalls, it prints too the server's syscalls per request, and of
 them the `epoll_wait` and `futex` calls by which its Tokio workers sleep and
 wake each other (`perf stat` on kernel tracepoints, during the measured run).
+With --keys N, a workload that cycles keys (`allowed, 100k keys`) cycles N
+keys instead: what the memory store's tables cost by their size.
 
 Needs git, cargo, wrk (apt-get install -y wrk) and python3; redis-server
 for --redis; for --floor, the peers built (cargo build --release in
@@ -42,10 +44,12 @@ access to tracepoints (root).
 
     python3 benches/ab.py HEAD --redis --floor --syscalls --rounds 3
     python3 benches/ab.py HEAD --headers-floor --workload 100k --rounds 10
+    python3 benches/ab.py HEAD --headers-floor --keys 50000 --rounds 10
 """
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import random
 import shutil
@@ -129,6 +133,8 @@ def main():
                    help="a cell of the headers floor every round (an all-allowed workload)")
     p.add_argument("--syscalls", action="store_true",
                    help="count the server's syscalls with perf stat")
+    p.add_argument("--keys", type=int, metavar="N",
+                   help="a cycling workload's number of keys, in its stead")
     args = p.parse_args()
     procs.require("git", "cargo", "wrk", *(["redis-server"] if args.redis else []),
                   *(["perf"] if args.syscalls else []))
@@ -139,6 +145,13 @@ def main():
         sys.exit(f"ab.py: --headers-floor needs {HEADERS_FLOOR} "
                  "(cargo build --release in benches/peers)")
     workload = next(w for w in catalog.WORKLOADS if args.workload in w.name)
+    if args.keys is not None:
+        if not workload.script or workload.script[0] != "cycle" or args.keys < 1:
+            sys.exit(f"ab.py: --keys needs a workload that cycles keys and a count >= 1; "
+                     f"{workload.name!r} does not cycle")
+        name = f"allowed, {args.keys} key{'s' if args.keys > 1 else ''}, cycled"
+        workload = dataclasses.replace(workload, name=name,
+                                       script=("cycle", args.keys))
     if args.headers_floor and workload.spend:
         sys.exit(f"ab.py: --headers-floor needs a workload whose requests are all allowed; "
                  f"{workload.name!r} spends its keys first (the floor never answers 429)")
