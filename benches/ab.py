@@ -146,9 +146,11 @@ def main():
                  "(cargo build --release in benches/peers)")
     workload = next(w for w in catalog.WORKLOADS if args.workload in w.name)
     if args.keys is not None:
-        if not workload.script or workload.script[0] != "cycle" or args.keys < 1:
-            sys.exit(f"ab.py: --keys needs a workload that cycles keys and a count >= 1; "
-                     f"{workload.name!r} does not cycle")
+        if args.keys < 1:
+            sys.exit(f"ab.py: --keys needs a count >= 1, not {args.keys}")
+        if not workload.script or workload.script[0] != "cycle":
+            sys.exit(f"ab.py: --keys needs a workload that cycles keys; "
+                     f"{workload.name!r} does not")
         name = f"allowed, {args.keys} key{'s' if args.keys > 1 else ''}, cycled"
         workload = dataclasses.replace(workload, name=name,
                                        script=("cycle", args.keys))

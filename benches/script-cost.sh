@@ -162,11 +162,11 @@ PY
 for n in 1 8; do
   fast_args "$n"
   measure "fast, $n" "$work/fast.lua" "$n" "${fast_call[@]}" >/dev/null
-  script=$last
+  script_total=$last
   measure "fn, $n" "$work/function.fn.lua" "$n" "${fast_call[@]}" >/dev/null
-  function=$last
+  fn_total=$last
   measure "kept, $n" "$work/kept.fn.lua" "$n" "${fast_call[@]}" >/dev/null
   printf 'fast path, %2d a call: script %7d, function %7d (%+.1f%%), function with parsed kept %7d (%+.1f%%)\n' \
-    "$n" "$script" "$function" "$(python3 -c "print(100 * ($function / $script - 1))")" \
-    "$last" "$(python3 -c "print(100 * ($last / $script - 1))")"
+    "$n" "$script_total" "$fn_total" "$(python3 -c "print(100 * ($fn_total / $script_total - 1))")" \
+    "$last" "$(python3 -c "print(100 * ($last / $script_total - 1))")"
 done
