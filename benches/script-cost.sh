@@ -158,11 +158,11 @@ print(f"  a call by itself about {fixed:,.0f}, each decision about {slope:,.0f} 
       f"(at 8 a call, the call's own share is {fixed / ys[1]:.0%})")
 PY
 
-# The fast path as a function, beside the script, at 1 and 8 a call.
+# The fast path as a function, beside the script (measured above), at 1
+# and 8 a call.
 for n in 1 8; do
   fast_args "$n"
-  measure "fast, $n" "$work/fast.lua" "$n" "${fast_call[@]}" >/dev/null
-  script_total=$last
+  script_total=${per_call[$n]}
   measure "fn, $n" "$work/function.fn.lua" "$n" "${fast_call[@]}" >/dev/null
   fn_total=$last
   measure "kept, $n" "$work/kept.fn.lua" "$n" "${fast_call[@]}" >/dev/null
