@@ -4,6 +4,7 @@
 
 use std::{fmt, time::Duration};
 
+use redis::{IntoConnectionInfo, io::tcp::TcpSettings};
 use redis_ratelimit::{LimiterBuilder, MemoryStore, RedisStore};
 
 #[allow(unused_imports)]
@@ -42,8 +43,15 @@ pub(super) async fn connect(
             Ok((store, "one multiplexed connection".into()))
         }
         Some(size) => {
+            // TCP_NODELAY, as RedisStore::connect sets it: with Nagle's
+            // algorithm on, a call sent while another is in flight waits a
+            // round trip more.
+            let info = url
+                .into_connection_info()
+                .map_err(|e| unreachable(&e))?
+                .set_tcp_settings(TcpSettings::default().set_nodelay(true));
             let manager =
-                bb8_redis::RedisConnectionManager::new(url).map_err(|e| unreachable(&e))?;
+                bb8_redis::RedisConnectionManager::new(info).map_err(|e| unreachable(&e))?;
             // Open every connection now: fail fast, and start benchmarks warm.
             let pool = bb8::Pool::builder()
                 .max_size(size)

@@ -18,6 +18,7 @@ use redis::{
     FromRedisValue, IntoConnectionInfo,
     cluster::{ClusterClient, ClusterClientBuilder},
     cluster_async::ClusterConnection,
+    io::tcp::TcpSettings,
 };
 
 use super::{Backend, Batcher, Call, RedisStore};
@@ -108,6 +109,11 @@ impl RedisStore {
     /// * up to 5 retries, 10 to 500 ms apart, which follow `MOVED` and `ASK`
     ///   redirections and, after a failover, reconnect and read the slot map
     ///   again, so the same store serves the promoted replica.
+    /// * `TCP_NODELAY` on every node's connection: with Nagle's algorithm on
+    ///   (redis-rs's default), a call sent while another is in flight waits
+    ///   for the first one's reply before it leaves, a round trip more.
+    ///   Calling `.tcp_settings(..)` on the builder replaces this; keep
+    ///   `set_nodelay(true)` in what you pass.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
@@ -132,9 +138,12 @@ impl RedisStore {
             .retries(5)
             .min_retry_wait(10)
             .max_retry_wait(500)
+            .tcp_settings(TcpSettings::default().set_nodelay(true))
     }
 
-    /// Uses an existing cluster connection; clones share it.
+    /// Uses an existing cluster connection; clones share it. Build its client
+    /// with [`cluster_client`](Self::cluster_client), which sets
+    /// `TCP_NODELAY`, or set it yourself with the builder's `.tcp_settings(..)`.
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn from_cluster(conn: ClusterConnection) -> Self {
         Self {

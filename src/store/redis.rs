@@ -34,6 +34,8 @@ mod self_test;
 #[cfg(feature = "sentinel")]
 #[path = "sentinel.rs"]
 mod sentinel;
+#[path = "tcp.rs"]
+mod tcp;
 #[cfg(feature = "tls")]
 #[path = "tls.rs"]
 mod tls;
@@ -110,13 +112,19 @@ impl RedisStore {
     /// [`Error::Startup`] naming the cause, if Redis cannot be reached,
     /// refuses the password, cannot run the limiter's scripts, or (for a
     /// `rediss://` URL, with the `tls` feature) fails the TLS handshake.
+    ///
+    /// The connection has `TCP_NODELAY` on, which redis-rs leaves off by
+    /// default (see [`new`](Self::new) for what Nagle's algorithm costs),
+    /// as have those of every constructor here that connects by itself.
     pub async fn connect(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         install_tls_provider();
         Self::connect_client(Client::open(url)?).await
     }
 
-    /// [`connect`](Self::connect) with a client already built.
+    /// [`connect`](Self::connect) with a client already built, with
+    /// `TCP_NODELAY` set on its connection info.
     async fn connect_client(client: Client) -> Result<Self, Error> {
+        let client = tcp::nodelay_client(&client)?;
         let stage = self_test::Stage::of(client.get_connection_info().addr());
         let manager = ConnectionManager::new_with_config(client, Self::manager_config())
             .await
@@ -133,7 +141,7 @@ impl RedisStore {
     /// [`self_test`](Self::self_test).
     pub fn connect_lazy(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         install_tls_provider();
-        let client = Client::open(url)?;
+        let client = Client::open(tcp::nodelay(url.into_connection_info()?))?;
         let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
         Ok(Self::new(manager))
     }
@@ -151,6 +159,25 @@ impl RedisStore {
     }
 
     /// Uses an existing [`ConnectionManager`].
+    ///
+    /// Build its client with `TCP_NODELAY` on, as [`connect`](Self::connect)
+    /// does: with Nagle's algorithm on (redis-rs's default), a call sent
+    /// while another is in flight waits for the first one's reply before it
+    /// leaves, a round trip more on a network.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis::{Client, IntoConnectionInfo, aio::ConnectionManager, io::tcp::TcpSettings};
+    /// use redis_ratelimit::RedisStore;
+    ///
+    /// let info = "redis://10.0.0.1:6379"
+    ///     .into_connection_info()?
+    ///     .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    /// let manager = ConnectionManager::new(Client::open(info)?).await?;
+    /// let store = RedisStore::new(manager);
+    /// # Ok(()) }
+    /// ```
     pub fn new(manager: ConnectionManager) -> Self {
         Self {
             backend: Backend::Manager(manager),
@@ -176,6 +203,29 @@ impl RedisStore {
     /// The pool is not checked here (this constructor is not `async`): call
     /// [`self_test`](Self::self_test) once after building the store to fail
     /// at startup on a Redis that is unreachable or cannot run the scripts.
+    ///
+    /// Give the pool's manager a connection info with `TCP_NODELAY` on, as
+    /// for [`new`](Self::new):
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use bb8_redis::RedisConnectionManager;
+    /// use redis::{IntoConnectionInfo, io::tcp::TcpSettings};
+    /// use redis_ratelimit::RedisStore;
+    ///
+    /// let info = "redis://10.0.0.1:6379"
+    ///     .into_connection_info()?
+    ///     .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    /// let pool = bb8::Pool::builder()
+    ///     .max_size(8)
+    ///     .test_on_check_out(false)
+    ///     .build(RedisConnectionManager::new(info)?)
+    ///     .await?;
+    /// let store = RedisStore::from_pool(pool);
+    /// store.self_test().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_pool(pool: Pool<RedisConnectionManager>) -> Self {
         Self {
             backend: Backend::Pool(pool),

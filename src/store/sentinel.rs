@@ -120,6 +120,7 @@ impl Sentinel {
         }
         let found = async {
             let client = lookup.client.async_get_client().await?;
+            let client = super::tcp::nodelay_client(&client)?;
             // As the ConnectionManager's: the limiter's timeout bounds calls.
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(1)))
@@ -251,6 +252,10 @@ impl RedisStore {
     /// Like [`sentinel`](Self::sentinel), with a [`SentinelClient`] you built
     /// (with a password, TLS or a database for the master); it must be of
     /// [`SentinelServerType::Master`].
+    ///
+    /// The store's connections to the master have `TCP_NODELAY` on, as with
+    /// [`sentinel`](Self::sentinel), whatever the client's TCP settings for
+    /// the master say; its other TCP settings are kept.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]

@@ -18,6 +18,7 @@ pub mod scenarios;
 #[cfg(feature = "sentinel")]
 pub mod sentinel;
 pub mod servers;
+pub mod sockets;
 #[cfg(feature = "tls")]
 pub mod tls;
 

@@ -1,0 +1,103 @@
+//! `TCP_NODELAY` on every connection the Redis store opens by itself.
+//!
+//! redis-rs 1 leaves Nagle's algorithm on, and the store keeps up to two
+//! calls in flight on one connection: with Nagle on, the second call's bytes
+//! wait for the first call's reply before they leave, a round trip more on a
+//! network (`benches/ab.py --rtt` measures it). Loopback's round trip is too
+//! short to see that in a test, so these read the socket option itself off
+//! the test's own connections to Redis, after the store has decided on them.
+
+mod support;
+
+use redis_ratelimit::{Limiter, RedisStore};
+use support::{
+    RedisServer, TEST_TIMEOUT,
+    sockets::{assert_new_ones_nodelay, connections_to},
+};
+
+/// A few checks on `store`, so its connections are open and in use.
+async fn decides(store: &RedisStore, log: &str) {
+    let limiter = Limiter::builder("5/1h".parse().unwrap())
+        .store(store.clone())
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .unwrap();
+    for i in 0..8 {
+        let decision = limiter
+            .check(&format!("nodelay-{i}"), 1)
+            .await
+            .unwrap_or_else(|e| panic!("check: {e}\n{log}"));
+        assert!(decision.is_allowed(), "{decision:?}\n{log}");
+    }
+}
+
+#[tokio::test]
+async fn connect_sets_tcp_nodelay() {
+    let server = RedisServer::start();
+    let ports = [server.port()];
+    let before = connections_to(&ports);
+    let store = RedisStore::connect(server.url())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()));
+    decides(&store, &server.log()).await;
+    assert_new_ones_nodelay(&before, &ports, &server.log());
+}
+
+#[tokio::test]
+async fn connect_lazy_sets_tcp_nodelay() {
+    let server = RedisServer::start();
+    let ports = [server.port()];
+    let before = connections_to(&ports);
+    let store = RedisStore::connect_lazy(server.url()).unwrap();
+    decides(&store, &server.log()).await;
+    assert_new_ones_nodelay(&before, &ports, &server.log());
+}
+
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn connect_with_tls_sets_tcp_nodelay() {
+    let pki = support::tls::Pki::new();
+    let server = pki.server(&[]);
+    let ports = [server.port()];
+    let before = connections_to(&ports);
+    let store = RedisStore::connect_with_tls(server.url(), pki.certs(false))
+        .await
+        .unwrap_or_else(|e| panic!("connect_with_tls: {e}\n{}", server.log()));
+    decides(&store, &server.log()).await;
+    assert_new_ones_nodelay(&before, &ports, &server.log());
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn cluster_sets_tcp_nodelay_on_every_node() {
+    let cluster = support::cluster::RedisCluster::start();
+    let ports: Vec<u16> = cluster
+        .seed_urls()
+        .iter()
+        .map(|u| u.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let before = connections_to(&ports);
+    let store = cluster.store().await;
+    decides(&store, &cluster.log()).await;
+    assert_new_ones_nodelay(&before, &ports, &cluster.log());
+    // Eight keys reach every master of three, so each has its connection.
+    let reached: std::collections::BTreeSet<u16> = connections_to(&ports)
+        .iter()
+        .map(|c| c.peer.port())
+        .collect();
+    assert_eq!(reached.len(), ports.len(), "{reached:?}\n{}", cluster.log());
+}
+
+#[cfg(feature = "sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_sets_tcp_nodelay_on_the_masters_connection() {
+    use support::sentinel::{MASTER, Sentinels};
+    let deployment = Sentinels::start().await;
+    let ports = [deployment.master.port()];
+    let before = connections_to(&ports);
+    let store = RedisStore::sentinel(deployment.urls(), MASTER)
+        .await
+        .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()));
+    decides(&store, &deployment.log()).await;
+    assert_new_ones_nodelay(&before, &ports, &deployment.log());
+}
