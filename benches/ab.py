@@ -36,6 +36,12 @@ them the `epoll_wait` and `futex` calls by which its Tokio workers sleep and
 wake each other (`perf stat` on kernel tracepoints, during the measured run).
 With --keys N, a workload that cycles keys (`allowed, 100k keys`) cycles N
 keys instead: what the memory store's tables cost by their size.
+With --rtt MS (and --redis), every server reaches Redis through a proxy
+that delays each chunk by half of MS each way (harness/delay.py): Redis as
+if across a network, where loopback's round trip of microseconds hides
+what a client's waits for acknowledgements (Nagle's algorithm) cost. Redis's
+CPU is still read off redis-server; the proxy's own CPU is the machine's
+and shows in no cell.
 
 Needs git, cargo, wrk (apt-get install -y wrk) and python3; redis-server
 for --redis; for --floor, the peers built (cargo build --release in
@@ -45,6 +51,7 @@ access to tracepoints (root).
     python3 benches/ab.py HEAD --redis --floor --syscalls --rounds 3
     python3 benches/ab.py HEAD --headers-floor --workload 100k --rounds 10
     python3 benches/ab.py HEAD --headers-floor --keys 50000 --rounds 10
+    python3 benches/ab.py 92070f6 HEAD --redis --floor --rtt 1 --rounds 6
 """
 
 import argparse
@@ -59,6 +66,7 @@ import sys
 import tempfile
 
 from harness import catalog, procs, wrk
+from harness.delay import DelayProxy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,6 +91,14 @@ def build(rev, target):
 PEERS = os.path.join(ROOT, "benches", "peers", "target", "release")
 FLOOR = os.path.join(PEERS, "redis-floor")
 HEADERS_FLOOR = os.path.join(PEERS, "headers-floor")
+@dataclasses.dataclass
+class Route:
+    """Where a cell's server finds Redis (`url`) and whose CPU is Redis's
+    (`proc`): the proxy of --rtt in front of the run's redis-server."""
+    url: str
+    proc: subprocess.Popen
+
+
 # A cell's `limited`: the workload's quota and key, and the warm-up's probe
 # expects the limiter's answers; or FLOOR_OF_HEADERS: the quota and key, but
 # the probe expects what an unlimited server answers (the headers floor).
@@ -135,12 +151,16 @@ def main():
                    help="count the server's syscalls with perf stat")
     p.add_argument("--keys", type=int, metavar="N",
                    help="a cycling workload's number of keys, in its stead")
+    p.add_argument("--rtt", type=float, metavar="MS",
+                   help="with --redis: Redis behind a proxy that adds this round trip")
     args = p.parse_args()
     procs.require("git", "cargo", "wrk", *(["redis-server"] if args.redis else []),
                   *(["perf"] if args.syscalls else []))
     if args.floor and not (args.redis and os.access(FLOOR, os.X_OK)):
         sys.exit(f"ab.py: --floor needs --redis and {FLOOR} "
                  "(cargo build --release in benches/peers)")
+    if args.rtt is not None and not (args.redis and args.rtt > 0):
+        sys.exit(f"ab.py: --rtt needs --redis and a round trip above 0 ms, not {args.rtt}")
     if args.headers_floor and not os.access(HEADERS_FLOOR, os.X_OK):
         sys.exit(f"ab.py: --headers-floor needs {HEADERS_FLOOR} "
                  "(cargo build --release in benches/peers)")
@@ -161,11 +181,17 @@ def main():
     builds = {rev: build(rev, target) for rev in args.revs}
     log = os.path.join(target, "server.log")
     redis = procs.Redis() if args.redis else None
+    proxy = DelayProxy(redis.port, args.rtt) if args.rtt else None
+    if proxy:
+        print(f"Redis behind a proxy adding {args.rtt:g} ms: a PING through it takes "
+              f"{proxy.measured_rtt():.2f} ms (median of 50)", file=sys.stderr)
+    # What the servers connect to: Redis, or the proxy in front of it.
+    route = Route(proxy.url, redis.proc) if proxy else redis
     plain, floor, headers_floor = "plain axum", "floor", "headers floor"
     # Per round: (binary, limited, with Redis), in a shuffled order.
-    cells = {rev: (binary, True, redis) for rev, binary in builds.items()}
+    cells = {rev: (binary, True, route) for rev, binary in builds.items()}
     if args.floor:
-        cells[floor] = (FLOOR, False, redis)
+        cells[floor] = (FLOOR, False, route)
     if args.headers_floor:
         cells[headers_floor] = (HEADERS_FLOOR, FLOOR_OF_HEADERS, None)
     rows = {name: [] for name in [plain, *cells]}
@@ -184,9 +210,12 @@ def main():
                       f"server {cpu:.2f} µs/req (plain {base[1]:.2f}), Redis {redis_cpu:.2f} "
                       f"µs/req, {switches:.2f} context switches/req", file=sys.stderr)
     finally:
+        if proxy:
+            proxy.stop()
         if redis:
             redis.stop()
-    print(f"{workload.name}{', Redis' if redis else ''}, {args.rounds} rounds of "
+    rtt = f" behind {args.rtt:g} ms" if proxy else ""
+    print(f"{workload.name}{', Redis' if redis else ''}{rtt}, {args.rounds} rounds of "
           f"{args.seconds} s, medians:")
     medians = {}
     for name, rounds in rows.items():

@@ -1,6 +1,7 @@
 //! Not a limiter: a floor. axum 0.8 that makes one Redis round trip per
 //! request (`PING`, through redis-rs 1's multiplexed `ConnectionManager`, the
-//! client and connection our `RedisStore` uses) and answers `200 ok`.
+//! client and connection our `RedisStore` uses, with `TCP_NODELAY` as it
+//! sets it) and answers `200 ok`.
 //!
 //! Any limiter that asks Redis once per request pays at least this: the
 //! round trip, the client's work and the task wake-ups around it, and
@@ -33,8 +34,14 @@ async fn serve() -> Result<(), Error> {
         .redis_url
         .clone()
         .ok_or_else(|| Error::runtime("REDIS_URL is not set: the floor needs a Redis to ping"))?;
-    let client = redis1::Client::open(url.as_str())
-        .map_err(|e| Error::runtime(format!("REDIS_URL: {e}")))?;
+    // TCP_NODELAY, as our store sets it: with Nagle's algorithm on (redis-rs
+    // 1's default), a PING sent while another is in flight waits for its
+    // reply, which only a network's round trip shows (`ab.py --rtt`).
+    let info = redis1::IntoConnectionInfo::into_connection_info(url.as_str())
+        .map_err(|e| Error::runtime(format!("REDIS_URL: {e}")))?
+        .set_tcp_settings(redis1::io::tcp::TcpSettings::default().set_nodelay(true));
+    let client =
+        redis1::Client::open(info).map_err(|e| Error::runtime(format!("REDIS_URL: {e}")))?;
     let conn = ConnectionManager::new(client)
         .await
         .map_err(|e| Error::runtime(format!("connecting to Redis: {e}")))?;
