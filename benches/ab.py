@@ -76,7 +76,11 @@ def build(rev, target):
     src = tempfile.mkdtemp(prefix=f"ab-{rev}-")
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True,
                              capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+    # -m: every file gets the extraction's time, not the commit's. Cargo
+    # takes a source older than the last build in target/ab for unchanged,
+    # so with the commit's times a revision built after a newer one (with
+    # the same Cargo.lock) came out as that one's binary, unrebuilt.
+    subprocess.run(["tar", "-x", "-m", "-C", src], input=archive, check=True)
     env = dict(os.environ, CARGO_TARGET_DIR=target)
     try:
         subprocess.run(["cargo", "build", "--release", "--example", "axum"], cwd=src,
