@@ -163,8 +163,10 @@ def main():
     if args.floor and not (args.redis and os.access(FLOOR, os.X_OK)):
         sys.exit(f"ab.py: --floor needs --redis and {FLOOR} "
                  "(cargo build --release in benches/peers)")
-    if args.rtt is not None and not (args.redis and args.rtt > 0):
-        sys.exit(f"ab.py: --rtt needs --redis and a round trip above 0 ms, not {args.rtt}")
+    if args.rtt is not None and not args.redis:
+        sys.exit("ab.py: --rtt needs --redis (it delays the way to Redis)")
+    if args.rtt is not None and not args.rtt > 0:
+        sys.exit(f"ab.py: --rtt needs a round trip above 0 ms, not {args.rtt:g}")
     if args.headers_floor and not os.access(HEADERS_FLOOR, os.X_OK):
         sys.exit(f"ab.py: --headers-floor needs {HEADERS_FLOOR} "
                  "(cargo build --release in benches/peers)")
