@@ -31,26 +31,38 @@ async fn decides(store: &RedisStore, log: &str) {
     }
 }
 
+/// Notes this process's connections to `ports`, builds a store with
+/// `connect` (a future: nothing connects before that), decides on it, and
+/// asserts that every connection it opened to `ports` has `TCP_NODELAY`.
+/// Returns the store, whose connections live as long as it does.
+async fn connects_with_nodelay(
+    ports: &[u16],
+    log: impl Fn() -> String,
+    connect: impl Future<Output = RedisStore>,
+) -> RedisStore {
+    let before = connections_to(ports);
+    let store = connect.await;
+    decides(&store, &log()).await;
+    assert_new_ones_nodelay(&before, ports, &log());
+    store
+}
+
 #[tokio::test]
 async fn connect_sets_tcp_nodelay() {
     let server = RedisServer::start();
-    let ports = [server.port()];
-    let before = connections_to(&ports);
-    let store = RedisStore::connect(server.url())
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()));
-    decides(&store, &server.log()).await;
-    assert_new_ones_nodelay(&before, &ports, &server.log());
+    let connect = async {
+        RedisStore::connect(server.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}\n{}", server.log()))
+    };
+    connects_with_nodelay(&[server.port()], || server.log(), connect).await;
 }
 
 #[tokio::test]
 async fn connect_lazy_sets_tcp_nodelay() {
     let server = RedisServer::start();
-    let ports = [server.port()];
-    let before = connections_to(&ports);
-    let store = RedisStore::connect_lazy(server.url()).unwrap();
-    decides(&store, &server.log()).await;
-    assert_new_ones_nodelay(&before, &ports, &server.log());
+    let connect = async { RedisStore::connect_lazy(server.url()).unwrap() };
+    connects_with_nodelay(&[server.port()], || server.log(), connect).await;
 }
 
 #[cfg(feature = "tls")]
@@ -58,13 +70,12 @@ async fn connect_lazy_sets_tcp_nodelay() {
 async fn connect_with_tls_sets_tcp_nodelay() {
     let pki = support::tls::Pki::new();
     let server = pki.server(&[]);
-    let ports = [server.port()];
-    let before = connections_to(&ports);
-    let store = RedisStore::connect_with_tls(server.url(), pki.certs(false))
-        .await
-        .unwrap_or_else(|e| panic!("connect_with_tls: {e}\n{}", server.log()));
-    decides(&store, &server.log()).await;
-    assert_new_ones_nodelay(&before, &ports, &server.log());
+    let connect = async {
+        RedisStore::connect_with_tls(server.url(), pki.certs(false))
+            .await
+            .unwrap_or_else(|e| panic!("connect_with_tls: {e}\n{}", server.log()))
+    };
+    connects_with_nodelay(&[server.port()], || server.log(), connect).await;
 }
 
 #[cfg(feature = "cluster")]
@@ -76,10 +87,7 @@ async fn cluster_sets_tcp_nodelay_on_every_node() {
         .iter()
         .map(|u| u.rsplit(':').next().unwrap().parse().unwrap())
         .collect();
-    let before = connections_to(&ports);
-    let store = cluster.store().await;
-    decides(&store, &cluster.log()).await;
-    assert_new_ones_nodelay(&before, &ports, &cluster.log());
+    let _store = connects_with_nodelay(&ports, || cluster.log(), cluster.store()).await;
     // Eight keys reach every master of three, so each has its connection.
     let reached: std::collections::BTreeSet<u16> = connections_to(&ports)
         .iter()
@@ -93,11 +101,10 @@ async fn cluster_sets_tcp_nodelay_on_every_node() {
 async fn sentinel_sets_tcp_nodelay_on_the_masters_connection() {
     use support::sentinel::{MASTER, Sentinels};
     let deployment = Sentinels::start().await;
-    let ports = [deployment.master.port()];
-    let before = connections_to(&ports);
-    let store = RedisStore::sentinel(deployment.urls(), MASTER)
-        .await
-        .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()));
-    decides(&store, &deployment.log()).await;
-    assert_new_ones_nodelay(&before, &ports, &deployment.log());
+    let connect = async {
+        RedisStore::sentinel(deployment.urls(), MASTER)
+            .await
+            .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()))
+    };
+    connects_with_nodelay(&[deployment.master.port()], || deployment.log(), connect).await;
 }
