@@ -16,7 +16,7 @@ their order and each is delayed by half the round trip, not more (plus the
 sleep's slack, some 50 to 100 µs; `measured_rtt` says what a `PING` takes
 through it)."""
 
-import collections
+import queue
 import socket
 import threading
 import time
@@ -56,8 +56,7 @@ class DelayProxy:
             self._pipe(upstream, client)
 
     def _pipe(self, src, dst):
-        queue = collections.deque()
-        ready = threading.Condition()
+        chunks = queue.SimpleQueue()
 
         def read():
             while True:
@@ -65,18 +64,13 @@ class DelayProxy:
                     data = src.recv(65536)
                 except OSError:
                     data = b""
-                with ready:
-                    queue.append((time.monotonic() + self.half, data))
-                    ready.notify()
+                chunks.put((time.monotonic() + self.half, data))
                 if not data:
                     return
 
         def write():
             while True:
-                with ready:
-                    while not queue:
-                        ready.wait()
-                    due, data = queue.popleft()
+                due, data = chunks.get()
                 wait = due - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
