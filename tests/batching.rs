@@ -3,9 +3,12 @@
 
 mod support;
 
+use std::time::Duration;
+
 use futures_util::future::join_all;
-use redis_ratelimit::Limiter;
-use support::RedisServer;
+use redis_ratelimit::{Limiter, RedisStore};
+use support::{RedisServer, delay::DelayProxy};
+use tokio::time::Instant;
 
 /// A limiter on `server` with `quota`, warmed up (the script loaded, the
 /// connection up), and the script calls made so far.
@@ -127,6 +130,119 @@ async fn a_queue_goes_out_in_calls_of_at_most_64_requests() {
         let mine = decisions.iter().skip(k).step_by(10);
         let allowed = mine.filter(|d| d.as_ref().unwrap().is_allowed()).count();
         assert_eq!(allowed, 60, "{key}: each request is decided on its own");
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// Redis behind a proxy 150 ms away each way (a round trip of 300 ms),
+/// and a limiter on it, warmed up.
+async fn behind_a_round_trip() -> (RedisServer, DelayProxy, Limiter) {
+    let server = RedisServer::start();
+    let proxy = DelayProxy::start(server.port(), ONE_TRIP / 2).await;
+    let store = RedisStore::connect(proxy.url()).await.unwrap();
+    let limiter = Limiter::builder("1000/1m".parse().unwrap())
+        .store(store)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    (server, proxy, limiter)
+}
+
+/// The proxied round trip.
+const ONE_TRIP: Duration = Duration::from_millis(300);
+/// How long before the requests under test the two calls in flight left.
+const HEAD_START: Duration = Duration::from_millis(40);
+
+/// Sends two lone requests 20 ms apart, so that both calls the batching
+/// task may have in flight are out, and returns when the second left:
+/// the first's answer is due in `ONE_TRIP - HEAD_START`.
+async fn both_calls_out(limiter: &Limiter, tag: &str) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut out = Vec::new();
+    for call in ["first", "second"] {
+        let (limiter, key) = (limiter.clone(), format!("{call}-{tag}"));
+        out.push(tokio::spawn(async move {
+            assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        }));
+        tokio::time::sleep(HEAD_START / 2).await;
+    }
+    out
+}
+
+/// Whether requests answered `took` after they came went in a call of
+/// their own (one round trip, 300 ms) rather than waiting for the first
+/// call's answer (two, less the head start: 560 ms); halfway tells.
+fn went_at_once(took: Duration) -> bool {
+    took < (ONE_TRIP + (ONE_TRIP * 2 - HEAD_START)) / 2
+}
+
+/// Each of `decisions`, all of one key of quota 1000, allowed and decided
+/// on its own.
+fn assert_exact(decisions: &[Result<redis_ratelimit::Decision, redis_ratelimit::Error>]) {
+    let mut left: Vec<u64> = decisions
+        .iter()
+        .map(|d| {
+            let d = d.as_ref().unwrap();
+            assert!(d.is_allowed());
+            d.remaining()
+        })
+        .collect();
+    left.sort_unstable();
+    let expected: Vec<u64> = (1000 - decisions.len() as u64..1000).collect();
+    assert_eq!(left, expected, "each decided on its own");
+}
+
+/// Behind a round trip, a call beyond the two in flight goes out once it
+/// would carry 16 requests (a quarter of a full call), and not before:
+/// with both calls out, 15 requests that come at once wait for the first
+/// call's answer and go in the next; 16 go at once. Each request is still
+/// decided exactly.
+#[tokio::test]
+async fn a_third_call_goes_out_only_when_full_enough() {
+    let (server, _proxy, limiter) = behind_a_round_trip().await;
+    for (round, requests, at_once) in [(0, 15, false), (1, 16, true)] {
+        let calls = both_calls_out(&limiter, &round.to_string()).await;
+        let start = Instant::now();
+        let key = format!("queued{round}");
+        let decisions = join_all((0..requests).map(|_| limiter.check(&key, 1))).await;
+        let took = start.elapsed();
+        assert_exact(&decisions);
+        assert_eq!(
+            went_at_once(took),
+            at_once,
+            "{requests} requests answered in {took:?}, a round trip of {ONE_TRIP:?}, \
+             both calls out"
+        );
+        for call in calls {
+            call.await.unwrap();
+        }
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// Requests the batching task took out of the queue (its first wait for a
+/// call sweeps the queue, for deadlines) still count toward a third call:
+/// 10 requests, swept, then 6 more make 16, and the 6 go at once.
+#[tokio::test]
+async fn requests_held_out_of_the_queue_count_toward_a_third_call() {
+    let (server, _proxy, limiter) = behind_a_round_trip().await;
+    let calls = both_calls_out(&limiter, "held").await;
+    let held = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { join_all((0..10).map(|_| limiter.check("held", 1))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let start = Instant::now();
+    let decisions = join_all((0..6).map(|_| limiter.check("more", 1))).await;
+    let took = start.elapsed();
+    assert_exact(&decisions);
+    assert_exact(&held.await.unwrap());
+    assert!(
+        went_at_once(took),
+        "6 requests after 10 held answered in {took:?}, a round trip of {ONE_TRIP:?}"
+    );
+    for call in calls {
+        call.await.unwrap();
     }
     server.assert_every_key_has_ttl().await;
 }

@@ -152,8 +152,9 @@ async fn short_behind_long(seen_before: bool) {
     assert!(first.check("k", 1).await.unwrap().is_allowed());
 
     server.freeze(true);
-    // Enough to fill every call the task may have in flight, and more.
-    let waiting: Vec<_> = (0..300)
+    // Enough to fill every call the task may have in flight (two, and six
+    // more once they are full enough: eight of 64), and more.
+    let waiting: Vec<_> = (0..600)
         .map(|i| {
             let slow = slow.clone();
             tokio::spawn(async move { slow.check(&format!("s{i}"), 1).await })

@@ -3,8 +3,10 @@
 //! On a standalone Redis behind the `ConnectionManager`, and on a Redis
 //! Cluster behind one cluster connection, every decision goes through one
 //! background task. The task takes what is waiting as one round, with at
-//! most [`IN_FLIGHT`] rounds outstanding, and sends each group of it as one
-//! `EVALSHA` of the decide script (up to [`MAX_BATCH`] requests). On a
+//! most [`IN_FLIGHT`] rounds outstanding (and up to [`EXTRA`] more, each
+//! only when at least [`FILL`](fill::FILL) requests wait for it: `batch_fill.rs`), and
+//! sends each group of it as one `EVALSHA` of the decide script (up to
+//! [`MAX_BATCH`] requests). On a
 //! standalone Redis a round is one call; on a cluster a round (up to 8
 //! calls' worth) is split by node, from a slot map (`batch_cluster.rs`),
 //! and its calls go out at once. Nothing waits to fill a batch: a lone
@@ -25,8 +27,9 @@
 //! timed out is dropped, so a Redis that never answers holds no round's
 //! permit past their deadlines.
 //!
-//! Calls go out on [`IN_FLIGHT`] long-lived tasks (`batch_lanes.rs`), not a
-//! task spawned per call, which cost a call about 3,000 instructions.
+//! Calls go out on long-lived tasks (`batch_lanes.rs`), one for each call
+//! that may be in flight, not a task spawned per call, which cost a call
+//! about 3,000 instructions.
 
 use std::{
     future::Future,
@@ -56,6 +59,8 @@ use crate::{Error, decision::States};
 mod cluster;
 #[path = "batch_deadline.rs"]
 mod deadline;
+#[path = "batch_fill.rs"]
+mod fill;
 #[path = "batch_lanes.rs"]
 mod lanes;
 #[path = "batch_routing.rs"]
@@ -64,6 +69,7 @@ mod routing;
 pub(crate) use self::deadline::Deadline;
 use self::{
     deadline::{Held, Shortest, Sweep, Waiter, Waiting, drop_finished, earliest, within_deadlines},
+    fill::{EXTRA, Fill},
     lanes::Lanes,
     routing::{Routing, read_router},
 };
@@ -152,6 +158,7 @@ pub(super) struct Batcher {
 struct Link {
     queue: mpsc::Sender<Job>,
     shortest: Arc<Shortest>,
+    fill: Arc<Fill>,
 }
 
 impl Batcher {
@@ -175,9 +182,13 @@ impl Batcher {
             None => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => self.link.get_or_init(|| {
                     let (queue, rx) = mpsc::channel(QUEUE);
-                    let shortest = Arc::new(Shortest::new());
-                    runtime.spawn(run(rx, conn.clone(), shortest.clone()));
-                    Link { queue, shortest }
+                    let (shortest, fill) = (Arc::new(Shortest::new()), Arc::new(Fill::new()));
+                    runtime.spawn(run(rx, conn.clone(), shortest.clone(), fill.clone()));
+                    Link {
+                        queue,
+                        shortest,
+                        fill,
+                    }
                 }),
                 Err(_) => return Err((checks, cost)),
             },
@@ -195,7 +206,11 @@ impl Batcher {
             },
         };
         match link.queue.try_send(job) {
-            Ok(()) => Ok(Answer { answer }),
+            Ok(()) => {
+                let queue = &link.queue;
+                link.fill.queued(queue.max_capacity() - queue.capacity());
+                Ok(Answer { answer })
+            }
             Err(e) => {
                 let job = e.into_inner();
                 Err((job.checks, job.cost))
@@ -223,7 +238,12 @@ impl Future for Answer {
 
 /// Takes what is waiting, up to [`MAX_BATCH`], whenever a round may start,
 /// and sends it as one call per group.
-async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C, shortest: Arc<Shortest>) {
+async fn run<C: Batched>(
+    mut queue: mpsc::Receiver<Job>,
+    conn: C,
+    shortest: Arc<Shortest>,
+    fill: Arc<Fill>,
+) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     let lanes = Lanes::start(&conn);
     let mut routing = Routing::new(read_router(&conn, None).await.unwrap_or_default());
@@ -247,12 +267,14 @@ async fn run<C: Batched>(mut queue: mpsc::Receiver<Job>, conn: C, shortest: Arc<
                     queue: &mut queue,
                     held: &mut held,
                     shortest: &shortest,
+                    fill: &fill,
                 };
                 sweep.until_permit(&permits, waiting).await
             }
         };
         let mut jobs = Vec::with_capacity(C::ROUND.min(held.jobs.len() + queue.len()));
         held.take_into(&mut jobs, C::ROUND);
+        fill.holding(held.jobs.len());
         // What waits, at once: `recv_many` gives the queue back its room
         // once for all, where `try_recv` did for each request under the
         // queue's lock (about 100 instructions a request). The queue is not

@@ -18,7 +18,7 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use super::{Job, QUEUE, Reply};
+use super::{Job, QUEUE, Reply, fill::Fill};
 use crate::Error;
 
 /// Who waits for a request's answer, and until when.
@@ -167,6 +167,7 @@ pub(super) struct Waiting<'a> {
     pub(super) queue: &'a mut mpsc::Receiver<Job>,
     pub(super) held: &'a mut Held,
     pub(super) shortest: &'a Shortest,
+    pub(super) fill: &'a Fill,
 }
 
 /// Timeouts of requests still in the queue, which the task does not see:
@@ -192,7 +193,9 @@ impl Sweep {
         }
     }
 
-    /// Waits for a round's permit, sweeping the queue when due.
+    /// Waits for a round's permit, sweeping the queue when due: one of the
+    /// [`IN_FLIGHT`](super::IN_FLIGHT) rounds', or of a round beyond them
+    /// once enough requests wait ([`Fill`]).
     pub(super) async fn until_permit(
         &mut self,
         permits: &Arc<Semaphore>,
@@ -202,15 +205,23 @@ impl Sweep {
             queue,
             held,
             shortest,
+            fill,
         } = waiting;
         let mut acquire = pin!(permits.clone().acquire_owned());
         let mut shorter = pin!(shortest.shorter.notified());
+        let mut full = pin!(fill.full());
         // Never swept since requests with a timeout came: sweep now.
         let mut due = self.next.is_none() && shortest.get().is_some();
         std::future::poll_fn(|cx| {
             // The task holds the semaphore, so it is never closed.
             if let Poll::Ready(Ok(permit)) = acquire.as_mut().poll(cx) {
                 return Poll::Ready(permit);
+            }
+            while full.as_mut().poll(cx).is_ready() {
+                full.set(fill.full());
+                if let Some(permit) = fill.permit(held.jobs.len() + queue.len()) {
+                    return Poll::Ready(permit);
+                }
             }
             while shorter.as_mut().poll(cx).is_ready() {
                 shorter.set(shortest.shorter.notified());
@@ -230,6 +241,10 @@ impl Sweep {
                 }
                 self.next = shortest.get().and_then(|t| now.checked_add(t));
                 held.expire(now);
+                fill.holding(held.jobs.len());
+                if let Some(permit) = fill.permit(held.jobs.len() + queue.len()) {
+                    return Poll::Ready(permit);
+                }
             }
         })
         .await

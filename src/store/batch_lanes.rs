@@ -2,7 +2,7 @@
 //!
 //! A task spawned per call cost each call about 3,000 instructions, most of
 //! them its cell's allocation and the copies of the call's future into
-//! it. Instead, [`IN_FLIGHT`] tasks live as long as the
+//! it. Instead, [`IN_FLIGHT`] + [`EXTRA`] tasks live as long as the
 //! batching task and send one call at a time each. A round whose call finds
 //! no idle lane (on a cluster, a round's second call and after) gets a task
 //! of its own, as before.
@@ -18,7 +18,7 @@ use std::sync::{
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::{Batched, IN_FLIGHT, Job, Sent, send};
+use super::{Batched, EXTRA, IN_FLIGHT, Job, Sent, send};
 
 /// A call for a lane: its requests, and the round's permit.
 type Work = (Vec<Job>, Sent, Arc<OwnedSemaphorePermit>);
@@ -35,10 +35,11 @@ pub(super) struct Lanes<C> {
 }
 
 impl<C: Batched> Lanes<C> {
-    /// Starts [`IN_FLIGHT`] lanes on `conn`, which end with the batching
-    /// task (when this is dropped).
+    /// Starts [`IN_FLIGHT`] + [`EXTRA`] lanes on `conn`, one for each call
+    /// that may be in flight, which end with the batching task (when this
+    /// is dropped).
     pub(super) fn start(conn: &C) -> Self {
-        let lanes = (0..IN_FLIGHT)
+        let lanes = (0..IN_FLIGHT + EXTRA)
             .map(|_| {
                 let (work, mut calls) = mpsc::channel::<Work>(1);
                 let idle = Arc::new(AtomicBool::new(true));

@@ -9,6 +9,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod cluster;
+pub mod delay;
 pub mod http;
 pub mod inproc;
 pub mod lease;
