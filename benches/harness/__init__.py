@@ -8,7 +8,8 @@ Shared by every command:
 * `wrk`: running wrk and reading its report (with `keys.lua` for per-request
   keys and for the paced runs' delay).
 
-`load.py`, the load benchmark (and `ab.py`, `flood.py`, which reuse its parts):
+`load.py`, the load benchmark (and `ab.py`, `flood.py` and `fleet.py`, which
+reuse its parts):
 
 * `catalog`: the servers and workloads measured;
 * `redisstats`: what Redis did per cell (`INFO commandstats`, `INFO cpu`);
