@@ -11,14 +11,16 @@
 //! Redis is saturated too, since a saturated Redis also answers slowly, and
 //! shrink batches just when Redis needs them large.
 //!
-//! So a call beyond the first [`IN_FLIGHT`](super::IN_FLIGHT) goes out only when at least
-//! [`FILL`] requests wait, up to [`EXTRA`] more. Such a call is always
-//! large enough that Redis's cost for the call itself (its `read(2)`,
-//! `write(2)` and script invocation) is spread over at least [`FILL`]
-//! decisions, whatever made the calls slow. Measured (`BENCHMARKS.md`):
-//! +36% behind a 1.25 ms round trip, +29% behind 0.54 ms, level on
-//! loopback, and within the noise of two on a saturated Redis, where eight
-//! calls in flight lost a quarter of its capacity.
+//! So a call beyond the first [`IN_FLIGHT`](super::IN_FLIGHT) goes out
+//! only when at least [`FILL`] requests wait, up to [`EXTRA`] more. Such a
+//! call is always large enough that Redis's cost for the call itself (its
+//! `read(2)`, `write(2)` and script invocation, about 3.5 decisions' worth)
+//! is spread over at least [`FILL`] decisions, whatever made the calls
+//! slow. Measured (`BENCHMARKS.md`, "Behind a network round trip"): 25%
+//! more requests behind a 1.25 ms round trip, level on loopback, and on a
+//! Redis capped to 15% of a core under a fleet of four servers within the
+//! noise of two calls (`benches/fleet.py`), where eight calls in flight
+//! always cost a fifth to a quarter of its decisions.
 //!
 //! Each queued request is counted by its sender, which wakes the batching
 //! task once [`FILL`] wait, so the task is not woken per request. The
