@@ -195,12 +195,12 @@ fn assert_exact(decisions: &[Result<redis_ratelimit::Decision, redis_ratelimit::
 /// Behind a round trip, a call beyond the two in flight goes out once it
 /// would carry 16 requests (a quarter of a full call), and not before:
 /// with both calls out, 15 requests that come at once wait for the first
-/// call's answer and go in the next; 16 go at once. Each request is still
-/// decided exactly.
+/// call's answer and go in the next; 16 go at once, and so do 80 (a call
+/// of 64, and one of the 16 left). Each request is still decided exactly.
 #[tokio::test]
 async fn a_third_call_goes_out_only_when_full_enough() {
     let (server, _proxy, limiter) = behind_a_round_trip().await;
-    for (round, requests, at_once) in [(0, 15, false), (1, 16, true)] {
+    for (round, requests, at_once) in [(0, 15, false), (1, 16, true), (2, 80, true)] {
         let calls = both_calls_out(&limiter, &round.to_string()).await;
         let start = Instant::now();
         let key = format!("queued{round}");
@@ -243,6 +243,56 @@ async fn requests_held_out_of_the_queue_count_toward_a_third_call() {
     );
     for call in calls {
         call.await.unwrap();
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// A call beyond two that is answered lets waiting requests go at once,
+/// though both of the first two calls are out: six extra calls (384
+/// requests at once, six of 64) are out, the first two calls are answered
+/// and replaced by two lone requests' calls, and 16 requests come. They go
+/// when the extra calls are answered, not when a lone call is.
+#[tokio::test]
+async fn an_answered_extra_call_lets_waiting_requests_go() {
+    let (server, _proxy, limiter) = behind_a_round_trip().await;
+    let mut first_two = both_calls_out(&limiter, "extra").await;
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let extras_sent = Instant::now();
+    let extras = tokio::spawn({
+        let limiter = limiter.clone();
+        async move { join_all((0..384).map(|_| limiter.check("extras", 1))).await }
+    });
+    let mut lone = Vec::new();
+    for (i, call) in first_two.drain(..).enumerate() {
+        call.await.unwrap();
+        let (limiter, key) = (limiter.clone(), format!("lone{i}"));
+        lone.push((
+            Instant::now(),
+            tokio::spawn(async move { limiter.check(&key, 1).await }),
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let start = Instant::now();
+    assert!(
+        start < extras_sent + ONE_TRIP,
+        "the test's timing slipped: the extra calls were answered before the requests came"
+    );
+    let decisions = join_all((0..16).map(|_| limiter.check("waiting", 1))).await;
+    let took = start.elapsed();
+    assert_exact(&decisions);
+    // Going when the extra calls are answered, or when the first lone call
+    // is: halfway between tells.
+    let with_extras = extras_sent + ONE_TRIP - start + ONE_TRIP;
+    let with_lone = lone[0].0 + ONE_TRIP - start + ONE_TRIP;
+    assert!(
+        took < (with_extras + with_lone) / 2,
+        "16 requests answered in {took:?}: in {with_extras:?} if they went as the extra \
+         calls were answered, {with_lone:?} if as a lone call was"
+    );
+    assert_exact(&extras.await.unwrap());
+    for (_, call) in lone {
+        assert!(call.await.unwrap().unwrap().is_allowed());
     }
     server.assert_every_key_has_ttl().await;
 }

@@ -4,10 +4,10 @@
 //! Cluster behind one cluster connection, every decision goes through one
 //! background task. The task takes what is waiting as one round, with at
 //! most [`IN_FLIGHT`] rounds outstanding (and up to [`EXTRA`] more, each
-//! only when at least [`FILL`](fill::FILL) requests wait for it: `batch_fill.rs`), and
-//! sends each group of it as one `EVALSHA` of the decide script (up to
-//! [`MAX_BATCH`] requests). On a
-//! standalone Redis a round is one call; on a cluster a round (up to 8
+//! only when at least [`FILL`](fill::FILL) requests wait for it:
+//! `batch_fill.rs`), and sends each group of it as one `EVALSHA` of the
+//! decide script (up to [`MAX_BATCH`] requests). On a standalone Redis a
+//! round is one call; on a cluster a round (up to 8
 //! calls' worth) is split by node, from a slot map (`batch_cluster.rs`),
 //! and its calls go out at once. Nothing waits to fill a batch: a lone
 //! request is sent at once, and requests queue only while earlier rounds
@@ -245,7 +245,7 @@ async fn run<C: Batched>(
     fill: Arc<Fill>,
 ) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    let lanes = Lanes::start(&conn);
+    let lanes = Lanes::start(&conn, &fill);
     let mut routing = Routing::new(read_router(&conn, None).await.unwrap_or_default());
     // Set by a call that failed: the router is read again before the next
     // round (a cluster's slots may have moved).

@@ -207,9 +207,13 @@ impl Sweep {
             shortest,
             fill,
         } = waiting;
+        // More wait than the last round took: a round beyond them at once.
+        if let Some(permit) = fill.permit(held.jobs.len() + queue.len()) {
+            return permit;
+        }
         let mut acquire = pin!(permits.clone().acquire_owned());
         let mut shorter = pin!(shortest.shorter.notified());
-        let mut full = pin!(fill.full());
+        let mut woken = pin!(fill.woken());
         // Never swept since requests with a timeout came: sweep now.
         let mut due = self.next.is_none() && shortest.get().is_some();
         std::future::poll_fn(|cx| {
@@ -217,8 +221,8 @@ impl Sweep {
             if let Poll::Ready(Ok(permit)) = acquire.as_mut().poll(cx) {
                 return Poll::Ready(permit);
             }
-            while full.as_mut().poll(cx).is_ready() {
-                full.set(fill.full());
+            while woken.as_mut().poll(cx).is_ready() {
+                woken.set(fill.woken());
                 if let Some(permit) = fill.permit(held.jobs.len() + queue.len()) {
                     return Poll::Ready(permit);
                 }

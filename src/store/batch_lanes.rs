@@ -18,7 +18,7 @@ use std::sync::{
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::{Batched, EXTRA, IN_FLIGHT, Job, Sent, send};
+use super::{Batched, EXTRA, IN_FLIGHT, Job, Sent, fill::Fill, send};
 
 /// A call for a lane: its requests, and the round's permit.
 type Work = (Vec<Job>, Sent, Arc<OwnedSemaphorePermit>);
@@ -32,23 +32,26 @@ struct Lane {
 pub(super) struct Lanes<C> {
     lanes: Vec<Lane>,
     conn: C,
+    fill: Arc<Fill>,
 }
 
 impl<C: Batched> Lanes<C> {
     /// Starts [`IN_FLIGHT`] + [`EXTRA`] lanes on `conn`, one for each call
     /// that may be in flight, which end with the batching task (when this
     /// is dropped).
-    pub(super) fn start(conn: &C) -> Self {
+    /// Each tells `fill` when its call is answered.
+    pub(super) fn start(conn: &C, fill: &Arc<Fill>) -> Self {
         let lanes = (0..IN_FLIGHT + EXTRA)
             .map(|_| {
                 let (work, mut calls) = mpsc::channel::<Work>(1);
                 let idle = Arc::new(AtomicBool::new(true));
-                let (conn, done) = (conn.clone(), idle.clone());
+                let (conn, done, fill) = (conn.clone(), idle.clone(), fill.clone());
                 tokio::spawn(async move {
                     while let Some((jobs, call, permit)) = calls.recv().await {
                         send(jobs, conn.clone(), call).await;
                         done.store(true, Ordering::Release);
                         drop(permit);
+                        fill.answered();
                     }
                 });
                 Lane { work, idle }
@@ -57,6 +60,7 @@ impl<C: Batched> Lanes<C> {
         Self {
             lanes,
             conn: conn.clone(),
+            fill: fill.clone(),
         }
     }
 
@@ -74,10 +78,11 @@ impl<C: Batched> Lanes<C> {
             }
         }
         let (jobs, call, permit) = work;
-        let conn = self.conn.clone();
+        let (conn, fill) = (self.conn.clone(), self.fill.clone());
         tokio::spawn(async move {
             send(jobs, conn, call).await;
             drop(permit);
+            fill.answered();
         });
     }
 }
