@@ -16,8 +16,8 @@
 //! large enough that Redis's cost for the call itself (its `read(2)`,
 //! `write(2)` and script invocation, about 3.5 decisions' worth) is spread
 //! over at least [`FILL`] decisions, whatever made the calls slow.
-//! Measured (`BENCHMARKS.md`, "Behind a network round trip"): 25% more
-//! requests behind a 1.25 ms round trip, level on loopback, and on a Redis
+//! Measured (`BENCHMARKS.md`, "Behind a network round trip"): 22% to 25%
+//! more requests behind a 1.25 ms round trip, level on loopback, and on a Redis
 //! capped to 15% of a core under a fleet of four servers within the noise
 //! of two calls (`benches/fleet.py`), where eight calls in flight always
 //! cost a fifth to a quarter of its decisions.
