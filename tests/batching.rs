@@ -169,6 +169,13 @@ async fn both_calls_out(limiter: &Limiter, tag: &str) -> Vec<tokio::task::JoinHa
     out
 }
 
+/// Waits for `calls` (each asserts its own answer).
+async fn all_answered(calls: Vec<tokio::task::JoinHandle<()>>) {
+    for call in calls {
+        call.await.unwrap();
+    }
+}
+
 /// Whether requests answered `took` after they came went in a call of
 /// their own (one round trip, 300 ms) rather than waiting for the first
 /// call's answer (two, less the head start: 560 ms); halfway tells.
@@ -192,6 +199,25 @@ fn assert_exact(decisions: &[Result<redis_ratelimit::Decision, redis_ratelimit::
     assert_eq!(left, expected, "each decided on its own");
 }
 
+/// Sends `n` checks of `key` at once, asserts each decided exactly, and
+/// returns how long they took to be answered.
+async fn answered_in(limiter: &Limiter, key: &str, n: usize) -> Duration {
+    let start = Instant::now();
+    let decisions = join_all((0..n).map(|_| limiter.check(key, 1))).await;
+    let took = start.elapsed();
+    assert_exact(&decisions);
+    took
+}
+
+/// `n` checks of `key` sent at once on a task of their own, each asserted
+/// decided exactly once answered.
+fn spawn_checks(limiter: &Limiter, key: &'static str, n: usize) -> tokio::task::JoinHandle<()> {
+    let limiter = limiter.clone();
+    tokio::spawn(async move {
+        answered_in(&limiter, key, n).await;
+    })
+}
+
 /// Behind a round trip, a call beyond the two in flight goes out once it
 /// would carry 16 requests (a quarter of a full call), and not before:
 /// with both calls out, 15 requests that come at once wait for the first
@@ -202,20 +228,14 @@ async fn a_third_call_goes_out_only_when_full_enough() {
     let (server, _proxy, limiter) = behind_a_round_trip().await;
     for (round, requests, at_once) in [(0, 15, false), (1, 16, true), (2, 80, true)] {
         let calls = both_calls_out(&limiter, &round.to_string()).await;
-        let start = Instant::now();
-        let key = format!("queued{round}");
-        let decisions = join_all((0..requests).map(|_| limiter.check(&key, 1))).await;
-        let took = start.elapsed();
-        assert_exact(&decisions);
+        let took = answered_in(&limiter, &format!("queued{round}"), requests).await;
         assert_eq!(
             went_at_once(took),
             at_once,
             "{requests} requests answered in {took:?}, a round trip of {ONE_TRIP:?}, \
              both calls out"
         );
-        for call in calls {
-            call.await.unwrap();
-        }
+        all_answered(calls).await;
     }
     server.assert_every_key_has_ttl().await;
 }
@@ -227,23 +247,15 @@ async fn a_third_call_goes_out_only_when_full_enough() {
 async fn requests_held_out_of_the_queue_count_toward_a_third_call() {
     let (server, _proxy, limiter) = behind_a_round_trip().await;
     let calls = both_calls_out(&limiter, "held").await;
-    let held = tokio::spawn({
-        let limiter = limiter.clone();
-        async move { join_all((0..10).map(|_| limiter.check("held", 1))).await }
-    });
+    let held = spawn_checks(&limiter, "held", 10);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let start = Instant::now();
-    let decisions = join_all((0..6).map(|_| limiter.check("more", 1))).await;
-    let took = start.elapsed();
-    assert_exact(&decisions);
-    assert_exact(&held.await.unwrap());
+    let took = answered_in(&limiter, "more", 6).await;
+    held.await.unwrap();
     assert!(
         went_at_once(took),
         "6 requests after 10 held answered in {took:?}, a round trip of {ONE_TRIP:?}"
     );
-    for call in calls {
-        call.await.unwrap();
-    }
+    all_answered(calls).await;
     server.assert_every_key_has_ttl().await;
 }
 
@@ -258,10 +270,7 @@ async fn an_answered_extra_call_lets_waiting_requests_go() {
     let mut first_two = both_calls_out(&limiter, "extra").await;
     tokio::time::sleep(Duration::from_millis(40)).await;
     let extras_sent = Instant::now();
-    let extras = tokio::spawn({
-        let limiter = limiter.clone();
-        async move { join_all((0..384).map(|_| limiter.check("extras", 1))).await }
-    });
+    let extras = spawn_checks(&limiter, "extras", 384);
     let mut lone = Vec::new();
     for (i, call) in first_two.drain(..).enumerate() {
         call.await.unwrap();
@@ -278,9 +287,7 @@ async fn an_answered_extra_call_lets_waiting_requests_go() {
         start < extras_sent + ONE_TRIP,
         "the test's timing slipped: the extra calls were answered before the requests came"
     );
-    let decisions = join_all((0..16).map(|_| limiter.check("waiting", 1))).await;
-    let took = start.elapsed();
-    assert_exact(&decisions);
+    let took = answered_in(&limiter, "waiting", 16).await;
     // Going when the extra calls are answered, or when the first lone call
     // is: halfway between tells.
     let with_extras = extras_sent + ONE_TRIP - start + ONE_TRIP;
@@ -290,7 +297,7 @@ async fn an_answered_extra_call_lets_waiting_requests_go() {
         "16 requests answered in {took:?}: in {with_extras:?} if they went as the extra \
          calls were answered, {with_lone:?} if as a lone call was"
     );
-    assert_exact(&extras.await.unwrap());
+    extras.await.unwrap();
     for (_, call) in lone {
         assert!(call.await.unwrap().unwrap().is_allowed());
     }
