@@ -3,7 +3,7 @@
 //! On a standalone Redis behind the `ConnectionManager`, and on a Redis
 //! Cluster behind one cluster connection, every decision goes through one
 //! background task. The task takes what is waiting as one round, with at
-//! most [`IN_FLIGHT`] rounds outstanding (and up to [`EXTRA`] more, each
+//! most [`IN_FLIGHT`] rounds outstanding (and up to [`EXTRA`](fill::EXTRA) more, each
 //! only when at least [`FILL`](fill::FILL) requests wait for it:
 //! `batch_fill.rs`), and sends each group of it as one `EVALSHA` of the
 //! decide script (up to [`MAX_BATCH`] requests). On a standalone Redis a
@@ -69,7 +69,7 @@ mod routing;
 pub(crate) use self::deadline::Deadline;
 use self::{
     deadline::{Held, Shortest, Sweep, Waiter, Waiting, drop_finished, earliest, within_deadlines},
-    fill::{EXTRA, Fill},
+    fill::Fill,
     lanes::Lanes,
     routing::{Routing, read_router},
 };
@@ -107,6 +107,11 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
 
     /// The group of a request, from its limits.
     fn group(router: &Self::Router, checks: &[LimitCheck]) -> Self::Group;
+
+    /// Whether rounds beyond [`IN_FLIGHT`] may go once enough requests
+    /// wait (`batch_fill.rs`): where a round is one call, so that each
+    /// such call carries at least [`FILL`](fill::FILL) requests.
+    const FILLS: bool = true;
 
     /// Whether a group's call may hold keys of several hash slots (a
     /// cluster node's fixed-window requests: `lua/decide_fixed.lua`).
@@ -182,7 +187,8 @@ impl Batcher {
             None => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => self.link.get_or_init(|| {
                     let (queue, rx) = mpsc::channel(QUEUE);
-                    let (shortest, fill) = (Arc::new(Shortest::new()), Arc::new(Fill::new()));
+                    let shortest = Arc::new(Shortest::new());
+                    let fill = Arc::new(Fill::new(C::FILLS));
                     runtime.spawn(run(rx, conn.clone(), shortest.clone(), fill.clone()));
                     Link {
                         queue,

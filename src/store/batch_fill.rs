@@ -53,15 +53,22 @@ pub(super) const EXTRA: usize = 6;
 pub(super) struct Fill {
     wake: Notify,
     permits: Arc<Semaphore>,
+    /// [`EXTRA`], or 0 where a round is not one call.
+    extra: usize,
     /// Requests the task holds out of the queue.
     held: AtomicUsize,
 }
 
 impl Fill {
-    pub(super) fn new() -> Self {
+    /// With [`EXTRA`] calls beyond [`IN_FLIGHT`], or none (`extra` false).
+    ///
+    /// [`IN_FLIGHT`]: super::IN_FLIGHT
+    pub(super) fn new(extra: bool) -> Self {
+        let extra = if extra { EXTRA } else { 0 };
         Self {
             wake: Notify::new(),
-            permits: Arc::new(Semaphore::new(EXTRA)),
+            permits: Arc::new(Semaphore::new(extra)),
+            extra,
             held: AtomicUsize::new(0),
         }
     }
@@ -72,9 +79,16 @@ impl Fill {
     ///
     /// [`IN_FLIGHT`]: super::IN_FLIGHT
     pub(super) fn queued(&self, in_queue: usize) {
-        if in_queue + self.held.load(Ordering::Relaxed) >= FILL {
+        if self.extra > 0 && in_queue + self.held.load(Ordering::Relaxed) >= FILL {
             self.wake.notify_one();
         }
+    }
+
+    /// How many calls beyond [`IN_FLIGHT`] may be out.
+    ///
+    /// [`IN_FLIGHT`]: super::IN_FLIGHT
+    pub(super) fn extra(&self) -> usize {
+        self.extra
     }
 
     /// Called by a lane once its call is answered and its permit dropped.
@@ -105,5 +119,29 @@ impl Fill {
             return None;
         }
         self.permits.clone().try_acquire_owned().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EXTRA, FILL, Fill};
+
+    #[test]
+    fn a_permit_needs_fill_requests_and_a_free_call() {
+        let fill = Fill::new(true);
+        assert_eq!(fill.extra(), EXTRA);
+        assert!(fill.permit(FILL - 1).is_none(), "fewer than FILL wait");
+        let permits: Vec<_> = (0..EXTRA).map(|_| fill.permit(FILL)).collect();
+        assert!(permits.iter().all(Option::is_some), "EXTRA calls may go");
+        assert!(fill.permit(10 * FILL).is_none(), "no more than EXTRA");
+        drop(permits);
+        assert!(fill.permit(FILL).is_some(), "a call answered frees one");
+    }
+
+    #[test]
+    fn without_extra_calls_none_is_granted() {
+        let fill = Fill::new(false);
+        assert_eq!(fill.extra(), 0);
+        assert!(fill.permit(10 * FILL).is_none());
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! A task spawned per call cost each call about 3,000 instructions, most of
 //! them its cell's allocation and the copies of the call's future into
-//! it. Instead, [`IN_FLIGHT`] + [`EXTRA`] tasks live as long as the
-//! batching task and send one call at a time each. A round whose call finds
-//! no idle lane (on a cluster, a round's second call and after) gets a task
-//! of its own, as before.
+//! it. Instead, one task for each call that may be in flight lives as
+//! long as the batching task and sends one call at a time. A round whose
+//! call finds no idle lane (on a cluster, a round's second call and after)
+//! gets a task of its own, as before.
 //!
 //! A lane is idle from when it has answered its call's requests until it
 //! is handed the next one. It releases its round's permit only once idle,
@@ -18,7 +18,7 @@ use std::sync::{
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::{Batched, EXTRA, IN_FLIGHT, Job, Sent, fill::Fill, send};
+use super::{Batched, IN_FLIGHT, Job, Sent, fill::Fill, send};
 
 /// A call for a lane: its requests, and the round's permit.
 type Work = (Vec<Job>, Sent, Arc<OwnedSemaphorePermit>);
@@ -36,12 +36,12 @@ pub(super) struct Lanes<C> {
 }
 
 impl<C: Batched> Lanes<C> {
-    /// Starts [`IN_FLIGHT`] + [`EXTRA`] lanes on `conn`, one for each call
-    /// that may be in flight, which end with the batching task (when this
-    /// is dropped).
-    /// Each tells `fill` when its call is answered.
+    /// Starts one lane on `conn` for each call that may be in flight
+    /// ([`IN_FLIGHT`], and those `fill` allows beyond them), which end
+    /// with the batching task (when this is dropped). Each tells `fill`
+    /// when its call is answered.
     pub(super) fn start(conn: &C, fill: &Arc<Fill>) -> Self {
-        let lanes = (0..IN_FLIGHT + EXTRA)
+        let lanes = (0..IN_FLIGHT + fill.extra())
             .map(|_| {
                 let (work, mut calls) = mpsc::channel::<Work>(1);
                 let idle = Arc::new(AtomicBool::new(true));
