@@ -3,15 +3,16 @@
 //! On a standalone Redis behind the `ConnectionManager`, and on a Redis
 //! Cluster behind one cluster connection, every decision goes through one
 //! background task. The task takes what is waiting as one round, with at
-//! most [`IN_FLIGHT`] rounds outstanding (and up to [`EXTRA`](fill::EXTRA) more, each
-//! only when at least [`FILL`](fill::FILL) requests wait for it:
-//! `batch_fill.rs`), and sends each group of it as one `EVALSHA` of the
-//! decide script (up to [`MAX_BATCH`] requests). On a standalone Redis a
-//! round is one call; on a cluster a round (up to 8
-//! calls' worth) is split by node, from a slot map (`batch_cluster.rs`),
-//! and its calls go out at once. Nothing waits to fill a batch: a lone
-//! request is sent at once, and requests queue only while earlier rounds
-//! are in flight, so batches grow exactly when the server is busy. Each
+//! most [`IN_FLIGHT`] rounds outstanding (on a standalone Redis, up to
+//! [`EXTRA`](fill::EXTRA) more, each only when at least
+//! [`FILL`](fill::FILL) requests wait for it: `batch_fill.rs`), and sends
+//! each group of it as one `EVALSHA` of the decide script (up to
+//! [`MAX_BATCH`] requests). On a standalone Redis a round is one call; on a
+//! cluster a round (up to 8 calls' worth) is split by node, from a slot
+//! map (`batch_cluster.rs`), and its calls go out at once. Nothing waits
+//! to fill a batch: a lone request is sent at once, and requests queue
+//! only while earlier rounds are in flight, so batches grow exactly when
+//! the server is busy. Each
 //! request is still decided on its own, all or nothing, inside the one
 //! atomic script run. This cuts Redis's per-command work and the round
 //! trips, syscalls and parsing on both sides, and on a cluster the

@@ -17,10 +17,10 @@
 //! `write(2)` and script invocation, about 3.5 decisions' worth) is spread
 //! over at least [`FILL`] decisions, whatever made the calls slow.
 //! Measured (`BENCHMARKS.md`, "Behind a network round trip"): 22% to 25%
-//! more requests behind a 1.25 ms round trip, level on loopback, and on a Redis
-//! capped to 15% of a core under a fleet of four servers within the noise
-//! of two calls (`benches/fleet.py`), where eight calls in flight always
-//! cost a fifth to a quarter of its decisions.
+//! more requests behind a 1.25 ms round trip, level on loopback, and on a
+//! Redis capped to 15% of a core under a fleet of four servers within the
+//! noise of two calls (`benches/fleet.py`), where eight calls in flight
+//! always cost a fifth to a quarter of its decisions.
 //!
 //! The task is woken for it, not per request: by a sender that queued a
 //! request and found [`FILL`] waiting (the requests the task holds out of
@@ -91,9 +91,15 @@ impl Fill {
         self.extra
     }
 
-    /// Called by a lane once its call is answered and its permit dropped.
+    /// Called by a lane once its call is answered and its permit dropped:
+    /// wakes the task, unless no call beyond [`IN_FLIGHT`] may go (a
+    /// round's own permit wakes it then).
+    ///
+    /// [`IN_FLIGHT`]: super::IN_FLIGHT
     pub(super) fn answered(&self) {
-        self.wake.notify_one();
+        if self.extra > 0 {
+            self.wake.notify_one();
+        }
     }
 
     /// Called by the task when the requests it holds out of the queue are
