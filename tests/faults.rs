@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_ratelimit::{Error, Limiter};
+use redis_ratelimit::{Breaker, Error, Limiter};
 use support::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -183,6 +183,76 @@ async fn short_behind_long(seen_before: bool) {
     server.freeze(false);
     until_answered(&quick, "other", &server).await;
     server.assert_every_key_has_ttl().await;
+}
+
+/// A call that timed out may still be applied once Redis thaws, but how
+/// much is bounded by what was sent before the breaker opened, not by how
+/// long Redis stayed frozen (README, "When Redis fails"): requests that time
+/// out while queued are never sent, and an open breaker sends only probes.
+/// With the breaker off, the same freeze applies thousands.
+#[tokio::test]
+async fn a_long_freeze_applies_late_only_what_went_before_the_breaker_opened() {
+    let applied = late_applied(Breaker::new()).await;
+    // Eight calls of 64 out at once, a second such wave from requests
+    // queued before the first timed out, and the probes.
+    assert!(applied.late <= 2 * 8 * 64 + 10, "{applied:?}");
+    assert!(applied.sent >= 3_000, "{applied:?}");
+}
+
+#[tokio::test]
+async fn without_the_breaker_a_long_freeze_applies_what_went_throughout() {
+    let applied = late_applied(Breaker::disabled()).await;
+    assert!(applied.late > 2 * 8 * 64 + 10, "{applied:?}");
+}
+
+#[derive(Debug)]
+struct Applied {
+    /// Checks made while Redis was frozen, each of a key of its own.
+    sent: usize,
+    /// Those whose units Redis spent once it thawed.
+    late: usize,
+}
+
+/// Freezes Redis for 3 s under 2,000 checks a second, each of a new key,
+/// thaws it, and counts the keys it spent.
+async fn late_applied(breaker: Breaker) -> Applied {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder("1000/1m".parse().unwrap())
+        .store(server.store().await)
+        .timeout(TIMEOUT)
+        .breaker(breaker)
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    server.freeze(true);
+    let start = Instant::now();
+    let mut checks = Vec::new();
+    while start.elapsed() < Duration::from_secs(3) {
+        for _ in 0..20 {
+            let (limiter, key) = (limiter.clone(), format!("late{}", checks.len()));
+            checks.push(tokio::spawn(async move { limiter.check(&key, 1).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent = checks.len();
+    for check in checks {
+        let r = check.await.unwrap();
+        assert!(
+            matches!(r, Err(Error::Timeout(_) | Error::CircuitOpen)),
+            "{r:?}"
+        );
+    }
+    server.freeze(false);
+    until_answered(&limiter, "after", &server).await;
+    // Redis works through what it was sent, in order, before the check above.
+    let late = server
+        .keys_with_ttl()
+        .await
+        .iter()
+        .filter(|(key, _)| key.contains("late"))
+        .count();
+    server.assert_every_key_has_ttl().await;
+    Applied { sent, late }
 }
 
 /// A timeout too long to add to the clock (the batching task cannot hold a
