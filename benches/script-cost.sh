@@ -13,6 +13,12 @@
 #
 #   general      lua/lib.lua + fixed_window.lua + sliding_window.lua +
 #                gcra.lua + decide.lua (DECIDE_LUA), fixed-window limits
+#   general sw   the same script, sliding-window limits (no fast path: every
+#                sliding-window decision runs it)
+#   general gcra the same script, GCRA limits (a burst of 1000)
+#   bare sw,     HMGET, PTTL, HSET and PEXPIRE per key (sliding window), GET,
+#   bare gcra    PTTL and SET PX (GCRA), with each value formatted, and no
+#                arithmetic, validation or healing: floors for the two
 #   fast path    lua/lib.lua + fixed_window.lua + decide_fixed.lua
 #                (DECIDE_FIXED_LUA) in its compact form (0, limit, window,
 #                cost): what a batch of one limiter's requests sends
@@ -55,9 +61,37 @@ done
 
 join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
 # As store/scripts.rs's DECIDE_LUA: decide.lua after `local peek = false`.
-{ join lib.lua; echo 'local corruption, read_string, int = value_helpers()'; join fixed_window.lua sliding_window.lua gcra.lua; echo 'local peek = false'; join decide.lua; } >"$work/general.lua"
+{ join lib.lua; echo 'local corruption, read_string, int, stored = value_helpers()'; join fixed_window.lua sliding_window.lua gcra.lua; echo 'local peek = false'; join decide.lua; } >"$work/general.lua"
 join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
 cp "$root/benches/bare.lua" "$work/bare.lua"
+cat >"$work/bare_sw.lua" <<'LUA'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local reply = {}
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  local raw = redis.call('HMGET', k, 's', 'c', 'p')
+  local s, c, p = tonumber(raw[1]) or now, tonumber(raw[2]) or 0, tonumber(raw[3]) or 0
+  local ttl = redis.call('PTTL', k)
+  redis.call('HSET', k, 's', string.format('%d', s), 'c', string.format('%d', c + 1), 'p', string.format('%d', p))
+  redis.call('PEXPIRE', k, ARGV[1])
+  reply[2 * i - 1], reply[2 * i] = c + 1, ttl
+end
+return cmsgpack.pack(reply)
+LUA
+cat >"$work/bare_gcra.lua" <<'LUA'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local reply = {}
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  redis.call('GET', k)
+  local ttl = redis.call('PTTL', k)
+  redis.call('SET', k, string.format('%d:%d', now + 3600, 0), 'PX', ARGV[1])
+  reply[2 * i - 1], reply[2 * i] = 1, ttl
+end
+return cmsgpack.pack(reply)
+LUA
 echo 'return 1' >"$work/return1.lua"
 # The fast path as a function library: decide_fixed.lua's body is the
 # function's, with KEYS and ARGV its arguments.
@@ -82,8 +116,12 @@ general=(8)
 # compact form, 0, the limit, the window and the cost.
 spelled=(1 1000000000 3600000 0 1 8 1 1 1)
 fast=(0 1000000000 3600000 1)
+sliding=(8)
+gcra=(8)
 for _ in 1 2 3 4 5 6 7 8; do
   general+=(1 1 1 1000000000 3600000 0 0)
+  sliding+=(1 1 2 1000000000 3600000 0 0)
+  gcra+=(1 1 3 1000000000 3600000 1000 0)
 done
 
 # The harness's free port (benches/harness/procs.py).
@@ -119,7 +157,7 @@ measure() {
   wait "$pid" || true
   local total
   total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done {gsub(",", "", $1); print $1; done = 1}')
-  printf '%-11s %9d instructions per call  %7d per decision\n' \
+  printf '%-12s %9d instructions per call  %7d per decision\n' \
     "$name" $((total / calls)) $((total / calls / decisions))
   last=$((total / calls))
 }
@@ -138,6 +176,10 @@ measure "fast path" "$work/fast.lua" 8 8 "${keys[@]}" "${fast[@]}"
 measure "spelled out" "$work/fast.lua" 8 8 "${keys[@]}" "${spelled[@]}"
 measure bare "$work/bare.lua" 8 8 "${keys[@]}" 1
 measure "return 1" "$work/return1.lua" 1 0
+measure "general sw" "$work/general.lua" 8 8 "${keys[@]}" "${sliding[@]}"
+measure "bare sw" "$work/bare_sw.lua" 8 8 "${keys[@]}" 7200000
+measure "general gcra" "$work/general.lua" 8 8 "${keys[@]}" "${gcra[@]}"
+measure "bare gcra" "$work/bare_gcra.lua" 8 8 "${keys[@]}" 7200000
 
 # The fast path at 1, 8 and 32 decisions a call: a least-squares line
 # through the three, its intercept what a call costs by itself.

@@ -60,7 +60,22 @@ local requests = whole(ARGV[1], 1)
 if not requests then
   return bad('ARGV[1] must be the number of requests (>= 1)')
 end
-local batch = {}
+
+-- The GCRA shape of a quota: the last one made is kept, since a batch's
+-- requests are mostly one limiter's and a shape costs a loop of divisions
+-- and a table.
+local shaped, shaped_limit, shaped_window, shaped_burst
+local function shape_of(limit, window, burst)
+  if not (shaped and limit == shaped_limit and window == shaped_window and burst == shaped_burst) then
+    shaped = gcra.shape(limit, window, burst)
+    shaped_limit, shaped_window, shaped_burst = limit, window, burst
+  end
+  return shaped
+end
+
+-- Every argument checked before anything is decided (and so written). No
+-- table per request or limit is kept: deciding reads the arguments again,
+-- each then a lookup in lib.lua's `parsed`.
 local arg, key = 2, 1
 for r = 1, requests do
   local cost, n = whole(ARGV[arg], 0), whole(ARGV[arg + 1], 1)
@@ -68,27 +83,15 @@ for r = 1, requests do
     return bad('request ' .. r .. ': cost (>= 0) and number of limits (>= 1) expected')
   end
   arg = arg + 2
-  local limits = {}
   for i = 1, n do
-    local l = {
-      key = KEYS[key],
-      algorithm = whole(ARGV[arg], 1),
-      limit = whole(ARGV[arg + 1], 1),
-      window = whole(ARGV[arg + 2], 1),
-      burst = whole(ARGV[arg + 3], 0),
-      shadow = whole(ARGV[arg + 4], 0),
-    }
-    if l.algorithm == 3 and l.limit and l.window and l.burst then
-      l.shape = gcra.shape(l.limit, l.window, l.burst)
-    end
-    if not l.key or not l.algorithm or l.algorithm > 3 or not l.limit or not l.window
-      or not l.burst or (l.algorithm == 3 and not l.shape) or not l.shadow or l.shadow > 1 then
+    local algorithm, limit, window = whole(ARGV[arg], 1), whole(ARGV[arg + 1], 1), whole(ARGV[arg + 2], 1)
+    local burst, shadow = whole(ARGV[arg + 3], 0), whole(ARGV[arg + 4], 0)
+    if not KEYS[key] or not algorithm or algorithm > 3 or not limit or not window or not burst
+      or not shadow or shadow > 1 or (algorithm == 3 and not shape_of(limit, window, burst)) then
       return bad('request ' .. r .. ', limit ' .. i .. ': bad key, algorithm, limit, window_ms, burst or shadow')
     end
-    limits[i] = l
     arg, key = arg + 5, key + 1
   end
-  batch[r] = { cost = cost, limits = limits }
 end
 if arg ~= #ARGV + 1 or key ~= #KEYS + 1 then
   return bad('ARGV and KEYS do not match the requests they describe')
@@ -97,42 +100,49 @@ end
 -- Redis time, read once and only if a sliding window or GCRA needs it (a
 -- fixed window runs on its key's PTTL).
 local now_us, now_ms
-local function clock()
-  if not now_us then
-    local time = redis.call('TIME')
-    now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-    now_ms = math.floor(now_us / 1000)
-  end
-end
 local fixed_window = fixed_window_module(corruption)
 local modules = { fixed_window, sliding_window, gcra }
 
--- Decides one request, appending its reply.
-local function decide(request, reply)
-  local cost = request.cost
-  local states = {}
+-- Each request in turn: its limits checked, then each settled (committed
+-- or undone) once all are known, and its reply appended. states and algos
+-- are reused from request to request.
+local reply, at = {}, 0
+local states, algos = {}, {}
+arg, key = 2, 1
+for _ = 1, requests do
+  local cost, n = whole(ARGV[arg], 0), whole(ARGV[arg + 1], 1)
+  arg = arg + 2
   local all = true
-  for i, l in ipairs(request.limits) do
+  for i = 1, n do
+    local algorithm, limit, window = parsed[ARGV[arg]], parsed[ARGV[arg + 1]], parsed[ARGV[arg + 2]]
     local st
-    if l.algorithm == 1 then
-      st = fixed_window.check(l.key, l.limit, l.window, cost)
-    elseif l.algorithm == 2 then
-      clock()
-      st = sliding_window.check(l.key, l.limit, l.window, cost, now_ms)
+    if algorithm == 1 then
+      st = fixed_window.check(KEYS[key], limit, window, cost)
     else
-      clock()
-      st = gcra.check(l.key, l.shape, cost, now_us)
+      if not now_us then
+        local time = redis.call('TIME')
+        now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+        now_ms = math.floor(now_us / 1000)
+      end
+      if algorithm == 2 then
+        st = sliding_window.check(KEYS[key], limit, window, cost, now_ms)
+      else
+        st = gcra.check(KEYS[key], shape_of(limit, window, parsed[ARGV[arg + 3]]), cost, now_us)
+      end
     end
-    states[i] = st
-    all = all and (st.allowed or l.shadow == 1)
+    states[i], algos[i] = st, algorithm
+    all = all and (st.allowed or parsed[ARGV[arg + 4]] == 1)
+    arg, key = arg + 5, key + 1
   end
-  reply[#reply + 1] = all and 1 or 0
-  for i, st in ipairs(states) do
+  reply[at + 1] = all and 1 or 0
+  at = at + 1
+  for i = 1, n do
+    local st = states[i]
     local spends = all and st.allowed and not peek
     if spends then
-      modules[request.limits[i].algorithm].commit(st, cost)
+      modules[algos[i]].commit(st, cost)
     else
-      modules[request.limits[i].algorithm].undo(st, cost)
+      modules[algos[i]].undo(st, cost)
     end
     local remaining, reset = st.remaining, st.reset
     if spends then
@@ -142,14 +152,9 @@ local function decide(request, reply)
     if not st.allowed then
       retry = st.retry
     end
-    local at = #reply
     reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
       st.allowed and 1 or 0, remaining, reset, retry
+    at = at + 4
   end
-end
-
-local reply = {}
-for _, request in ipairs(batch) do
-  decide(request, reply)
 end
 return cmsgpack.pack(reply)

@@ -39,10 +39,13 @@
 local gcra = {}
 
 -- Quotient and remainder of whole numbers a >= 0 and b >= 1, exact when
--- a + b <= 2^53: the float quotient is off by at most one, and corrected.
+-- a + b <= 2^53: a % b is a - floor(a / b) * b in doubles, whose quotient
+-- is off by at most one, and corrected; a - r is then a multiple of b. (No
+-- math.floor: a call into C costs Redis's Lua about 500 instructions, an
+-- operator a few.)
 local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
+  local r = a % b
+  local q = (a - r) / b
   if r < 0 then
     q, r = q - 1, r + b
   elseif r >= b then
@@ -89,7 +92,7 @@ local function read_tat(key)
   end
   local colon = string.find(raw, ':', 1, true)
   if colon then
-    local a, b = whole(string.sub(raw, 1, colon - 1), 0), whole(string.sub(raw, colon + 1), 0)
+    local a, b = stored(string.sub(raw, 1, colon - 1)), stored(string.sub(raw, colon + 1))
     if a and b then
       return a, b
     end
@@ -103,12 +106,13 @@ local function read_tat(key)
   return nil
 end
 
+-- x units of 1/per_us microsecond, in ms, rounded up.
+local function ms(x, per_us)
+  return ceil_div(ceil_div(x, per_us), 1000)
+end
+
 function gcra.check(key, s, cost, now)
   local step, per_us, cap = s.step, s.per_us, s.cap
-  -- Microseconds of units of 1/per_us, to ms, rounded up.
-  local function ms(x)
-    return ceil_div(ceil_div(x, per_us), 1000)
-  end
   local ahead = 0
   local a, b = read_tat(key)
   if a ~= nil then
@@ -119,34 +123,38 @@ function gcra.check(key, s, cost, now)
     if d > s.cap_us then
       ahead = cap
     elseif d >= 0 then
-      ahead = math.min(d * per_us + b, cap)
+      ahead = d * per_us + b
+      if ahead > cap then
+        ahead = cap
+      end
     end
   end
   local ttl = redis.call('PTTL', key)
   local room = cap - ahead
-  local st = { key = key, now = now, per_us = per_us, ahead = ahead, after = ahead }
-  -- A key without (a sane) TTL is healed by commit or undo, not here: the
-  -- spend must be the first write (see the header).
-  st.heal = ttl == -1 or ttl > ms(cap) + 1
-  st.allowed = cost <= s.burst and cost * step <= room
-  st.remaining = divmod(room, step)
-  st.remaining_after = 0
-  if st.allowed then
-    st.after = ahead + cost * step
-    st.remaining_after = divmod(cap - st.after, step)
+  local allowed = cost <= s.burst and cost * step <= room
+  local after, remaining_after = ahead, 0
+  if allowed then
+    after = ahead + cost * step
+    remaining_after = divmod(cap - after, step)
   end
-  st.reset = ms(ahead)
-  st.reset_after = ms(st.after)
-  st.ttl = st.reset_after + 1
-  st.retry = 0
-  if not st.allowed then
+  local reset, reset_after = ms(ahead, per_us), ms(after, per_us)
+  local retry = 0
+  if not allowed then
     if cost <= s.burst then
-      st.retry = math.max(1, ms(cost * step - room))
+      retry = math.max(1, ms(cost * step - room, per_us))
     else
-      st.retry = math.max(1, st.reset)
+      retry = math.max(1, reset)
     end
   end
-  return st
+  -- One constructor: a table grown field by field rehashes as it goes.
+  -- A key without (a sane) TTL is healed by commit or undo, not here: the
+  -- spend must be the first write (see the header).
+  return {
+    key = key, now = now, per_us = per_us, ahead = ahead, after = after,
+    heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
+    allowed = allowed, remaining = divmod(room, step), remaining_after = remaining_after,
+    reset = reset, reset_after = reset_after, ttl = reset_after + 1, retry = retry,
+  }
 end
 
 -- Nothing to take back (check never writes a spend): only a TTL to heal.
@@ -163,7 +171,7 @@ end
 function gcra.commit(st, cost)
   if cost > 0 then
     local q, r = divmod(st.after, st.per_us)
-    redis.call('SET', st.key, int(st.now + q) .. ':' .. int(r), 'PX', int(st.ttl))
+    redis.call('SET', st.key, string.format('%d:%d', st.now + q, r), 'PX', int(st.ttl))
   else
     gcra.undo(st)
   end

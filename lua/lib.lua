@@ -31,14 +31,15 @@ local function whole(v, min)
   return n
 end
 
--- The helpers for stored values: corruption, read_string and int, built
--- by a call, value_helpers(), which returns the three. Redis runs a whole
+-- The helpers for stored values: corruption, read_string, int and stored,
+-- built by a call, value_helpers(), which returns the four. Redis runs a whole
 -- script at every call and makes every closure it defines each time, about
 -- 1,250 instructions of Redis's each (benches/script-cost.sh); the
 -- fixed-window fast path and the concurrency scripts need none of these on
--- their common path, so they pay for one closure, this one, not three.
+-- their common path, so they pay for one closure, this one, not four.
 -- Scripts that use them throughout build them once at the top
--- (store/scripts.rs: `local corruption, read_string, int = value_helpers()`).
+-- (store/scripts.rs: `local corruption, read_string, int, stored =
+-- value_helpers()`).
 local function value_helpers()
   -- Takes an error reply of redis.pcall: returns if it is the one error a
   -- script expects, a value that is corrupt (of the wrong type, not an integer,
@@ -82,5 +83,19 @@ local function value_helpers()
     return string.format('%d', n)
   end
 
-  return corruption, read_string, int
+  -- The whole number >= 0 in a stored field or value v (a string, or
+  -- nil), or nil. Not whole(): a stored value differs from key to key, so
+  -- remembering it would only grow `parsed` by a string a field, and the
+  -- strict decimal form matters for arguments, which go to Redis as they
+  -- are, not for what we parse and write back ourselves (a field reading
+  -- "1e3" is 1000, as good as any other number someone wrote there).
+  local function stored(v)
+    local n = tonumber(v)
+    if n ~= nil and n >= 0 and n <= 2^53 and n % 1 == 0 then
+      return n
+    end
+    return nil
+  end
+
+  return corruption, read_string, int, stored
 end

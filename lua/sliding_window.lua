@@ -27,6 +27,19 @@
 
 local sliding_window = {}
 
+-- How long until a window of count units (and a previous window of p)
+-- weighs nothing: left of this window and a whole one if it holds any,
+-- left if only the previous one does.
+local function drain(count, p, left, window)
+  if count > 0 then
+    return left + window
+  end
+  if p > 0 then
+    return left
+  end
+  return 0
+end
+
 function sliding_window.check(key, limit, window, cost, now)
   local s, c, p
   local raw = redis.pcall('HMGET', key, 's', 'c', 'p')
@@ -34,7 +47,7 @@ function sliding_window.check(key, limit, window, cost, now)
     corruption(raw) -- raises any error but a wrong type
     redis.call('DEL', key)
   else
-    s, c, p = whole(raw[1], 0), whole(raw[2], 0), whole(raw[3], 0)
+    s, c, p = stored(raw[1]), stored(raw[2]), stored(raw[3])
     if (s == nil or c == nil or p == nil) and (raw[1] or raw[2] or raw[3]) then
       redis.call('DEL', key) -- corrupt: start afresh
     end
@@ -57,30 +70,36 @@ function sliding_window.check(key, limit, window, cost, now)
 
   local left = window - elapsed
   local weighted = p * left / window
-  local st = { key = key, s = s, c = c, p = p, expiry = expiry }
-  -- A hash without (a sane) TTL is healed by commit or undo, not here: the
-  -- spend must be the first write (see the header).
-  st.heal = ttl == -1 or ttl > expiry
-  st.allowed = c + cost + weighted <= limit
-  st.remaining = math.max(0, math.floor(limit - c - weighted))
-  st.remaining_after = math.max(0, math.floor(limit - (c + cost) - weighted))
-  local function drain(count)
-    if count > 0 then return left + window end
-    if p > 0 then return left end
-    return 0
-  end
-  st.reset = drain(c)
-  st.reset_after = drain(c + cost)
+  local retry
   if c + cost <= limit then
     -- Fits in this window once the previous one's weight has shrunk enough.
-    st.retry = math.ceil(window - (limit - c - cost) * window / p - elapsed)
+    retry = math.ceil(window - (limit - c - cost) * window / p - elapsed)
   else
     -- Next window: this window's count becomes the weighted one.
-    local at = math.max(0, window - (limit - cost) * window / c)
-    st.retry = left + math.ceil(at)
+    local at = window - (limit - cost) * window / c
+    if at < 0 then
+      at = 0
+    end
+    retry = left + math.ceil(at)
   end
-  st.retry = math.max(1, st.retry)
-  return st
+  if not (retry >= 1) then
+    retry = 1 -- also for NaN (0 / 0 with no previous window), as math.max did
+  end
+  local remaining = math.floor(limit - c - weighted)
+  local remaining_after = math.floor(limit - (c + cost) - weighted)
+  -- One constructor: a table grown field by field rehashes as it goes.
+  -- A hash without (a sane) TTL is healed by commit or undo, not here: the
+  -- spend must be the first write (see the header).
+  return {
+    key = key, s = s, c = c, p = p, expiry = expiry,
+    heal = ttl == -1 or ttl > expiry,
+    allowed = c + cost + weighted <= limit,
+    remaining = remaining > 0 and remaining or 0,
+    remaining_after = remaining_after > 0 and remaining_after or 0,
+    reset = drain(c, p, left, window),
+    reset_after = drain(c + cost, p, left, window),
+    retry = retry,
+  }
 end
 
 -- Nothing to take back (check never writes a spend): only a TTL to heal.

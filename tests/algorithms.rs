@@ -305,6 +305,40 @@ fn admitted_in(reply: &support::Reply) -> u64 {
     reply.0.chunks(5).map(|r| r[0] as u64).sum()
 }
 
+/// One call whose requests alternate between GCRA quotas that differ in one
+/// field each (the burst, the window): the script keeps a batch's last
+/// shape from request to request, and each request still gets its own
+/// quota's. At one Redis instant each key admits exactly its own burst.
+#[tokio::test]
+async fn gcra_requests_of_alternating_quotas_in_one_call_each_get_their_own() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let quotas = [("10/1s", 3, "a"), ("10/1s", 5, "b"), ("10/2s", 3, "c")];
+    let decide = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    let mut script = decide.prepare_invoke();
+    let rounds = 12;
+    script.arg(rounds * quotas.len());
+    for _ in 0..rounds {
+        for (text, burst, key) in quotas {
+            let q = text.parse::<Quota>().unwrap().gcra(burst).unwrap();
+            script.key(key);
+            script.arg(&[1, 1, 3, q.limit(), q.window_ms(), q.capacity(), 0][..]);
+        }
+    }
+    let reply: support::Reply = script.invoke_async(&mut conn).await.unwrap();
+    for (i, (text, burst, key)) in quotas.into_iter().enumerate() {
+        let admitted: u64 = reply
+            .0
+            .chunks(5)
+            .skip(i)
+            .step_by(quotas.len())
+            .map(|r| r[0] as u64)
+            .sum();
+        assert_eq!(admitted, burst, "{key}: {text} with a burst of {burst}");
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
 /// GCRA in Redis: `2 * burst + 10` requests in one script call, so at one
 /// Redis instant, admit exactly `burst` (the bucket holds `burst` units and
 /// none refills within an instant), whether the interval is a whole number

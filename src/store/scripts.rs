@@ -56,7 +56,7 @@ macro_rules! after_the_algorithms {
         concat!(
             include_str!("../../lua/lib.lua"),
             // The value helpers, which these scripts use throughout.
-            "\nlocal corruption, read_string, int = value_helpers()\n",
+            "\nlocal corruption, read_string, int, stored = value_helpers()\n",
             include_str!("../../lua/fixed_window.lua"),
             "\n",
             include_str!("../../lua/sliding_window.lua"),
