@@ -16,9 +16,9 @@
 #   general sw   the same script, sliding-window limits (no fast path: every
 #                sliding-window decision runs it)
 #   general gcra the same script, GCRA limits (a burst of 1000)
-#   bare sw,     HMGET, PTTL, HSET and PEXPIRE per key (sliding window), GET,
-#   bare gcra    PTTL and SET PX (GCRA), with each value formatted, and no
-#                arithmetic, validation or healing: floors for the two
+#   bare sw,     benches/bare_sliding.lua and bare_gcra.lua: the Redis calls
+#   bare gcra    of each algorithm alone (HMGET, PTTL, HSET, PEXPIRE; GET,
+#                PTTL, SET PX), floors for the two
 #   fast path    lua/lib.lua + fixed_window.lua + decide_fixed.lua
 #                (DECIDE_FIXED_LUA) in its compact form (0, limit, window,
 #                cost): what a batch of one limiter's requests sends
@@ -64,34 +64,8 @@ join() { for f in "$@"; do cat "$lua/$f"; echo; done; }
 { join lib.lua; echo 'local corruption, read_string, int, stored = value_helpers()'; join fixed_window.lua sliding_window.lua gcra.lua; echo 'local peek = false'; join decide.lua; } >"$work/general.lua"
 join lib.lua fixed_window.lua decide_fixed.lua >"$work/fast.lua"
 cp "$root/benches/bare.lua" "$work/bare.lua"
-cat >"$work/bare_sw.lua" <<'LUA'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local reply = {}
-for i = 1, #KEYS do
-  local k = KEYS[i]
-  local raw = redis.call('HMGET', k, 's', 'c', 'p')
-  local s, c, p = tonumber(raw[1]) or now, tonumber(raw[2]) or 0, tonumber(raw[3]) or 0
-  local ttl = redis.call('PTTL', k)
-  redis.call('HSET', k, 's', string.format('%d', s), 'c', string.format('%d', c + 1), 'p', string.format('%d', p))
-  redis.call('PEXPIRE', k, ARGV[1])
-  reply[2 * i - 1], reply[2 * i] = c + 1, ttl
-end
-return cmsgpack.pack(reply)
-LUA
-cat >"$work/bare_gcra.lua" <<'LUA'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local reply = {}
-for i = 1, #KEYS do
-  local k = KEYS[i]
-  redis.call('GET', k)
-  local ttl = redis.call('PTTL', k)
-  redis.call('SET', k, string.format('%d:%d', now + 3600, 0), 'PX', ARGV[1])
-  reply[2 * i - 1], reply[2 * i] = 1, ttl
-end
-return cmsgpack.pack(reply)
-LUA
+cp "$root/benches/bare_sliding.lua" "$work/bare_sw.lua"
+cp "$root/benches/bare_gcra.lua" "$work/bare_gcra.lua"
 echo 'return 1' >"$work/return1.lua"
 # The fast path as a function library: decide_fixed.lua's body is the
 # function's, with KEYS and ARGV its arguments.

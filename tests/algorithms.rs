@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use redis::AsyncCommands;
 use redis_ratelimit::{Decision, Error, Limiter, MemoryStore, Quota};
 use support::{Backend, RedisServer};
 use tokio::time::sleep;
@@ -303,6 +304,52 @@ async fn decide_at_one_instant(
 
 fn admitted_in(reply: &support::Reply) -> u64 {
     reply.0.chunks(5).map(|r| r[0] as u64).sum()
+}
+
+/// A sliding-window hash whose fields are not whole numbers from 0 up (a
+/// negative count, which would lift the limit, text, NaN, infinity, a
+/// fraction) is reset, never obeyed: at one Redis instant the key admits
+/// exactly its limit. Stored fields are parsed leniently ("1e3" is 1000),
+/// but only to a whole number from 0 to 2^53.
+#[tokio::test]
+async fn sliding_window_resets_fields_that_are_not_whole_counts() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = (time.0 * 1_000_000 + time.1) / 1000;
+    let decide = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    for (field, value) in [
+        ("c", "-100"),
+        ("p", "-100"),
+        ("c", "x"),
+        ("s", "nan"),
+        ("p", "inf"),
+        ("c", "1.5"),
+    ] {
+        let mut fields = vec![
+            ("s", now_ms.to_string()),
+            ("c", "0".into()),
+            ("p", "0".into()),
+        ];
+        fields.retain(|(f, _)| *f != field);
+        fields.push((field, value.into()));
+        let _: () = redis::cmd("DEL")
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = conn.hset_multiple("k", &fields).await.unwrap();
+        let _: () = conn.pexpire("k", 60_000).await.unwrap();
+        let mut script = decide.prepare_invoke();
+        script.arg(5);
+        for _ in 0..5 {
+            script.key("k");
+            script.arg(&[1, 1, 2, 3, 10_000, 0, 0][..]);
+        }
+        let reply: support::Reply = script.invoke_async(&mut conn).await.unwrap();
+        assert_eq!(admitted_in(&reply), 3, "{field} = {value}: {:?}", reply.0);
+    }
+    server.assert_every_key_has_ttl().await;
 }
 
 /// One call whose requests alternate between GCRA quotas that differ in one
