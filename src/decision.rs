@@ -13,13 +13,40 @@ pub(crate) type States = SmallVec<[LimitState; 1]>;
 /// when they share a key); empty unless the layer writes `pk`.
 pub(crate) type Partition = SmallVec<[u64; 1]>;
 
+/// Per limit, when its state after a spend resets, on the in-memory store's
+/// own clock, in µs. For GCRA it is the theoretical arrival time the spend
+/// left, rounded up to the µs, where the state's `reset_ms` is rounded up
+/// to the whole ms: a refund bounded by "what is still outstanding of the
+/// spend" is then short of it by nothing and over it by under a µs (with
+/// the decision's time and whole ms, it was off by up to a ms either way).
+/// A lone limit's is held inline: a decision on the memory store allocates
+/// nothing for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ends {
+    /// A lone limit's.
+    One(u64),
+    /// Each limit's, in the limiter's order.
+    Each(Box<[u64]>),
+}
+
+impl Ends {
+    /// Limit `i`'s end, if the decision has that limit.
+    pub(crate) fn get(&self, i: usize) -> Option<u64> {
+        match self {
+            Ends::One(end) => (i == 0).then_some(*end),
+            Ends::Each(ends) => ends.get(i).copied(),
+        }
+    }
+}
+
 /// When a decision was made, on a clock a refund can compare with: the
-/// in-memory store's own milliseconds, or this process's clock for a store
-/// outside it (whose time only the store knows).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// in-memory store's own, or this process's clock for a store outside it
+/// (whose time only the store knows).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Stamp {
-    /// The [`MemoryStore`](crate::MemoryStore)'s clock, in ms.
-    Memory(u64),
+    /// Where each limit's state resets on the
+    /// [`MemoryStore`](crate::MemoryStore)'s clock.
+    Memory(Ends),
     /// This process's clock when the store's answer arrived.
     Local(tokio::time::Instant),
 }
@@ -27,7 +54,7 @@ pub(crate) enum Stamp {
 /// What a decision spent, for a refund: its cost and when it was decided.
 /// `None` for a decision that spent nothing (a denial, a peek, a cost of 0,
 /// a cached denial).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Spent {
     pub(crate) cost: u64,
     pub(crate) at: Stamp,
@@ -64,7 +91,7 @@ pub(crate) struct Spent {
 pub struct Decision {
     allowed: bool,
     states: States,
-    binding: usize,
+    binding: u32,
     policies: Arc<Policies>,
     partition: Partition,
     spent: Option<Spent>,
@@ -134,7 +161,7 @@ impl Decision {
         };
         Self {
             allowed,
-            binding: binding.unwrap_or(0),
+            binding: binding.unwrap_or(0) as u32,
             states,
             policies,
             partition: Partition::new(),
@@ -152,8 +179,8 @@ impl Decision {
     }
 
     /// What the decision spent, if anything.
-    pub(crate) fn spent(&self) -> Option<Spent> {
-        self.spent
+    pub(crate) fn spent(&self) -> Option<&Spent> {
+        self.spent.as_ref()
     }
 
     /// Limit `i`'s state.
@@ -179,16 +206,16 @@ impl Decision {
     /// The binding limit's partition key, when the layer writes `pk`.
     pub(crate) fn partition_key(&self) -> Option<u64> {
         let last = self.partition.len().checked_sub(1)?;
-        self.partition.get(self.binding.min(last)).copied()
+        self.partition.get(self.binding().min(last)).copied()
     }
 
     /// The index of the binding limit.
     pub(crate) fn binding(&self) -> usize {
-        self.binding
+        self.binding as usize
     }
 
     fn state(&self) -> &LimitState {
-        &self.states[self.binding]
+        &self.states[self.binding()]
     }
 
     /// Whether the request may proceed. A denied request consumed nothing,
@@ -224,7 +251,7 @@ impl Decision {
 
     /// The binding limit's quota.
     pub fn quota(&self) -> Quota {
-        self.policies.quota(self.binding)
+        self.policies.quota(self.binding())
     }
 
     /// Units the binding limit still has after this decision.
@@ -246,7 +273,7 @@ impl Decision {
 
     /// The binding limit's name, as used in the `RateLimit` header.
     pub fn policy(&self) -> &str {
-        self.policies.name(self.binding)
+        self.policies.name(self.binding())
     }
 
     /// Every limit's part, in the limiter's order.

@@ -135,6 +135,45 @@ for_every_store!(
     concurrent_spends_and_refunds_never_pass_the_limit,
 );
 
+/// A GCRA refund right after its spend gives the whole unit back, whatever
+/// the sub-millisecond times of the spend and the refund: the bound "no more
+/// than is still outstanding" rounds the spend's end up, never down (it once
+/// rounded the decision's time down, and a check just after a refund found
+/// the bucket a fraction of a unit short). The memory store on tokio's paused
+/// clock, its own clock.
+#[tokio::test(start_paused = true)]
+async fn a_gcra_refund_is_never_short_by_the_clocks_rounding() {
+    let quota: Quota = "3/10s".parse().unwrap();
+    let l = limiter(&Backend::memory(), "gcra", quota.gcra(3).unwrap());
+    // Spent at 0.8 ms: the spend's end is 3,334.13 ms on the store's clock.
+    tokio::time::advance(Duration::from_micros(800)).await;
+    let spent: Vec<_> = join_all((0..3).map(|_| l.check("k", 1))).await;
+    assert!(spent.iter().all(|d| d.as_ref().unwrap().is_allowed()));
+    // Refunded at 1.05 ms: 3,333.08 ms of it still outstanding.
+    tokio::time::advance(Duration::from_micros(250)).await;
+    l.refund("k", spent[0].as_ref().unwrap()).await.unwrap();
+    assert_eq!(admitted(&l, "k", 3).await, 1);
+}
+
+/// Nor is it over: a GCRA spend that has drained credits nothing, though
+/// its end in whole ms is still ahead. 5000/1s, a burst of 1: a unit is
+/// 200 µs, so the spend's reset reads 1 ms while the spend is gone after
+/// 200 µs; a credit bounded by the reset's whole ms would give back the next
+/// spend.
+#[tokio::test(start_paused = true)]
+async fn a_drained_gcra_spend_credits_nothing_within_its_millisecond() {
+    let quota: Quota = "5000/1s".parse().unwrap();
+    let l = limiter(&Backend::memory(), "gcra", quota.gcra(1).unwrap());
+    tokio::time::advance(Duration::from_micros(800)).await;
+    let old = l.check("k", 1).await.unwrap();
+    assert!(old.is_allowed());
+    // 0.5 ms on: the old spend drained at 1.0 ms; a new one is held.
+    tokio::time::advance(Duration::from_micros(700)).await;
+    assert_eq!(admitted(&l, "k", 2).await, 1);
+    l.refund("k", &old).await.unwrap();
+    assert_eq!(admitted(&l, "k", 1).await, 0, "a later spend was credited");
+}
+
 /// On a cluster: refund, peek and reset for every algorithm and several
 /// limits, one call each (a CROSSSLOT error would fail it).
 #[cfg(feature = "cluster")]

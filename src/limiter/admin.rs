@@ -125,7 +125,12 @@ impl Limiter {
     ///   credited while it still counts (as the current or the previous
     ///   window); a GCRA's theoretical arrival time moves back by at most
     ///   the cost, by no more than is still outstanding of that spend, and
-    ///   never before now.
+    ///   never before now. The [`MemoryStore`] knows that to the µs; a
+    ///   store elsewhere learns it from this process in whole ms (the
+    ///   decision's reset less the time since its answer), so it may credit
+    ///   up to two milliseconds and the answer's way back more than is
+    ///   outstanding, which only a GCRA whose unit is shorter than that can
+    ///   turn into a unit admitted early.
     /// - Counts never drop below zero, and keys keep their expiry.
     /// - A decision that spent nothing (denied, a cost of 0, a
     ///   [`peek`](Self::peek), a cached denial) refunds nothing, without a
@@ -184,11 +189,11 @@ impl Limiter {
                 RefundWork::Memory(memory, credits) => {
                     let credits: Vec<_> = credits
                         .iter()
-                        .map(|(key, quota, cost, end_ms)| Credit {
+                        .map(|(key, quota, cost, end_us)| Credit {
                             key: key.as_bytes(),
                             quota: *quota,
                             cost: *cost,
-                            end_ms: *end_ms,
+                            end_us: *end_us,
                         })
                         .collect();
                     memory.refund_now(&credits);
@@ -220,36 +225,43 @@ impl Limiter {
             return Err(Error::ForeignDecision);
         }
         self.key_count(keys)?;
-        // Per limit that spent: its key, quota, and its spent window's end
-        // from the decision's time (see `Refund::window_end_in_ms`).
+        // Per limit that spent: its index, key and quota, and how long
+        // before its state's reset its spent window ends (a sliding window's
+        // bucket ends a window before the state drains; see
+        // `Refund::window_end_in_ms`).
         let spent_limits = (0..inner.limits.len()).filter_map(|i| {
-            let state = decision.state_of(i);
-            if !state.allowed {
+            if !decision.state_of(i).allowed {
                 return None;
             }
             let quota = inner.limits[i].0;
             let back = match quota.algorithm() {
-                Algorithm::SlidingWindow => quota.window_ms(),
+                Algorithm::SlidingWindow => quota.window_ms() as i64,
                 _ => 0,
             };
-            let end = state.reset_ms as i64 - back as i64;
-            Some((self.key_of(i, keys[i.min(keys.len() - 1)]), quota, end))
+            Some((i, self.key_of(i, keys[i.min(keys.len() - 1)]), quota, back))
         });
-        match (&inner.store, spent.at) {
-            (Backend::Memory(memory), Stamp::Memory(at)) => {
+        match (&inner.store, &spent.at) {
+            (Backend::Memory(memory), Stamp::Memory(ends)) => {
                 let credits = spent_limits
-                    .map(|(key, quota, end)| (key, quota, spent.cost, at as i64 + end))
+                    .map(|(i, key, quota, back)| {
+                        // A decision of this limiter has an end per limit; were one
+                        // missing, an end long past credits nothing.
+                        let end = ends.get(i).map_or(0, |e| e as i64);
+                        let end_us = end - back.saturating_mul(1000);
+                        (key, quota, spent.cost, end_us)
+                    })
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
-            (Backend::Other(..), Stamp::Local(at)) if self.gave_back(keys, decision, at) => {
+            (Backend::Other(..), Stamp::Local(at)) if self.gave_back(keys, decision, *at) => {
                 // Back to the live reservation it came from: no store call.
                 Ok(RefundWork::Nothing)
             }
             (Backend::Other(store, _), Stamp::Local(at)) => {
                 let elapsed = at.elapsed().as_millis() as i64;
                 let refunds = spent_limits
-                    .map(|(key, quota, end)| {
+                    .map(|(i, key, quota, back)| {
+                        let end = decision.state_of(i).reset_ms as i64 - back;
                         Refund::new(key, quota, spent.cost, end.saturating_sub(elapsed))
                     })
                     .collect();

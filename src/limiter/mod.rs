@@ -7,7 +7,7 @@ use self::deciding::ProbeGuard;
 use crate::{
     Decision, Error, Key, MemoryStore, Quota, RedisStore,
     breaker::{self, Pass},
-    decision::{Stamp, States},
+    decision::{Ends, Stamp, States},
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
@@ -361,22 +361,22 @@ impl Limiter {
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
         let _entered = span.enter();
         let started = metrics::clock();
-        let (states, at): (States, u64) = if inner.limits.len() == 1 {
+        let (states, ends): (States, Ends) = if inner.limits.len() == 1 {
             // The key on the stack: a decision on a known key allocates nothing.
             let quota = self.limit_check_quota(0, cost)?;
             let mut key = keyspace::StackKey::new();
             self.write_key(0, keys[0], &mut key);
-            let (state, at) = match key.get() {
+            let (state, end) = match key.get() {
                 Some(key) => memory.decide_one(key, quota, cost),
                 None => memory.decide_one(self.key_of(0, keys[0]).as_bytes(), quota, cost),
             };
-            (smallvec::smallvec![state], at)
+            (smallvec::smallvec![state], Ends::One(end))
         } else {
-            let (states, at) = memory.decide_now_at(self.checks(keys, cost)?, cost);
-            (states.into(), at)
+            let (states, ends) = memory.decide_now_at(self.checks(keys, cost)?, cost);
+            (states.into(), ends)
         };
         metrics::store_latency(inner.policies.metric_keys(0), started);
-        inner.conclude(states, cost, None, Some(Stamp::Memory(at)))
+        inner.conclude(states, cost, None, Some(Stamp::Memory(ends)))
     }
 
     /// The store key that holds `key`'s count for the first limit, e.g.

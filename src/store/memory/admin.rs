@@ -35,14 +35,14 @@ impl Store for MemoryStore {
     }
 
     fn refund(&self, refunds: Vec<Refund>) -> BoxFuture<'static, Result<(), Error>> {
-        let now = self.now_ms() as i64;
+        let now = self.now().us as i64;
         let credits: Vec<_> = refunds
             .iter()
             .map(|r| Credit {
                 key: r.key.as_bytes(),
                 quota: r.quota,
                 cost: r.cost,
-                end_ms: now.saturating_add(r.window_end_in_ms),
+                end_us: now.saturating_add(r.window_end_in_ms.saturating_mul(1000)),
             })
             .collect();
         self.refund_now(&credits);
@@ -55,23 +55,28 @@ impl Store for MemoryStore {
     }
 }
 
-/// One limit's refund, with its window's end on the store's own clock (ms;
-/// negative or past once it has ended).
+/// One limit's refund, with its window's end on the store's own clock (µs;
+/// past once it has ended): for GCRA, the TAT the spend left, rounded up to
+/// the µs ([`Ends`](crate::decision::Ends)), so that the credit is never
+/// short of what is still outstanding of the spend, and over it by less
+/// than a µs. Through [`Store::refund`] (whole ms from now, as the trait
+/// takes it), what the caller measured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Credit<'a> {
     pub(crate) key: &'a [u8],
     pub(crate) quota: Quota,
     pub(crate) cost: u64,
-    pub(crate) end_ms: i64,
+    pub(crate) end_us: i64,
+}
+
+impl Credit<'_> {
+    /// The window's end, in the store's ms.
+    fn end_ms(&self) -> i64 {
+        self.end_us.div_euclid(1000)
+    }
 }
 
 impl MemoryStore {
-    /// The store's clock, in ms: what [`refund_now`](Self::refund_now)
-    /// compares window ends with.
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.now().ms
-    }
-
     /// Whether `cost` would be admitted now by every limit, spending
     /// nothing: the states a check would report, before spending.
     pub(crate) fn peek_now(&self, checks: &[LimitCheck], cost: u64) -> Vec<LimitState> {
@@ -140,7 +145,7 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
     let window = r.quota.window_ms() as i64;
     // Windows of one key are a whole window apart: within half a window of
     // the spent one's end is the spent one.
-    let same = |end: i64| (end - r.end_ms).abs() < (window / 2).max(1);
+    let same = |end: i64| (end - r.end_ms()).abs() < (window / 2).max(1);
     match entry {
         Entry::Fixed { count, expires_ms } => {
             if !same(expires_ms as i64) {
@@ -179,7 +184,7 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
             let tat_l = u128::from(expires_ms) * per_ms - u128::from(early).min(per_ms - 1);
             let ahead = tat_l.saturating_sub(now_l);
             // At most the spend, and at most what is still outstanding of it.
-            let outstanding = (r.end_ms - now.ms as i64).max(0) as u128 * per_ms;
+            let outstanding = (r.end_us - now.us as i64).max(0) as u128 * u128::from(per_us);
             let back = (u128::from(r.cost) * u128::from(step)).min(outstanding);
             let ahead = ahead.saturating_sub(back);
             if ahead == 0 {

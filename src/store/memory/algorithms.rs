@@ -123,6 +123,10 @@ pub(super) struct Checked {
     pub(super) remaining_after: u64,
     pub(super) reset_ms: u64,
     pub(super) reset_after_ms: u64,
+    /// µs from now until the state after a spend has reset: exact (rounded
+    /// up to the µs) for GCRA, whose reset the caller sees in whole ms;
+    /// `reset_after_ms` in µs for the windows, which count in ms.
+    pub(super) reset_after_us: u64,
     pub(super) retry_ms: u64,
     /// The entry to store if the decision spends.
     pub(super) spent: Option<Entry>,
@@ -176,6 +180,7 @@ fn fixed_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Che
         remaining_after: limit.saturating_sub(count + cost),
         reset_ms: ttl,
         reset_after_ms: ttl,
+        reset_after_us: ttl.saturating_mul(1000),
         retry_ms: ttl,
         spent: (cost > 0).then(|| Entry::Fixed {
             count: count + cost,
@@ -225,6 +230,7 @@ fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> C
         remaining_after: floor0(l - (cf + costf) - weighted),
         reset_ms: drain(c),
         reset_after_ms: drain(c + cost),
+        reset_after_us: drain(c + cost).saturating_mul(1000),
         retry_ms: retry.max(1.0) as u64,
         spent: (cost > 0).then_some(Entry::Sliding {
             s,
@@ -271,6 +277,7 @@ fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) ->
         remaining_after: if allowed { (cap - after) / step } else { 0 },
         reset_ms: ms(ahead),
         reset_after_ms: ms(after),
+        reset_after_us: after.div_ceil(per_us),
         retry_ms,
         spent: (allowed && cost > 0).then(|| {
             let tat_l = now_l + u128::from(after);

@@ -11,7 +11,7 @@ use self::{
     shards::Shards,
 };
 use super::{LimitCheck, LimitState};
-use crate::{Algorithm, Quota};
+use crate::{Algorithm, Quota, decision::Ends};
 
 mod admin;
 mod algorithms;
@@ -158,11 +158,13 @@ impl MemoryStore {
     }
 
     /// One limit, the common case: see [`Counters::decide_one`]. Also
-    /// returns the store's time of the decision (ms).
+    /// returns when its state resets on the store's clock, in µs (what a
+    /// refund is bounded by: see [`Ends`]).
     pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> (LimitState, u64) {
         let id = self.secret.id(key);
         let now = self.now();
-        (self.lock().decide_one(id, quota, cost, now), now.ms)
+        let (state, after_us) = self.lock().decide_one(id, quota, cost, now);
+        (state, now.us.saturating_add(after_us))
     }
 
     /// Several limits, all or nothing.
@@ -170,23 +172,24 @@ impl MemoryStore {
         self.decide_now_at(checks, cost).0
     }
 
-    /// Several limits, all or nothing, and the store's time of the decision
-    /// (ms).
+    /// Several limits, all or nothing, and when each one's state resets
+    /// ([`Ends`]).
     pub(crate) fn decide_now_at(
         &self,
         mut checks: Vec<LimitCheck>,
         cost: u64,
-    ) -> (Vec<LimitState>, u64) {
+    ) -> (Vec<LimitState>, Ends) {
         if checks.len() == 1
             && let Some(check) = checks.pop()
         {
-            let (state, at) = self.decide_one(check.key.as_bytes(), check.quota, cost);
-            return (vec![state], at);
+            let (state, end) = self.decide_one(check.key.as_bytes(), check.quota, cost);
+            return (vec![state], Ends::One(end));
         }
         self.decide_all(&checks, cost, true)
     }
 
-    /// Several limits at once: each one's state and the store's time (ms).
+    /// Several limits at once: each one's state, and when it resets
+    /// ([`Ends`]).
     /// With `spend`, all or nothing, as [`decide_now_at`](Self::decide_now_at);
     /// without it a peek, which only looks.
     pub(crate) fn decide_all(
@@ -194,7 +197,7 @@ impl MemoryStore {
         checks: &[LimitCheck],
         cost: u64,
         spend: bool,
-    ) -> (Vec<LimitState>, u64) {
+    ) -> (Vec<LimitState>, Ends) {
         let ids: Vec<_> = checks
             .iter()
             .map(|c| self.secret.id(c.key.as_bytes()))
@@ -221,23 +224,26 @@ impl MemoryStore {
                 .zip(&checked)
                 .all(|(l, c)| c.allowed || l.shadow);
         let mut states = Vec::with_capacity(checked.len());
+        let mut ends = Vec::with_capacity(checked.len());
         for (id, c) in ids.into_iter().zip(checked) {
             let spends = all && c.allowed;
             states.push(c.state(spends));
+            ends.push(now.us.saturating_add(c.reset_after_us));
             if let (true, Some(entry)) = (spends, c.spent) {
                 counters.spend(id, entry);
             }
         }
-        (states, now.ms)
+        (states, Ends::Each(ends.into()))
     }
 }
 
 impl Counters {
     /// One limit, the common case: no intermediate vector, and one lookup
     /// for a held key. A lone limit spends when it admits, shadow or not.
-    fn decide_one(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> LimitState {
+    /// Also returns µs from now until the state resets.
+    fn decide_one(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> (LimitState, u64) {
         let (c, _) = self.check(id, quota, cost, now, true, &[]);
-        c.state(c.allowed)
+        (c.state(c.allowed), c.reset_after_us)
     }
 
     /// Checks `cost` against the key's live entry, if any, healing that
@@ -316,6 +322,7 @@ fn refused(retry_ms: u64) -> Checked {
         remaining_after: 0,
         reset_ms: retry_ms,
         reset_after_ms: retry_ms,
+        reset_after_us: retry_ms.saturating_mul(1000),
         retry_ms,
         spent: None,
     }
