@@ -13,9 +13,14 @@
 #
 #   general      lua/lib.lua + fixed_window.lua + sliding_window.lua +
 #                gcra.lua + decide.lua (DECIDE_LUA), fixed-window limits
-#   general sw   the same script, sliding-window limits (no fast path: every
-#                sliding-window decision runs it)
-#   general gcra the same script, GCRA limits (a burst of 1000)
+#   general sw   the same script, sliding-window limits, spelled out request
+#                by request
+#   compact sw   the same script and requests in its compact form (0, the
+#                algorithm, the limit, the window, the burst and the cost):
+#                what a batch of one sliding-window limiter's requests sends
+#   general gcra the same script, GCRA limits (a burst of 1000), spelled out
+#                request by request
+#   compact gcra the same for GCRA
 #   bare sw,     benches/bare_sliding.lua and bare_gcra.lua: the Redis calls
 #   bare gcra    of each algorithm alone (HMGET, PTTL, HSET, PEXPIRE; GET,
 #                PTTL, SET PX), floors for the two
@@ -90,6 +95,8 @@ general=(8)
 # compact form, 0, the limit, the window and the cost.
 spelled=(1 1000000000 3600000 0 1 8 1 1 1)
 fast=(0 1000000000 3600000 1)
+compact_sw=(0 2 1000000000 3600000 0 1)
+compact_gcra=(0 3 1000000000 3600000 1000 1)
 sliding=(8)
 gcra=(8)
 for _ in 1 2 3 4 5 6 7 8; do
@@ -151,8 +158,10 @@ measure "spelled out" "$work/fast.lua" 8 8 "${keys[@]}" "${spelled[@]}"
 measure bare "$work/bare.lua" 8 8 "${keys[@]}" 1
 measure "return 1" "$work/return1.lua" 1 0
 measure "general sw" "$work/general.lua" 8 8 "${keys[@]}" "${sliding[@]}"
+measure "compact sw" "$work/general.lua" 8 8 "${keys[@]}" "${compact_sw[@]}"
 measure "bare sw" "$work/bare_sw.lua" 8 8 "${keys[@]}" 7200000
 measure "general gcra" "$work/general.lua" 8 8 "${keys[@]}" "${gcra[@]}"
+measure "compact gcra" "$work/general.lua" 8 8 "${keys[@]}" "${compact_gcra[@]}"
 measure "bare gcra" "$work/bare_gcra.lua" 8 8 "${keys[@]}" 7200000
 
 # The fast path at 1, 8 and 32 decisions a call: a least-squares line

@@ -425,6 +425,223 @@ async fn the_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     assert_eq!(ok.0, [4, 1000], "the good call");
 }
 
+/// decide.lua's compact form for GCRA (`0`, the limit, the window, the
+/// burst and the cost, then one key a request) decides and replies as the
+/// same requests spelled out do: on fresh keys, on keys in the previous
+/// float format, corrupt, of the wrong type, with a remainder past a
+/// microsecond, and without a TTL, where a denial heals it. And it checks
+/// its arguments before writing.
+#[tokio::test]
+async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    let call = |keys: &[String], argv: &[&str]| {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        support::invocation(&script, &keys, argv)
+    };
+    // 5/10s with a burst of 3: a unit is 2 s; each request costs 2.
+    let (limit, window, burst, cost) = ("5", "10000", "3", "2");
+    let names = ["a", "b", "b", "old", "junk", "list", "late", "far"];
+    let mut spelled = vec!["8"];
+    for _ in names {
+        spelled.extend([cost, "1", "3", limit, window, burst, "0"]);
+    }
+    let compact = ["0", "3", limit, window, burst, cost];
+    let mut replies = Vec::new();
+    for (prefix, argv) in [("s", &spelled[..]), ("c", &compact[..])] {
+        let keys: Vec<String> = names.iter().map(|n| format!("{prefix}:{n}")).collect();
+        let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let now_us = time.0 * 1_000_000 + time.1;
+        let _: () = conn.set(&keys[3], "1.5").await.unwrap();
+        let _: () = conn.set(&keys[4], "x:y").await.unwrap();
+        let _: () = conn.lpush(&keys[5], "v").await.unwrap();
+        // A TAT 5 s ahead and no TTL: room for half a unit, so denied, and
+        // the denial gives the key its TTL.
+        let _: () = conn
+            .set(&keys[6], format!("{}:0", now_us + 5_000_000))
+            .await
+            .unwrap();
+        // A remainder of 7 where a unit of time is 1 µs: read as a µs more.
+        let _: () = conn
+            .set(&keys[7], format!("{}:7", now_us - 1))
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let reply: support::Reply = call(&keys, argv).invoke_async(&mut conn).await.unwrap();
+            seen.push(reply.0);
+        }
+        replies.push((prefix, seen));
+    }
+    let (_, first) = &replies[0];
+    let (_, second) = &replies[1];
+    // Per request: allowed, allowed_1, remaining, reset_ms, retry_ms.
+    let decided = |seen: &Vec<Vec<i64>>| -> Vec<(i64, i64, i64)> {
+        seen.iter()
+            .flat_map(|r| r.chunks(5).map(|c| (c[0], c[1], c[2])))
+            .collect()
+    };
+    // Admitted with one unit left, or denied with one (two needed), or with
+    // none.
+    let (admitted, denied, empty) = ((1, 1, 1), (0, 0, 1), (0, 0, 0));
+    assert_eq!(
+        decided(first),
+        [
+            // a, b admitted, b again denied; old, junk and list read as
+            // nothing (reset) and admitted; late denied (half a unit of
+            // room); far admitted.
+            admitted, admitted, denied, admitted, admitted, admitted, empty, admitted,
+            // Then every one denied.
+            denied, denied, denied, denied, denied, denied, empty, denied,
+        ]
+    );
+    assert_eq!(
+        decided(second),
+        decided(first),
+        "{second:?} against {first:?}"
+    );
+    for (mine, spelled) in second.iter().zip(first) {
+        for (m, s) in mine.iter().zip(spelled) {
+            assert!((m - s).abs() <= 100, "{second:?} against {first:?}");
+        }
+    }
+    assert_same_ttls(&mut conn, &names).await;
+    server.assert_every_key_has_ttl().await;
+
+    // Each argument spoiled in turn, nothing else missing or extra: refused,
+    // and nothing written.
+    let good = ["0", "3", "5", "1000", "3", "1"];
+    let mut bad: Vec<Vec<&str>> = Vec::new();
+    for (i, spoiled) in [
+        (1, "1"),
+        (1, "4"),
+        (1, "x"),
+        (2, "0"),
+        (2, "x"),
+        (2, "1.5"),
+        (2, "05"),
+        (3, "0"),
+        (3, "-1"),
+        (3, "1e3"),
+        (4, "0"),
+        (4, " 3"),
+        (5, "0"),
+        (5, "x"),
+        (5, "+1"),
+    ] {
+        let mut argv = good.to_vec();
+        argv[i] = spoiled;
+        bad.push(argv);
+    }
+    // A quota Quota::gcra refuses: faster than one a microsecond.
+    bad.push(vec!["0", "3", "5000", "1", "3", "1"]);
+    bad.push(good[..5].to_vec());
+    bad.push([&good[..], &["1"]].concat());
+    support::assert_refused(&mut conn, &script, &["k"], &bad).await;
+    support::assert_refused(&mut conn, &script, &[], &[good.to_vec()]).await;
+    let ok: support::Reply = call(&["k".into()], &good)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ok.0[..3], [1, 1, 2], "the good call: {:?}", ok.0);
+}
+
+/// The same compact form for a sliding window (algorithm 2, a burst of 0)
+/// decides and replies as the same requests spelled out do: on fresh keys,
+/// a window just rolled over, fields that are not whole counts, a hash
+/// missing fields, a key of the wrong type, and a full window without a TTL,
+/// where a denial heals it.
+#[tokio::test]
+async fn the_sliding_window_compact_form_decides_as_the_spelled_out_one() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(redis_ratelimit::store::DECIDE_LUA);
+    let (limit, window, cost) = ("5", "10000", "2");
+    let names = ["a", "b", "b", "rolled", "junk", "partial", "list", "full"];
+    let mut spelled = vec!["8"];
+    for _ in names {
+        spelled.extend([cost, "1", "2", limit, window, "0", "0"]);
+    }
+    let compact = ["0", "2", limit, window, "0", cost];
+    let mut replies = Vec::new();
+    for (prefix, argv) in [("s", &spelled[..]), ("c", &compact[..])] {
+        let keys: Vec<String> = names.iter().map(|n| format!("{prefix}:{n}")).collect();
+        let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let now_ms = time.0 * 1000 + time.1 / 1000;
+        // A window that ended 0.1 s ago with 2 spent: weighs 1.98 now.
+        let rolled = [("s", now_ms - 10_100), ("c", 2), ("p", 0)];
+        let _: () = conn.hset_multiple(&keys[3], &rolled).await.unwrap();
+        let _: () = conn
+            .hset_multiple(&keys[4], &[("s", "x"), ("c", "1"), ("p", "0")])
+            .await
+            .unwrap();
+        let _: () = conn.hset(&keys[5], "c", 1).await.unwrap();
+        let _: () = conn.lpush(&keys[6], "v").await.unwrap();
+        let full = [("s", now_ms), ("c", 5), ("p", 0)];
+        let _: () = conn.hset_multiple(&keys[7], &full).await.unwrap();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let call = support::invocation(&script, &keys, argv);
+            let reply: support::Reply = call.invoke_async(&mut conn).await.unwrap();
+            seen.push(reply.0);
+        }
+        replies.push(seen);
+    }
+    // Per request: allowed, allowed_1, remaining.
+    let decided = |seen: &Vec<Vec<i64>>| -> Vec<(i64, i64, i64)> {
+        seen.iter()
+            .flat_map(|r| r.chunks(5).map(|c| (c[0], c[1], c[2])))
+            .collect()
+    };
+    assert_eq!(
+        decided(&replies[0]),
+        [
+            // a, b: 3 left; b again: 1 left; rolled: 2 spent, 1.98 weighed;
+            // junk, partial, list reset; full denied.
+            (1, 1, 3),
+            (1, 1, 3),
+            (1, 1, 1),
+            (1, 1, 1),
+            (1, 1, 3),
+            (1, 1, 3),
+            (1, 1, 3),
+            (0, 0, 0),
+            // a: 1 left; b: denied; rolled: denied; the rest as a, and full.
+            (1, 1, 1),
+            (0, 0, 1),
+            (0, 0, 1),
+            (0, 0, 1),
+            (1, 1, 1),
+            (1, 1, 1),
+            (1, 1, 1),
+            (0, 0, 0),
+        ]
+    );
+    assert_eq!(decided(&replies[1]), decided(&replies[0]), "{replies:?}");
+    for (mine, spelled) in replies[1].iter().zip(&replies[0]) {
+        for (m, s) in mine.iter().zip(spelled) {
+            assert!((m - s).abs() <= 100, "{replies:?}");
+        }
+    }
+    assert_same_ttls(&mut conn, &names).await;
+    server.assert_every_key_has_ttl().await;
+}
+
+/// Each key the compact form decided (`c:…`) has the TTL its spelled-out
+/// twin (`s:…`) has, within the 0.1 s between them.
+async fn assert_same_ttls(conn: &mut redis::aio::MultiplexedConnection, names: &[&str]) {
+    for name in names {
+        let spelled: i64 = conn.pttl(format!("s:{name}")).await.unwrap();
+        let compact: i64 = conn.pttl(format!("c:{name}")).await.unwrap();
+        assert!(
+            (spelled - compact).abs() <= 100,
+            "{name}: a TTL of {compact} ms, spelled out {spelled} ms"
+        );
+    }
+}
+
 /// The script validates its arguments before writing anything.
 #[tokio::test]
 async fn script_rejects_bad_arguments_without_writing() {

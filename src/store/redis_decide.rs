@@ -33,7 +33,41 @@ pub(in crate::store) fn decide_invocation(requests: &[Request<'_>]) -> Call {
     if requests.iter().all(Request::fixed) {
         return fixed_invocation(requests, false);
     }
+    if let Some(call) = compact_invocation(requests) {
+        return call;
+    }
     general_invocation(&scripts::DECIDE, requests)
+}
+
+/// decide.lua's compact form, when every request of the batch has one
+/// limit, the same sliding-window or GCRA quota, and the same cost above 0
+/// (one limiter's requests, nearly always): the quota and cost once, then
+/// the keys. Its reply is decide.lua's.
+fn compact_invocation(requests: &[Request<'_>]) -> Option<Call> {
+    let first = requests.first()?;
+    let [check] = first.checks else {
+        return None;
+    };
+    let quota = check.quota;
+    let burst = match quota.algorithm() {
+        Algorithm::Gcra { burst } => burst,
+        Algorithm::SlidingWindow => 0,
+        _ => return None,
+    };
+    let alike =
+        |r: &Request<'_>| matches!(r.checks, [c] if c.quota == quota) && r.cost == first.cost;
+    if first.cost == 0 || !requests.iter().all(alike) {
+        return None;
+    }
+    let keys = batch_keys(requests);
+    let mut call = Call::with_room(&scripts::DECIDE, &keys, 6, 6 * 20);
+    call.arg(0)
+        .arg(quota.algorithm().code())
+        .arg(quota.limit())
+        .arg(quota.window_ms())
+        .arg(burst)
+        .arg(first.cost);
+    Some(call)
 }
 
 /// decide.lua's call (or its peek's, with `script` [`scripts::PEEK`]).
@@ -354,6 +388,65 @@ mod tests {
         assert!(parse_batch(&longer, &requests, Layout::Fixed).is_err());
         // A negative reset is a bad reply, never a state.
         assert!(parse_batch(&[3, -1], &requests[..1], Layout::Fixed).is_err());
+    }
+
+    #[test]
+    fn one_limiters_lone_sliding_or_gcra_limits_go_in_decide_luas_compact_form() {
+        let gcra = |key: &str, quota: &str, burst| LimitCheck {
+            quota: quota.parse::<crate::Quota>().unwrap().gcra(burst).unwrap(),
+            ..check(key, "1/1s")
+        };
+        let (a, b) = ([gcra("a", "5/1s", 3)], [gcra("b", "5/1s", 3)]);
+        let shadow = [LimitCheck {
+            shadow: true,
+            ..gcra("c", "5/1s", 3)
+        }];
+        let other_burst = [gcra("d", "5/1s", 2)];
+        let two = [gcra("e", "5/1s", 3), gcra("f", "5/1s", 3)];
+        let request = |checks, cost| Request { checks, cost };
+        let words = |requests: &[Request<'_>]| {
+            let call = decide_invocation(requests);
+            assert!(call.runs(&scripts::DECIDE));
+            call.words()
+        };
+        // KEYS, then 0, the algorithm, the limit, the window, the burst and
+        // the cost.
+        let alike = [request(&a, 2), request(&b, 2), request(&a, 2)];
+        assert_eq!(
+            words(&alike),
+            ["3", "a", "b", "a", "0", "3", "5", "1000", "3", "2"]
+        );
+        let shadows = [request(&shadow, 1), request(&a, 1)];
+        assert_eq!(
+            words(&shadows),
+            ["2", "c", "a", "0", "3", "5", "1000", "3", "1"]
+        );
+        let sliding = [LimitCheck {
+            quota: "5/1s".parse::<crate::Quota>().unwrap().sliding_window(),
+            ..check("s", "1/1s")
+        }];
+        assert_eq!(
+            words(&[request(&sliding, 1), request(&sliding, 1)]),
+            ["2", "s", "s", "0", "2", "5", "1000", "0", "1"]
+        );
+        // Anything else spelled out: the requests' count first.
+        for batch in [
+            &[request(&a, 1), request(&b, 2)][..],
+            &[request(&a, 1), request(&other_burst, 1)],
+            &[request(&two, 1)],
+            &[request(&a, 0)],
+        ] {
+            assert_eq!(
+                words(batch)[0],
+                batch
+                    .iter()
+                    .map(|r| r.checks.len())
+                    .sum::<usize>()
+                    .to_string()
+            );
+            let keys = words(batch)[0].parse::<usize>().unwrap();
+            assert_eq!(words(batch)[1 + keys], batch.len().to_string());
+        }
     }
 
     #[test]
