@@ -36,6 +36,10 @@ them the `epoll_wait` and `futex` calls by which its Tokio workers sleep and
 wake each other (`perf stat` on kernel tracepoints, during the measured run).
 With --keys N, a workload that cycles keys (`allowed, 100k keys`) cycles N
 keys instead: what the memory store's tables cost by their size.
+With --algorithm sliding-window or gcra, every limited cell runs that
+algorithm (RATE_LIMIT_ALGORITHM; GCRA with RATE_LIMIT_BURST=1000) instead
+of the fixed window: what the sliding window's and GCRA's scripts cost a
+whole server.
 With --rtt MS (and --redis), every server reaches Redis through a proxy
 that delays each chunk by half of MS each way (harness/delay.py): Redis as
 if across a network, where loopback's round trip of microseconds hides
@@ -52,6 +56,7 @@ access to tracepoints (root).
     python3 benches/ab.py HEAD --headers-floor --workload 100k --rounds 10
     python3 benches/ab.py HEAD --headers-floor --keys 50000 --rounds 10
     python3 benches/ab.py 92070f6 HEAD --redis --floor --rtt 1 --rounds 6
+    python3 benches/ab.py 0e36529 HEAD --redis --algorithm gcra --rounds 6
 """
 
 import argparse
@@ -109,13 +114,17 @@ class Route:
 FLOOR_OF_HEADERS = "headers"
 
 
-def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False):
+def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, algorithm=None):
     """One server under the workload: req/s, and per request the server's
     CPU µs, Redis's CPU µs (given `redis`), the server's context switches,
     its system CPU µs, and (with `syscalls`) its syscalls, `epoll_wait`s and
     `futex`es (else None for each)."""
     env = {"RATE_LIMIT": workload.quota if limited else "off",
            "RATE_LIMIT_KEY": workload.key}
+    if limited is True and algorithm:
+        env["RATE_LIMIT_ALGORITHM"] = algorithm
+        if algorithm == "gcra":
+            env["RATE_LIMIT_BURST"] = "1000"
     if redis:
         env["REDIS_URL"] = redis.url
     with procs.serving(binary, env, log) as (port, _, pid):
@@ -155,6 +164,8 @@ def main():
                    help="count the server's syscalls with perf stat")
     p.add_argument("--keys", type=int, metavar="N",
                    help="a cycling workload's number of keys, in its stead")
+    p.add_argument("--algorithm", choices=["fixed-window", "sliding-window", "gcra"],
+                   help="the limited cells' algorithm (RATE_LIMIT_ALGORITHM)")
     p.add_argument("--rtt", type=float, metavar="MS",
                    help="with --redis: Redis behind a proxy that adds this round trip")
     args = p.parse_args()
@@ -209,7 +220,7 @@ def main():
             for name in random.sample(list(cells), len(cells)):
                 binary, limited, with_redis = cells[name]
                 got = cell(binary, workload, limited, args.seconds, log, with_redis,
-                           args.syscalls)
+                           args.syscalls, args.algorithm)
                 rps, cpu, redis_cpu, switches = got[:4]
                 rows[name].append((rps, rps / base[0], *got[1:]))
                 print(f"round {r + 1}: {name:12s} {rps:9.0f} req/s, {rps / base[0]:.2f}x, "
@@ -221,7 +232,8 @@ def main():
         if redis:
             redis.stop()
     rtt = f" behind {args.rtt:g} ms" if proxy else ""
-    print(f"{workload.name}{', Redis' if redis else ''}{rtt}, {args.rounds} rounds of "
+    algorithm = f", {args.algorithm}" if args.algorithm else ""
+    print(f"{workload.name}{', Redis' if redis else ''}{algorithm}{rtt}, {args.rounds} rounds of "
           f"{args.seconds} s, medians:")
     medians = {}
     for name, rounds in rows.items():
