@@ -117,13 +117,15 @@ def check_bare(n):
     return packed(n, ok, "key {j}: {v}")
 
 
-def transaction(ok):
-    """MULTI, three queued commands, EXEC whose three replies pass ok(*replies)."""
+def transaction(ok, n=1):
+    """MULTI, three queued commands for each of n decisions, EXEC whose
+    replies pass ok(*replies) three by three."""
     def check(r):
-        if r[:4] != ["OK", "QUEUED", "QUEUED", "QUEUED"]:
-            return f"MULTI/queued replies: {r[:4]!r}"
-        ex = r[4]
-        if not (isinstance(ex, list) and len(ex) == 3 and ok(*ex)):
+        if r[:1 + 3 * n] != ["OK", *["QUEUED"] * (3 * n)]:
+            return f"MULTI/queued replies: {r[:1 + 3 * n]!r}"
+        ex = r[1 + 3 * n]
+        if not (isinstance(ex, list) and len(ex) == 3 * n
+                and all(ok(*ex[i:i + 3]) for i in range(0, 3 * n, 3))):
             return f"EXEC: {ex!r}"
         return None
     return check
@@ -161,6 +163,12 @@ def designs():
         key = k(i)
         return multi(("SET", key, 0, "PX", WINDOW_MS, "NX"), ("INCRBY", key, 1), ("PTTL", key))
 
+    def natives(n):
+        def encode(i, _):
+            return multi(*[c for key in keys(i, n) for c in (
+                ("SET", key, 0, "PX", WINDOW_MS, "NX"), ("INCRBY", key, 1), ("PTTL", key))])
+        return encode
+
     def actix(i, _):
         key = k(i)
         return multi(("BITFIELD", key, "OVERFLOW", "SAT", "INCRBY", "u63", 0, 1, "GET", "u63", 0),
@@ -188,6 +196,10 @@ def designs():
                             equals("OK", "not OK"), "set", prefix="k:")),
         Design("native tx: MULTI SET NX PX, INCRBY, PTTL, EXEC", 1, native, 5,
                transaction(native_ok), "exec", prefix="k:"),
+        # The same, 8 decisions a transaction: a batched design without Lua
+        # (it counts denied requests too, as the actix design does).
+        Design("native tx x8: MULTI, 8 x (SET NX PX, INCRBY, PTTL), EXEC", 8, natives(8), 26,
+               transaction(native_ok, 8), "exec", prefix="k:"),
         Design("actix-extensible-rate-limit tx: MULTI BITFIELD, EXPIRE NX, TTL, EXEC", 1,
                actix, 5, transaction(actix_ok), "exec", prefix="k:", counter="bitfield"),
         Design("lone INCR (no TTL: unsafe; cheapest write, a lower bound)", 1,
