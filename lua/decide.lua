@@ -63,8 +63,8 @@
 -- takes seven: GCRA in one GET and one SET PX, which also sets the TTL (no
 -- PTTL); a sliding window in HMGET, HSET and PEXPIRE (no PTTL). Redis's
 -- work per decision (benches/script-cost.sh, 8 a call): GCRA from about
--- 86,800 instructions to about 46,900, a sliding window from about 95,300
--- to about 60,500. Anything else (a denial, which may heal a TTL; a value
+-- 87,500 instructions to about 47,200, a sliding window from about 95,400
+-- to about 60,900. Anything else (a denial, which may heal a TTL; a value
 -- that is not what we write; an error reply; a peek) goes through the
 -- module's check, commit and undo, as in the form above.
 --
@@ -109,7 +109,7 @@ if ARGV[1] == '0' then
       ok, ok, remaining, reset, retry
   end
   if algorithm == 3 then
-    local step, per_us, cap, cap_us = s.step, s.per_us, s.cap, s.cap_us
+    local step, per_us, cap = s.step, s.per_us, s.cap
     local spend = cost * step
     local fits = cost <= burst and not peek
     for i = 1, #KEYS do
@@ -126,21 +126,7 @@ if ARGV[1] == '0' then
           plain = a ~= nil and b ~= nil
         end
       end
-      local ahead = 0
-      if plain and a then
-        if b >= per_us then
-          a, b = a + 1, 0
-        end
-        local d = a - now
-        if d > cap_us then
-          ahead = cap
-        elseif d >= 0 then
-          ahead = d * per_us + b
-          if ahead > cap then
-            ahead = cap
-          end
-        end
-      end
+      local ahead = plain and ahead_of(s, a, b, now)
       if plain and fits and spend <= cap - ahead then
         local after = ahead + spend
         local q, r = divmod(after, per_us)

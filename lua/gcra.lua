@@ -111,24 +111,33 @@ local function ms(x, per_us)
   return ceil_div(ceil_div(x, per_us), 1000)
 end
 
+-- How far a stored TAT (a, b) runs ahead of now, in units, clamped to
+-- [0, cap] (see the header); 0 when there is none (a is nil). Also
+-- decide.lua's compact form's.
+local function ahead_of(s, a, b, now)
+  if a == nil then
+    return 0
+  end
+  if b >= s.per_us then
+    a, b = a + 1, 0
+  end
+  local d = a - now
+  if d > s.cap_us then
+    return s.cap
+  elseif d < 0 then
+    return 0
+  end
+  local ahead = d * s.per_us + b
+  if ahead > s.cap then
+    return s.cap
+  end
+  return ahead
+end
+
 function gcra.check(key, s, cost, now)
   local step, per_us, cap = s.step, s.per_us, s.cap
-  local ahead = 0
   local a, b = read_tat(key)
-  if a ~= nil then
-    if b >= per_us then
-      a, b = a + 1, 0
-    end
-    local d = a - now
-    if d > s.cap_us then
-      ahead = cap
-    elseif d >= 0 then
-      ahead = d * per_us + b
-      if ahead > cap then
-        ahead = cap
-      end
-    end
-  end
+  local ahead = ahead_of(s, a, b, now)
   local ttl = redis.call('PTTL', key)
   local room = cap - ahead
   local allowed = cost <= s.burst and cost * step <= room

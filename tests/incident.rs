@@ -442,8 +442,8 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     };
     // 5/10s with a burst of 3: a unit is 2 s; each request costs 2.
     let (limit, window, burst, cost) = ("5", "10000", "3", "2");
-    let names = ["a", "b", "b", "old", "junk", "list", "late", "far"];
-    let mut spelled = vec!["8"];
+    let names = ["a", "b", "b", "old", "junk", "half", "list", "late", "far"];
+    let mut spelled = vec!["9"];
     for _ in names {
         spelled.extend([cost, "1", "3", limit, window, burst, "0"]);
     }
@@ -455,16 +455,18 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
         let now_us = time.0 * 1_000_000 + time.1;
         let _: () = conn.set(&keys[3], "1.5").await.unwrap();
         let _: () = conn.set(&keys[4], "x:y").await.unwrap();
-        let _: () = conn.lpush(&keys[5], "v").await.unwrap();
+        // A TAT of whole µs with a remainder that is not a number.
+        let _: () = conn.set(&keys[5], format!("{now_us}:x")).await.unwrap();
+        let _: () = conn.lpush(&keys[6], "v").await.unwrap();
         // A TAT 5 s ahead and no TTL: room for half a unit, so denied, and
         // the denial gives the key its TTL.
         let _: () = conn
-            .set(&keys[6], format!("{}:0", now_us + 5_000_000))
+            .set(&keys[7], format!("{}:0", now_us + 5_000_000))
             .await
             .unwrap();
         // A remainder of 7 where a unit of time is 1 µs: read as a µs more.
         let _: () = conn
-            .set(&keys[7], format!("{}:7", now_us - 1))
+            .set(&keys[8], format!("{}:7", now_us - 1))
             .await
             .unwrap();
         let mut seen = Vec::new();
@@ -488,12 +490,12 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     assert_eq!(
         decided(first),
         [
-            // a, b admitted, b again denied; old, junk and list read as
-            // nothing (reset) and admitted; late denied (half a unit of
+            // a, b admitted, b again denied; old, junk, half and list read
+            // as nothing (reset) and admitted; late denied (half a unit of
             // room); far admitted.
-            admitted, admitted, denied, admitted, admitted, admitted, empty, admitted,
+            admitted, admitted, denied, admitted, admitted, admitted, admitted, empty, admitted,
             // Then every one denied.
-            denied, denied, denied, denied, denied, denied, empty, denied,
+            denied, denied, denied, denied, denied, denied, denied, empty, denied,
         ]
     );
     assert_eq!(
