@@ -55,9 +55,14 @@
 -- ARGV[5]  burst      as above: >= 1 for GCRA (a quota Quota::gcra
 --                     accepts), 0 for a sliding window
 -- ARGV[6]  cost       >= 1, the units each request spends
--- Every key is one request. Whether the limit is a shadow's does not matter
--- to a request of one limit (its caller reads the denial), so it is not
--- sent. The reply is the one above, request by request.
+-- then the keys carried after KEYS on a Redis Cluster, if any
+-- (decide_fixed.lua's "A batch per node": a call may touch keys of other
+-- slots of the node it runs on; a key of a slot the node does not hold fails
+-- the call when first touched, the requests decided before it keeping their
+-- spends). Every key, declared or carried, is one request. Whether the limit
+-- is a shadow's does not matter to a request of one limit (its caller reads
+-- the denial), so it is not sent. The reply is the one above, request by
+-- request.
 -- An admitted request is decided inline, as the module's check and commit
 -- would, with no table and one argument a request where the form above
 -- takes seven: GCRA in one GET and one SET PX, which also sets the TTL (no
@@ -85,8 +90,20 @@ if ARGV[1] == '0' then
   local burst, cost = whole(ARGV[5], 0), whole(ARGV[6], 1)
   local s = algorithm == 3 and limit and window and burst and gcra.shape(limit, window, burst)
   if not algorithm or algorithm > 3 or not limit or not window or not burst or not cost
-    or (algorithm == 3 and not s) or #ARGV ~= 6 or #KEYS < 1 then
+    or (algorithm == 3 and not s) or #ARGV < 6 or #KEYS < 1 then
     return bad('compact call: bad algorithm, limit, window_ms, burst or cost')
+  end
+  -- The keys: KEYS, then those carried after the cost (a cluster node's
+  -- batch).
+  local key_of = KEYS
+  if #ARGV > 6 then
+    key_of = {}
+    for i = 1, #KEYS do
+      key_of[i] = KEYS[i]
+    end
+    for i = 7, #ARGV do
+      key_of[#key_of + 1] = ARGV[i]
+    end
   end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -112,8 +129,8 @@ if ARGV[1] == '0' then
     local step, per_us, cap = s.step, s.per_us, s.cap
     local spend = cost * step
     local fits = cost <= burst and not peek
-    for i = 1, #KEYS do
-      local k = KEYS[i]
+    for i = 1, #key_of do
+      local k = key_of[i]
       -- The TAT as gcra.check reads it, when it is absent or "a:b" of
       -- whole numbers; anything else (a table: an error reply) is left to
       -- it.
@@ -141,8 +158,8 @@ if ARGV[1] == '0' then
     end
   else
     local now_ms = math.floor(now / 1000)
-    for i = 1, #KEYS do
-      local k = KEYS[i]
+    for i = 1, #key_of do
+      local k = key_of[i]
       -- The counts as sliding_window.check reads them, when the hash is
       -- absent or holds three whole numbers; anything else is left to it.
       local raw = redis.pcall('HMGET', k, 's', 'c', 'p')

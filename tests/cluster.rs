@@ -200,14 +200,68 @@ async fn a_burst_over_many_slots_is_batched_per_node() {
     cluster.assert_every_key_has_ttl();
 }
 
+/// The same for a sliding window and GCRA, whose requests of one limit
+/// alike go per node in decide.lua's compact form: 600 clients at once, four
+/// checks each, each client admitted exactly its limit (GCRA: its burst),
+/// in a few calls per master, not hundreds.
+#[tokio::test]
+async fn a_burst_of_sliding_window_or_gcra_checks_is_batched_per_node_too() {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let quota: Quota = "3/1m".parse().unwrap();
+    for (name, quota) in [
+        ("sw", quota.sliding_window()),
+        ("gcra", quota.gcra(3).unwrap()),
+    ] {
+        let limiter = Limiter::builder(quota)
+            .name(name)
+            .store(store.clone())
+            .timeout(support::TEST_TIMEOUT)
+            .build()
+            .unwrap();
+        assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+        reset_stats(&cluster);
+        let clients: Vec<String> = (0..600).map(|i| format!("c{i}")).collect();
+        let checks = clients
+            .iter()
+            .flat_map(|c| (0..4).map(|_| limiter.check(c, 1)));
+        let decisions: Vec<bool> = join_all(checks)
+            .await
+            .into_iter()
+            .map(|d| d.unwrap().is_allowed())
+            .collect();
+        for (i, mine) in decisions.chunks(4).enumerate() {
+            let allowed = mine.iter().filter(|a| **a).count();
+            assert_eq!(allowed, 3, "{name}: client {i}: {mine:?}");
+        }
+        let calls = script_calls_per_master(&cluster);
+        let all: u64 = calls.iter().sum();
+        assert!(all < 150, "{name}: {all} script calls: {calls:?}");
+        assert!(calls.iter().all(|c| *c > 0), "{name}: {calls:?}");
+    }
+    cluster.assert_every_key_has_ttl();
+}
+
 /// A slot moves after the batching task read the slot map: a node's call
 /// that meets a key it no longer holds fails as a store error (never an
 /// admission past the limit), the map is read again, and the next checks
-/// are decided exactly.
+/// are decided exactly. For a fixed window (decide_fixed.lua's batch per
+/// node), a sliding window and GCRA (decide.lua's compact form's).
 #[tokio::test]
 async fn a_stale_slot_map_fails_its_call_then_recovers() {
+    let quota: Quota = "2/1m".parse().unwrap();
+    for quota in [quota, quota.sliding_window(), quota.gcra(2).unwrap()] {
+        a_stale_slot_map_fails_its_call_then_recovers_with(quota).await;
+    }
+}
+
+async fn a_stale_slot_map_fails_its_call_then_recovers_with(quota: Quota) {
     let cluster = RedisCluster::start();
-    let limiter = cluster.limiter("2/1m").await;
+    let limiter = Limiter::builder(quota)
+        .store(cluster.store().await)
+        .timeout(support::TEST_TIMEOUT)
+        .build()
+        .unwrap();
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
     let key = limiter.store_key("moved");
     let (slot, from) = (cluster.slot_of(&key), cluster.master_of(&key));
@@ -236,14 +290,17 @@ async fn a_stale_slot_map_fails_its_call_then_recovers() {
         assert!(Instant::now() < deadline, "still failing: {results:?}");
     }
     // The first round's node call met the moved key (the map was stale).
-    assert!(rounds > 1, "no call failed: the map was not stale?");
-    assert!(admitted.iter().all(|n| *n <= 2), "{admitted:?}");
+    assert!(
+        rounds > 1,
+        "{quota:?}: no call failed: the map was not stale?"
+    );
+    assert!(admitted.iter().all(|n| *n <= 2), "{quota:?}: {admitted:?}");
     // Once recovered: every client is decided, exactly.
     let checks = clients.iter().map(|c| limiter.check(c, 1));
     for (n, r) in admitted.iter_mut().zip(join_all(checks).await) {
         *n += usize::from(r.unwrap().is_allowed());
     }
-    assert!(admitted.iter().all(|n| *n <= 2), "{admitted:?}");
+    assert!(admitted.iter().all(|n| *n <= 2), "{quota:?}: {admitted:?}");
     assert_eq!(cluster.master_of(&key), to);
     cluster.assert_every_key_has_ttl();
 }

@@ -449,7 +449,13 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     }
     let compact = ["0", "3", limit, window, burst, cost];
     let mut replies = Vec::new();
-    for (prefix, argv) in [("s", &spelled[..]), ("c", &compact[..])] {
+    // Spelled out, compact, and compact with every key but the first
+    // carried after the cost (a cluster node's batch).
+    for (prefix, argv, carried) in [
+        ("s", &spelled[..], false),
+        ("c", &compact[..], false),
+        ("r", &compact[..], true),
+    ] {
         let keys: Vec<String> = names.iter().map(|n| format!("{prefix}:{n}")).collect();
         let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
         let now_us = time.0 * 1_000_000 + time.1;
@@ -471,13 +477,19 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
             .unwrap();
         let mut seen = Vec::new();
         for _ in 0..2 {
-            let reply: support::Reply = call(&keys, argv).invoke_async(&mut conn).await.unwrap();
+            let invocation = match carried {
+                false => call(&keys, argv),
+                true => {
+                    let rest: Vec<&str> = keys[1..].iter().map(String::as_str).collect();
+                    call(&keys[..1], &[argv, &rest[..]].concat())
+                }
+            };
+            let reply: support::Reply = invocation.invoke_async(&mut conn).await.unwrap();
             seen.push(reply.0);
         }
         replies.push((prefix, seen));
     }
     let (_, first) = &replies[0];
-    let (_, second) = &replies[1];
     // Per request: allowed, allowed_1, remaining, reset_ms, retry_ms.
     let decided = |seen: &Vec<Vec<i64>>| -> Vec<(i64, i64, i64)> {
         seen.iter()
@@ -498,21 +510,23 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
             denied, denied, denied, denied, denied, denied, denied, empty, denied,
         ]
     );
-    assert_eq!(
-        decided(second),
-        decided(first),
-        "{second:?} against {first:?}"
-    );
-    for (mine, spelled) in second.iter().zip(first) {
-        for (m, s) in mine.iter().zip(spelled) {
-            assert!((m - s).abs() <= 100, "{second:?} against {first:?}");
+    for (prefix, seen) in &replies[1..] {
+        assert_eq!(
+            decided(seen),
+            decided(first),
+            "{prefix}: {seen:?} against {first:?}"
+        );
+        for (mine, spelled) in seen.iter().zip(first) {
+            for (m, s) in mine.iter().zip(spelled) {
+                assert!((m - s).abs() <= 100, "{prefix}: {seen:?} against {first:?}");
+            }
         }
+        assert_same_ttls(&mut conn, prefix, &names).await;
     }
-    assert_same_ttls(&mut conn, &names).await;
     server.assert_every_key_has_ttl().await;
 
-    // Each argument spoiled in turn, nothing else missing or extra: refused,
-    // and nothing written.
+    // Each argument spoiled in turn, nothing else missing: refused, and
+    // nothing written (an argument past the cost is a carried key).
     let good = ["0", "3", "5", "1000", "3", "1"];
     let mut bad: Vec<Vec<&str>> = Vec::new();
     for (i, spoiled) in [
@@ -539,7 +553,6 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     // A quota Quota::gcra refuses: faster than one a microsecond.
     bad.push(vec!["0", "3", "5000", "1", "3", "1"]);
     bad.push(good[..5].to_vec());
-    bad.push([&good[..], &["1"]].concat());
     support::assert_refused(&mut conn, &script, &["k"], &bad).await;
     support::assert_refused(&mut conn, &script, &[], &[good.to_vec()]).await;
     let ok: support::Reply = call(&["k".into()], &good)
@@ -627,16 +640,20 @@ async fn the_sliding_window_compact_form_decides_as_the_spelled_out_one() {
             assert!((m - s).abs() <= 100, "{replies:?}");
         }
     }
-    assert_same_ttls(&mut conn, &names).await;
+    assert_same_ttls(&mut conn, "c", &names).await;
     server.assert_every_key_has_ttl().await;
 }
 
-/// Each key the compact form decided (`c:…`) has the TTL its spelled-out
-/// twin (`s:…`) has, within the 0.1 s between them.
-async fn assert_same_ttls(conn: &mut redis::aio::MultiplexedConnection, names: &[&str]) {
+/// Each key the compact form decided (`{prefix}:…`) has the TTL its
+/// spelled-out twin (`s:…`) has, within the 0.1 s between them.
+async fn assert_same_ttls(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    names: &[&str],
+) {
     for name in names {
         let spelled: i64 = conn.pttl(format!("s:{name}")).await.unwrap();
-        let compact: i64 = conn.pttl(format!("c:{name}")).await.unwrap();
+        let compact: i64 = conn.pttl(format!("{prefix}:{name}")).await.unwrap();
         assert!(
             (spelled - compact).abs() <= 100,
             "{name}: a TTL of {compact} ms, spelled out {spelled} ms"

@@ -106,8 +106,8 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
     /// Reads the router.
     fn router(&self) -> BoxFuture<'static, Self::Router>;
 
-    /// The group of a request, from its limits.
-    fn group(router: &Self::Router, checks: &[LimitCheck]) -> Self::Group;
+    /// The group of a request, from its limits and cost.
+    fn group(router: &Self::Router, checks: &[LimitCheck], cost: u64) -> Self::Group;
 
     /// Whether rounds beyond [`IN_FLIGHT`] may go once enough requests
     /// wait (`batch_fill.rs`): where a round is one call, so that each
@@ -135,7 +135,7 @@ impl Batched for ConnectionManager {
         Box::pin(std::future::ready(()))
     }
 
-    fn group(_: &(), _: &[LimitCheck]) {}
+    fn group(_: &(), _: &[LimitCheck], _: u64) {}
 }
 
 #[cfg(feature = "sentinel")]
@@ -150,7 +150,7 @@ impl Batched for super::redis::SentinelMaster {
         Box::pin(std::future::ready(()))
     }
 
-    fn group(_: &(), _: &[LimitCheck]) {}
+    fn group(_: &(), _: &[LimitCheck], _: u64) {}
 }
 
 /// The handle to a connection's batching task, started on first use.
@@ -326,19 +326,19 @@ fn group<C: Batched>(router: &C::Router, jobs: Vec<Job>) -> Vec<(C::Group, Vec<J
     let Some(head) = jobs.first() else {
         return Vec::new();
     };
-    let first = C::group(router, &head.checks);
+    let first = C::group(router, &head.checks, head.cost);
     if jobs.len() <= MAX_BATCH
         && jobs
             .iter()
             .skip(1)
-            .all(|job| C::group(router, &job.checks) == first)
+            .all(|job| C::group(router, &job.checks, job.cost) == first)
     {
         return vec![(first, jobs)];
     }
     let mut groups: Vec<(C::Group, Vec<Job>)> = Vec::new();
     let count = jobs.len();
     for (i, job) in jobs.into_iter().enumerate() {
-        let group = C::group(router, &job.checks);
+        let group = C::group(router, &job.checks, job.cost);
         let open = |(g, jobs): &&mut (C::Group, Vec<Job>)| *g == group && jobs.len() < MAX_BATCH;
         match groups.iter_mut().find(open) {
             Some((_, jobs)) => jobs.push(job),

@@ -7,9 +7,12 @@
 //! alone sent about one request per call when clients spread over many
 //! slots (100,000 keys over 16,384 slots). A node's fixed-window requests go
 //! in one call instead: the first request's keys declared, the others
-//! carried in `ARGV` (`lua/decide_fixed.lua`'s "A batch per node"). Requests
-//! with another algorithm, and every request while no slot map could be
-//! read, are still grouped by slot, with every key declared.
+//! carried in `ARGV` (`lua/decide_fixed.lua`'s "A batch per node"); so do a
+//! node's requests of one sliding-window or GCRA limit alike (the same
+//! quota and cost: `lua/decide.lua`'s compact form). Any other request
+//! (several limits of another algorithm, a cost of 0), and every request
+//! while no slot map could be read, are still grouped by slot, with every
+//! key declared.
 
 use std::collections::HashMap;
 
@@ -21,7 +24,7 @@ use redis::{
 
 use super::{Batched, MAX_BATCH};
 use crate::{
-    Algorithm,
+    Algorithm, Quota,
     store::{BoxFuture, LimitCheck},
 };
 
@@ -34,6 +37,9 @@ pub(in crate::store) struct SlotMap(HashMap<Slot, u16>);
 pub(in crate::store) enum Group {
     /// Fixed-window requests on one node: several slots in one call.
     Node(u16),
+    /// Requests of one sliding-window or GCRA limit on one node, alike (this
+    /// quota and cost): several slots in one call.
+    Alike(u16, Quota, u64),
     /// Any other request: one slot per call.
     Slot(Slot),
 }
@@ -48,7 +54,8 @@ impl Batched for ClusterConnection {
     const ROUND: usize = 8 * MAX_BATCH;
 
     /// No rounds beyond the two: a round goes as one call per node (or
-    /// per slot, for other algorithms than the fixed window), so a round of
+    /// per slot, for requests of several limits of another algorithm than
+    /// the fixed window), so a round of
     /// 16 requests would be calls of a few each. On 3 masters (loopback)
     /// they took script calls from 0.24 to 0.29 a request, for no more
     /// requests a second.
@@ -68,18 +75,19 @@ impl Batched for ClusterConnection {
         })
     }
 
-    fn group(map: &SlotMap, checks: &[LimitCheck]) -> Group {
+    fn group(map: &SlotMap, checks: &[LimitCheck], cost: u64) -> Group {
         let key = checks.first().map_or("", |check| check.key.as_str());
         let slot = Slot::for_key(key);
         let fixed = (checks.iter()).all(|c| c.quota.algorithm() == Algorithm::FixedWindow);
-        match map.0.get(&slot) {
-            Some(node) if fixed => Group::Node(*node),
+        match (map.0.get(&slot), checks) {
+            (Some(node), _) if fixed => Group::Node(*node),
+            (Some(node), [check]) if cost > 0 => Group::Alike(*node, check.quota, cost),
             _ => Group::Slot(slot),
         }
     }
 
     fn spread(group: &Group) -> bool {
-        matches!(group, Group::Node(_))
+        matches!(group, Group::Node(_) | Group::Alike(..))
     }
 }
 

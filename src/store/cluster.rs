@@ -6,8 +6,9 @@
 //! redis-rs routes `EVALSHA` by its first key, follows `MOVED` and `ASK`,
 //! and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying again.
 //! On one cluster connection, concurrent fixed-window decisions bound for
-//! one master go in one call, whatever their slots, and others per slot
-//! (see `batch.rs` and `batch_cluster.rs`); a pool sends one call each.
+//! one master go in one call, whatever their slots, and so do those of one
+//! sliding-window or GCRA limit alike; others go per slot (see `batch.rs`
+//! and `batch_cluster.rs`); a pool sends one call each.
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 

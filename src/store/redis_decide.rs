@@ -33,7 +33,7 @@ pub(in crate::store) fn decide_invocation(requests: &[Request<'_>]) -> Call {
     if requests.iter().all(Request::fixed) {
         return fixed_invocation(requests, false);
     }
-    if let Some(call) = compact_invocation(requests) {
+    if let Some(call) = compact_invocation(requests, false) {
         return call;
     }
     general_invocation(&scripts::DECIDE, requests)
@@ -42,8 +42,10 @@ pub(in crate::store) fn decide_invocation(requests: &[Request<'_>]) -> Call {
 /// decide.lua's compact form, when every request of the batch has one
 /// limit, the same sliding-window or GCRA quota, and the same cost above 0
 /// (one limiter's requests, nearly always): the quota and cost once, then
-/// the keys. Its reply is decide.lua's.
-fn compact_invocation(requests: &[Request<'_>]) -> Option<Call> {
+/// the keys, or with `spread` (a cluster node's batch of several slots) the
+/// first key declared and the others carried after the cost. Its reply is
+/// decide.lua's.
+fn compact_invocation(requests: &[Request<'_>], spread: bool) -> Option<Call> {
     let first = requests.first()?;
     let [check] = first.checks else {
         return None;
@@ -60,13 +62,24 @@ fn compact_invocation(requests: &[Request<'_>]) -> Option<Call> {
         return None;
     }
     let keys = batch_keys(requests);
-    let mut call = Call::with_room(&scripts::DECIDE, &keys, 6, 6 * 20);
+    let declared = if spread { 1 } else { keys.len() };
+    let carried = &keys[declared..];
+    let carried_bytes: usize = carried.iter().map(|k| k.len()).sum();
+    let mut call = Call::with_room(
+        &scripts::DECIDE,
+        &keys[..declared],
+        6 + carried.len(),
+        6 * 20 + carried_bytes,
+    );
     call.arg(0)
         .arg(quota.algorithm().code())
         .arg(quota.limit())
         .arg(quota.window_ms())
         .arg(burst)
         .arg(first.cost);
+    for key in carried {
+        call.arg(*key);
+    }
     Some(call)
 }
 
@@ -266,16 +279,24 @@ pub(in crate::store) async fn decide<C: ConnectionLike>(
     parse_batch(&reply, requests, Layout::of(&call))
 }
 
-/// Runs a batch of one Redis Cluster node's fixed-window requests, whose
-/// keys may be of several hash slots of that node, as one call: the first
-/// request's keys declared, the others carried in `ARGV` (see
-/// `lua/decide_fixed.lua`'s "A batch per node").
+/// Runs a batch of one Redis Cluster node's requests, whose keys may be of
+/// several hash slots of that node, as one call: the first request's keys
+/// declared, the others carried in `ARGV` (see `lua/decide_fixed.lua`'s "A
+/// batch per node"). The batch is fixed-window requests, or alike requests
+/// of one sliding-window or GCRA limit (decide.lua's compact form), as the
+/// cluster groups them; any other goes spelled out with every key declared,
+/// which Redis refuses across slots, a store error like any other.
 pub(in crate::store) async fn decide_spread<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
 ) -> Result<Vec<States>, Error> {
-    let Packed(reply) = fixed_invocation(requests, true).invoke(conn).await?;
-    parse_batch(&reply, requests, Layout::Fixed)
+    let call = match requests.iter().all(Request::fixed) {
+        true => fixed_invocation(requests, true),
+        false => compact_invocation(requests, true)
+            .unwrap_or_else(|| general_invocation(&scripts::DECIDE, requests)),
+    };
+    let Packed(reply) = call.invoke(conn).await?;
+    parse_batch(&reply, requests, Layout::of(&call))
 }
 
 /// decide_fixed.lua's two numbers for a request of one limit: `r`, what
@@ -415,6 +436,12 @@ mod tests {
         assert_eq!(
             words(&alike),
             ["3", "a", "b", "a", "0", "3", "5", "1000", "3", "2"]
+        );
+        // A cluster node's batch: the first key declared, the others carried.
+        let spread = compact_invocation(&alike, true).unwrap();
+        assert_eq!(
+            spread.words(),
+            ["1", "a", "0", "3", "5", "1000", "3", "2", "b", "a"]
         );
         let shadows = [request(&shadow, 1), request(&a, 1)];
         assert_eq!(
