@@ -171,45 +171,16 @@ fn reset_stats(cluster: &RedisCluster) {
 }
 
 /// 600 clients at once, four checks each, a key each over hundreds of
-/// slots: decided in calls per node, not per slot, and each exactly.
+/// slots: decided in calls per node, not per slot, and each exactly. For a
+/// fixed window (decide_fixed.lua's batch per node), a sliding window and
+/// GCRA (decide.lua's compact form's, for requests of one limit alike).
 #[tokio::test]
 async fn a_burst_over_many_slots_is_batched_per_node() {
-    let cluster = RedisCluster::start();
-    let limiter = cluster.limiter("3/1m").await;
-    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    reset_stats(&cluster);
-    let clients: Vec<String> = (0..600).map(|i| format!("c{i}")).collect();
-    let checks = clients
-        .iter()
-        .flat_map(|c| (0..4).map(|_| limiter.check(c, 1)));
-    let decisions: Vec<bool> = join_all(checks)
-        .await
-        .into_iter()
-        .map(|d| d.unwrap().is_allowed())
-        .collect();
-    for (i, mine) in decisions.chunks(4).enumerate() {
-        let allowed = mine.iter().filter(|a| **a).count();
-        assert_eq!(allowed, 3, "client {i}: {mine:?}");
-    }
-    let calls = script_calls_per_master(&cluster);
-    let all: u64 = calls.iter().sum();
-    // By slot, 2,400 checks of 600 keys (about 590 slots) took hundreds of
-    // calls; by node, a round of up to 512 is a few calls per master.
-    assert!(all < 150, "{all} script calls: {calls:?}");
-    assert!(calls.iter().all(|c| *c > 0), "{calls:?}");
-    cluster.assert_every_key_has_ttl();
-}
-
-/// The same for a sliding window and GCRA, whose requests of one limit
-/// alike go per node in decide.lua's compact form: 600 clients at once, four
-/// checks each, each client admitted exactly its limit (GCRA: its burst),
-/// in a few calls per master, not hundreds.
-#[tokio::test]
-async fn a_burst_of_sliding_window_or_gcra_checks_is_batched_per_node_too() {
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
     let quota: Quota = "3/1m".parse().unwrap();
     for (name, quota) in [
+        ("fw", quota),
         ("sw", quota.sliding_window()),
         ("gcra", quota.gcra(3).unwrap()),
     ] {
@@ -236,6 +207,8 @@ async fn a_burst_of_sliding_window_or_gcra_checks_is_batched_per_node_too() {
         }
         let calls = script_calls_per_master(&cluster);
         let all: u64 = calls.iter().sum();
+        // By slot, 2,400 checks of 600 keys (about 590 slots) took hundreds
+        // of calls; by node, a round of up to 512 is a few calls per master.
         assert!(all < 150, "{name}: {all} script calls: {calls:?}");
         assert!(calls.iter().all(|c| *c > 0), "{name}: {calls:?}");
     }
