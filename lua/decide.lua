@@ -68,8 +68,8 @@
 -- takes seven: GCRA in one GET and one SET PX, which also sets the TTL (no
 -- PTTL); a sliding window in HMGET, HSET and PEXPIRE (no PTTL). Redis's
 -- work per decision (benches/script-cost.sh, 8 a call): GCRA from about
--- 87,500 instructions to about 47,200, a sliding window from about 95,400
--- to about 60,900. Anything else (a denial, which may heal a TTL; a value
+-- 87,600 instructions to about 47,300, a sliding window from about 96,600
+-- to about 61,600. Anything else (a denial, which may heal a TTL; a value
 -- that is not what we write; an error reply; a peek) goes through the
 -- module's check, commit and undo, as in the form above.
 --
@@ -173,21 +173,8 @@ if ARGV[1] == '0' then
       end
       local admit = false
       if plain and not peek then
-        if st > now_ms then
-          st = now_ms
-        end
-        local elapsed = now_ms - st
-        if elapsed >= window then
-          local n = math.floor(elapsed / window)
-          if n == 1 then
-            p = c
-          else
-            p = 0
-          end
-          c = 0
-          st = st + n * window
-          elapsed = now_ms - st
-        end
+        local elapsed
+        st, c, p, elapsed = roll(st, c, p, now_ms, window)
         local left = window - elapsed
         local weighted = p * left / window
         if c + cost + weighted <= limit then

@@ -40,6 +40,25 @@ local function drain(count, p, left, window)
   return 0
 end
 
+-- Stored counts (s, c, p) as they stand at now: a start after now (Redis
+-- time went back: a failover to another host) is taken as now, keeping the
+-- counts; windows that ended since roll over. Returns s, c, p and the time
+-- elapsed in the current window. Also decide.lua's compact form's.
+local function roll(s, c, p, now, window)
+  if s > now then
+    s = now
+  end
+  local elapsed = now - s
+  if elapsed >= window then
+    local k = math.floor(elapsed / window)
+    if k == 1 then p = c else p = 0 end
+    c = 0
+    s = s + k * window
+    elapsed = now - s
+  end
+  return s, c, p, elapsed
+end
+
 function sliding_window.check(key, limit, window, cost, now)
   local s, c, p
   local raw = redis.pcall('HMGET', key, 's', 'c', 'p')
@@ -54,17 +73,9 @@ function sliding_window.check(key, limit, window, cost, now)
   end
   if s == nil or c == nil or p == nil then
     s, c, p = now, 0, 0
-  elseif s > now then
-    s = now -- Redis time went back (failover to another host): keep counts
   end
-  local elapsed = now - s
-  if elapsed >= window then
-    local k = math.floor(elapsed / window)
-    if k == 1 then p = c else p = 0 end
-    c = 0
-    s = s + k * window
-    elapsed = now - s
-  end
+  local elapsed
+  s, c, p, elapsed = roll(s, c, p, now, window)
   local ttl = redis.call('PTTL', key)
   local expiry = s + 2 * window - now
 

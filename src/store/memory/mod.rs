@@ -224,11 +224,14 @@ impl MemoryStore {
                 .zip(&checked)
                 .all(|(l, c)| c.allowed || l.shadow);
         let mut states = Vec::with_capacity(checked.len());
-        let mut ends = Vec::with_capacity(checked.len());
+        // Ends only for a spend (a refund's); a peek allocates none.
+        let mut ends = Vec::with_capacity(if spend { checked.len() } else { 0 });
         for (id, c) in ids.into_iter().zip(checked) {
             let spends = all && c.allowed;
             states.push(c.state(spends));
-            ends.push(now.us.saturating_add(c.reset_after_us));
+            if spend {
+                ends.push(now.us.saturating_add(c.reset_after_us));
+            }
             if let (true, Some(entry)) = (spends, c.spent) {
                 counters.spend(id, entry);
             }
