@@ -279,49 +279,47 @@ async fn fixed_window_script_rejects_bad_arguments_without_writing() {
     let good = [
         "1", "5", "1000", "0", "2", "1", "1", "1", "1", "1", "1", "1", "1",
     ];
-    let mut bad: Vec<Vec<&str>> = Vec::new();
     // Each position of the good call, spoiled in turn; every policy field is
     // also tried out of range.
-    for (i, spoiled) in [
-        (0, "0"),
-        (0, "x"),
-        (1, "0"),
-        (1, "1.5"),
-        (2, "0"),
-        (2, "-1"),
-        (2, "1e3"),
-        (6, "0x1"),
-        (6, " 1"),
-        (3, "2"),
-        (3, "x"),
-        (4, "0"),
-        (4, "1"),
-        (4, "3"),
-        (5, "0"),
-        (5, "2"),
-        (6, "-1"),
-        (6, "1.5"),
-        (7, "0"),
-        (7, "2"),
-        (8, "0"),
-        (8, "2"),
-        (8, "x"),
-        (9, "0"),
-        (11, "0"),
-        (12, "2"),
-        (12, "x"),
-        // Short spoils: a leading zero, a sign, a space, a letter.
-        (1, "05"),
-        (4, "02"),
-        (5, "1 "),
-        (8, "1x"),
-        (9, "+1"),
-        (11, "0 "),
-    ] {
-        let mut argv = good.to_vec();
-        argv[i] = spoiled;
-        bad.push(argv);
-    }
+    let mut bad = support::spoiled(
+        &good,
+        &[
+            (0, "0"),
+            (0, "x"),
+            (1, "0"),
+            (1, "1.5"),
+            (2, "0"),
+            (2, "-1"),
+            (2, "1e3"),
+            (6, "0x1"),
+            (6, " 1"),
+            (3, "2"),
+            (3, "x"),
+            (4, "0"),
+            (4, "1"),
+            (4, "3"),
+            (5, "0"),
+            (5, "2"),
+            (6, "-1"),
+            (6, "1.5"),
+            (7, "0"),
+            (7, "2"),
+            (8, "0"),
+            (8, "2"),
+            (8, "x"),
+            (9, "0"),
+            (11, "0"),
+            (12, "2"),
+            (12, "x"),
+            // Short spoils: a leading zero, a sign, a space, a letter.
+            (1, "05"),
+            (4, "02"),
+            (5, "1 "),
+            (8, "1x"),
+            (9, "+1"),
+            (11, "0 "),
+        ],
+    );
     // Counts that do not match: a missing argument, an extra one.
     bad.push(good[..good.len() - 1].to_vec());
     bad.push([&good[..], &["1"]].concat());
@@ -396,26 +394,24 @@ async fn the_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     // Each argument spoiled in turn, nothing else missing or extra: refused,
     // and nothing written.
     let good = ["0", "5", "1000", "1"];
-    let mut bad: Vec<Vec<&str>> = Vec::new();
-    for (i, spoiled) in [
-        (1, "0"),
-        (1, "x"),
-        (1, "1.5"),
-        (1, "05"),
-        (1, "-5"),
-        (2, "0"),
-        (2, "-1"),
-        (2, "1e3"),
-        (2, " 1000"),
-        (3, "0"),
-        (3, "x"),
-        (3, "+1"),
-        (3, "1 "),
-    ] {
-        let mut argv = good.to_vec();
-        argv[i] = spoiled;
-        bad.push(argv);
-    }
+    let mut bad = support::spoiled(
+        &good,
+        &[
+            (1, "0"),
+            (1, "x"),
+            (1, "1.5"),
+            (1, "05"),
+            (1, "-5"),
+            (2, "0"),
+            (2, "-1"),
+            (2, "1e3"),
+            (2, " 1000"),
+            (3, "0"),
+            (3, "x"),
+            (3, "+1"),
+            (3, "1 "),
+        ],
+    );
     bad.push(good[..3].to_vec());
     bad.push(good[..1].to_vec());
     support::assert_refused(&mut conn, &script, &["k"], &bad).await;
@@ -528,28 +524,26 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
     // Each argument spoiled in turn, nothing else missing: refused, and
     // nothing written (an argument past the cost is a carried key).
     let good = ["0", "3", "5", "1000", "3", "1"];
-    let mut bad: Vec<Vec<&str>> = Vec::new();
-    for (i, spoiled) in [
-        (1, "1"),
-        (1, "4"),
-        (1, "x"),
-        (2, "0"),
-        (2, "x"),
-        (2, "1.5"),
-        (2, "05"),
-        (3, "0"),
-        (3, "-1"),
-        (3, "1e3"),
-        (4, "0"),
-        (4, " 3"),
-        (5, "0"),
-        (5, "x"),
-        (5, "+1"),
-    ] {
-        let mut argv = good.to_vec();
-        argv[i] = spoiled;
-        bad.push(argv);
-    }
+    let mut bad = support::spoiled(
+        &good,
+        &[
+            (1, "1"),
+            (1, "4"),
+            (1, "x"),
+            (2, "0"),
+            (2, "x"),
+            (2, "1.5"),
+            (2, "05"),
+            (3, "0"),
+            (3, "-1"),
+            (3, "1e3"),
+            (4, "0"),
+            (4, " 3"),
+            (5, "0"),
+            (5, "x"),
+            (5, "+1"),
+        ],
+    );
     // A quota Quota::gcra refuses: faster than one a microsecond.
     bad.push(vec!["0", "3", "5000", "1", "3", "1"]);
     bad.push(good[..5].to_vec());

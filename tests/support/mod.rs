@@ -71,6 +71,19 @@ pub fn invocation<'a>(
     call
 }
 
+/// `good`'s arguments with one spoiled at a time: for each `(i, spoiled)`,
+/// a copy of `good` whose argument `i` is `spoiled`.
+pub fn spoiled<'a>(good: &[&'a str], spoils: &[(usize, &'a str)]) -> Vec<Vec<&'a str>> {
+    spoils
+        .iter()
+        .map(|&(i, spoiled)| {
+            let mut argv = good.to_vec();
+            argv[i] = spoiled;
+            argv
+        })
+        .collect()
+}
+
 /// Calls `script` with each of `bad` (its `ARGV`) on `keys`: every call must
 /// be refused, and write no key (none of `keys` exists, and the number of
 /// keys is as it was).
