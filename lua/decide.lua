@@ -30,18 +30,24 @@
 --                must be one Quota::gcra accepts (see gcra.lua's header)
 --     shadow     1 if the limit only observes (dry run), else 0
 --
--- Reply: one MessagePack array (cmsgpack.pack) of integers, flat, per
--- request: allowed, then per limit: allowed_i, remaining_i, reset_ms_i,
--- retry_ms_i. Packed, it is one bulk string: redis-rs parses an array reply
--- element by element through its combinator parser, which cost the server
--- more per request than the rest of the decision.
+-- Reply: one MessagePack array (cmsgpack.pack) of integers, flat: first
+-- Redis's clock when the call read it (TIME, in µs; 0 if it never did, in a
+-- call of fixed windows only), then per request: allowed, then per limit:
+-- allowed_i, remaining_i, reset_i, retry_ms_i. Packed, it is one bulk
+-- string: redis-rs parses an array reply element by element through its
+-- combinator parser, which cost the server more per request than the rest
+-- of the decision.
+--   now_us       Redis's clock: a GCRA limit's state resets reset_i after it
+--                (its spend's end, to the µs, which bounds a refund of the
+--                spend on Redis's own clock: refund.lua)
 --   allowed      1 if every enforced (non-shadow) limit admitted the cost, and
 --                then every limit that admitted it spent it; 0 if any
 --                enforced limit denied, and then none spent anything. A
 --                shadow limit that denies never blocks the others.
 --   allowed_i    whether limit i alone would admit the cost
 --   remaining_i  units left in limit i after this decision
---   reset_ms_i   ms until limit i is fully available again
+--   reset_i      until limit i is fully available again: in ms, but for a
+--                GCRA limit in µs (both rounded up)
 --   retry_ms_i   ms until limit i would admit the cost (when it denies)
 --
 -- The compact form, for the commonest call that is not a fixed window's (one
@@ -107,14 +113,14 @@ if ARGV[1] == '0' then
   end
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  local reply, at = {}, 0
+  local reply, at = { now }, 1
   -- A request the inline path does not take: the module's way.
   local function settle(st, module)
     local spends = st.allowed and not peek
-    local remaining, reset, retry = st.remaining, st.reset, st.retry
+    local remaining, reset, retry = st.remaining, st.reset_us or st.reset, st.retry
     if spends then
       module.commit(st, cost)
-      remaining, reset, retry = st.remaining_after, st.reset_after, 0
+      remaining, reset, retry = st.remaining_after, st.reset_after_us or st.reset_after, 0
     else
       module.undo(st, cost)
       if st.allowed then
@@ -147,10 +153,10 @@ if ARGV[1] == '0' then
       if plain and fits and spend <= cap - ahead then
         local after = ahead + spend
         local q, r = divmod(after, per_us)
-        local reset = ms(after, per_us)
-        redis.call('SET', k, string.format('%d:%d', now + q, r), 'PX', int(reset + 1))
+        local reset_us = q + (r > 0 and 1 or 0)
+        redis.call('SET', k, string.format('%d:%d', now + q, r), 'PX', int(ceil_div(reset_us, 1000) + 1))
         reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] =
-          1, 1, divmod(cap - after, step), reset, 0
+          1, 1, divmod(cap - after, step), reset_us, 0
       else
         settle(gcra.check(k, s, cost, now), gcra)
       end
@@ -245,7 +251,7 @@ local modules = { fixed_window, sliding_window, gcra }
 -- Each request in turn: its limits checked, then each settled (committed
 -- or undone) once all are known, and its reply appended. states and algos
 -- are reused from request to request.
-local reply, at = {}, 0
+local reply, at = { 0 }, 1
 local states, algos = {}, {}
 arg, key = 2, 1
 for _ = 1, requests do
@@ -283,9 +289,9 @@ for _ = 1, requests do
     else
       modules[algos[i]].undo(st, cost)
     end
-    local remaining, reset = st.remaining, st.reset
+    local remaining, reset = st.remaining, st.reset_us or st.reset
     if spends then
-      remaining, reset = st.remaining_after, st.reset_after
+      remaining, reset = st.remaining_after, st.reset_after_us or st.reset_after
     end
     local retry = 0
     if not st.allowed then
@@ -296,4 +302,5 @@ for _ = 1, requests do
     at = at + 4
   end
 end
+reply[1] = now_us or 0
 return cmsgpack.pack(reply)

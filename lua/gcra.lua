@@ -25,7 +25,10 @@
 --         remaining = units that would still fit now; retry = the exact wait
 --         until cost fits (for a cost above the burst, which never fits: the
 --         wait until the bucket is full); reset = the wait until the bucket
---         is full. Waits are in ms, rounded up.
+--         is full. Waits are in ms, rounded up; reset_us and reset_after_us
+--         are reset before and after the spend in µs, rounded up, which
+--         decide.lua replies (a refund is bounded by the spend's end to the
+--         µs: refund.lua).
 --
 -- A TAT further ahead than the capacity (a burst lowered since, or a corrupt
 -- value) is clamped to now + cap instead of being obeyed; a remainder b >=
@@ -146,7 +149,8 @@ function gcra.check(key, s, cost, now)
     after = ahead + cost * step
     remaining_after = divmod(cap - after, step)
   end
-  local reset, reset_after = ms(ahead, per_us), ms(after, per_us)
+  local reset_us, reset_after_us = ceil_div(ahead, per_us), ceil_div(after, per_us)
+  local reset, reset_after = ceil_div(reset_us, 1000), ceil_div(reset_after_us, 1000)
   local retry = 0
   if not allowed then
     if cost <= s.burst then
@@ -163,6 +167,7 @@ function gcra.check(key, s, cost, now)
     heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
     allowed = allowed, remaining = divmod(room, step), remaining_after = remaining_after,
     reset = reset, reset_after = reset_after, ttl = reset_after + 1, retry = retry,
+    reset_us = reset_us, reset_after_us = reset_after_us,
   }
 end
 

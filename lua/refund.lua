@@ -4,7 +4,7 @@
 -- it, for their helpers (gcra.shape, read_tat).
 --
 -- KEYS     every refunded limit's key
--- ARGV     per key, six integers:
+-- ARGV     per key, seven integers:
 --   algorithm       1 fixed window, 2 sliding window, 3 GCRA
 --   limit           >= 1, units per window
 --   window_ms       >= 1
@@ -14,6 +14,10 @@
 --                   measured it (may be negative): the fixed window's end,
 --                   the sliding window's (the bucket the cost went to), or
 --                   the TAT the GCRA spend left
+--   spend_ends_at   GCRA: that TAT on Redis's clock (TIME, in µs), never
+--                   after it, as decide.lua's reply gives it; 0 when the
+--                   caller does not know it (another algorithm, or a store
+--                   call that did not report Redis's clock)
 -- Reply    the number of keys credited.
 --
 -- Windows of one key follow each other a whole window apart, so the spent
@@ -23,7 +27,11 @@
 --   * sliding window: the stored window (field c) or the one before it
 --     (field p), whichever the spend went to; otherwise nothing;
 --   * GCRA: the TAT moves back by cost * step, but by no more than is still
---     outstanding of the spend (window_end_in) and never before now.
+--     outstanding of the spend and never before now. What is outstanding
+--     is read on Redis's own clock from spend_ends_at when it is given:
+--     window_end_in, measured by the caller, is later by the decision's
+--     answer and this call's request on their way, and a refund bounded by
+--     it could credit a spend already drained (a unit admitted early).
 -- Counts never drop below zero; a count back at zero is deleted (it counts
 -- as absent anyway). Keys keep their expiry (GCRA's follows its TAT, as
 -- commit sets it); a key that is gone is left alone, so nothing is created.
@@ -47,7 +55,7 @@ end
 
 local refunds = {}
 for i = 1, #KEYS do
-  local a = (i - 1) * 6
+  local a = (i - 1) * 7
   local r = {
     key = KEYS[i],
     algorithm = whole(ARGV[a + 1], 1),
@@ -56,17 +64,18 @@ for i = 1, #KEYS do
     burst = whole(ARGV[a + 4], 0),
     cost = whole(ARGV[a + 5], 1),
     ends = signed(ARGV[a + 6]),
+    ends_at = whole(ARGV[a + 7], 0),
   }
   if r.algorithm == 3 and r.limit and r.window and r.burst then
     r.shape = gcra.shape(r.limit, r.window, r.burst)
   end
   if not r.algorithm or r.algorithm > 3 or not r.limit or not r.window or not r.burst
-    or not r.cost or not r.ends or (r.algorithm == 3 and not r.shape) then
-    return bad('refund ' .. i .. ': bad algorithm, limit, window_ms, burst, cost or window_end_in')
+    or not r.cost or not r.ends or not r.ends_at or (r.algorithm == 3 and not r.shape) then
+    return bad('refund ' .. i .. ': bad algorithm, limit, window_ms, burst, cost, window_end_in or spend_ends_at')
   end
   refunds[i] = r
 end
-if #ARGV ~= #KEYS * 6 then
+if #ARGV ~= #KEYS * 7 then
   return bad('ARGV does not match KEYS')
 end
 
@@ -139,7 +148,12 @@ local function cell(r)
     a, b = a + 1, 0
   end
   local d = a - now
-  if d < 0 or r.ends <= 0 then
+  -- What is still outstanding of the spend, in µs from now.
+  local left = r.ends * 1000
+  if r.ends_at > 0 then
+    left = r.ends_at - now
+  end
+  if d < 0 or left <= 0 then
     return 0 -- the bucket is full again, or the spend is no longer outstanding
   end
   local ahead = s.cap
@@ -148,8 +162,8 @@ local function cell(r)
   end
   local back = r.cost * s.step
   local outstanding = s.cap
-  if r.ends * 1000 <= s.cap_us then
-    outstanding = r.ends * 1000 * s.per_us
+  if left <= s.cap_us then
+    outstanding = left * s.per_us
   end
   back = math.min(back, outstanding)
   ahead = ahead - back

@@ -9,18 +9,24 @@ use crate::{Quota, headers::Policies, store::LimitState};
 /// One state per limit; a lone limit's is held inline, without allocating.
 pub(crate) type States = SmallVec<[LimitState; 1]>;
 
+/// A store's answer to one request: each limit's state, and where each
+/// GCRA limit's state resets on Redis's clock, in µs (0 for any other
+/// limit, or where another store answered): see [`Stamp::Store`].
+pub(crate) type Answered = (States, Ends);
+
 /// The `pk` partition key of each limit's client key (one for all limits
 /// when they share a key); empty unless the layer writes `pk`.
 pub(crate) type Partition = SmallVec<[u64; 1]>;
 
-/// Per limit, when its state after a spend resets, on the in-memory store's
-/// own clock, in µs. For GCRA it is the theoretical arrival time the spend
+/// Per limit, when its state after a spend resets, on the store's own
+/// clock, in µs: the in-memory store's, or Redis's for a GCRA limit (0 for
+/// any other there). For GCRA it is the theoretical arrival time the spend
 /// left, rounded up to the µs, where the state's `reset_ms` is rounded up
 /// to the whole ms: a refund bounded by "what is still outstanding of the
 /// spend" is then short of it by nothing and over it by under a µs (with
-/// the decision's time and whole ms, it was off by up to a ms either way).
-/// A lone limit's is held inline: a decision on the memory store allocates
-/// nothing for it.
+/// the decision's time and whole ms, it was off by up to a ms either way,
+/// and on Redis by the round trips too). A lone limit's is held inline: a
+/// decision allocates nothing for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ends {
     /// A lone limit's.
@@ -37,6 +43,19 @@ impl Ends {
             Ends::Each(ends) => ends.get(i).copied(),
         }
     }
+
+    /// No end known for any limit.
+    pub(crate) fn none() -> Self {
+        Ends::One(0)
+    }
+
+    /// Whether no end is known for any limit.
+    fn is_none(&self) -> bool {
+        match self {
+            Ends::One(end) => *end == 0,
+            Ends::Each(ends) => ends.iter().all(|e| *e == 0),
+        }
+    }
 }
 
 /// When a decision was made, on a clock a refund can compare with: the
@@ -49,6 +68,33 @@ pub(crate) enum Stamp {
     Memory(Ends),
     /// This process's clock when the store's answer arrived.
     Local(tokio::time::Instant),
+    /// As `Local`, and where each GCRA limit's state resets on Redis's
+    /// clock (µs; 0 for any other limit), which bounds a refund to the µs
+    /// whatever the round trips took. Boxed: only GCRA decisions on Redis
+    /// carry it, and a larger stamp made every decision larger.
+    Store(Box<(tokio::time::Instant, Ends)>),
+}
+
+impl Stamp {
+    /// Now, for a store's answer: with the ends on Redis's clock, if it
+    /// gave any.
+    pub(crate) fn answered(ends: Ends) -> Self {
+        let at = tokio::time::Instant::now();
+        match ends.is_none() {
+            true => Stamp::Local(at),
+            false => Stamp::Store(Box::new((at, ends))),
+        }
+    }
+
+    /// This process's clock when a store outside it answered, and the ends
+    /// on Redis's clock if it gave any; `None` for the memory store's.
+    pub(crate) fn local(&self) -> Option<(tokio::time::Instant, Option<&Ends>)> {
+        match self {
+            Stamp::Local(at) => Some((*at, None)),
+            Stamp::Store(stamp) => Some((stamp.0, Some(&stamp.1))),
+            Stamp::Memory(_) => None,
+        }
+    }
 }
 
 /// What a decision spent, for a refund: its cost and when it was decided.

@@ -481,7 +481,7 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
                 }
             };
             let reply: support::Reply = invocation.invoke_async(&mut conn).await.unwrap();
-            seen.push(reply.0);
+            seen.push(reply.decided(true));
         }
         replies.push((prefix, seen));
     }
@@ -553,7 +553,8 @@ async fn the_gcra_compact_form_decides_as_the_spelled_out_one_and_checks_too() {
         .invoke_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(ok.0[..3], [1, 1, 2], "the good call: {:?}", ok.0);
+    let ok = ok.decided(true);
+    assert_eq!(ok[..3], [1, 1, 2], "the good call: {ok:?}");
 }
 
 /// The same compact form for a sliding window (algorithm 2, a burst of 0)
@@ -594,7 +595,7 @@ async fn the_sliding_window_compact_form_decides_as_the_spelled_out_one() {
         for _ in 0..2 {
             let call = support::invocation(&script, &keys, argv);
             let reply: support::Reply = call.invoke_async(&mut conn).await.unwrap();
-            seen.push(reply.0);
+            seen.push(reply.decided(false));
         }
         replies.push(seen);
     }
@@ -679,7 +680,11 @@ async fn script_rejects_bad_arguments_without_writing() {
         .invoke_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(ok.0, [1, 1, 4, 1000, 0], "the well-formed call is admitted");
+    assert_eq!(
+        ok.decided(false),
+        [1, 1, 4, 1000, 0],
+        "the well-formed call is admitted"
+    );
     let _: () = conn.del("k").await.unwrap();
     let mut bad_calls: Vec<(Vec<&str>, Vec<&str>)> = Vec::new();
     for cost in ["-1", "x", "1.5"] {

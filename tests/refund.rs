@@ -8,9 +8,11 @@ mod support;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis_ratelimit::{Error, Quota};
+use redis_ratelimit::{Error, Limiter, Quota, RedisStore};
 use support::{
-    Backend, for_every_store,
+    Backend,
+    delay::DelayProxy,
+    for_every_store,
     limits::{admitted, algorithms, limiter},
 };
 
@@ -172,6 +174,91 @@ async fn a_drained_gcra_spend_credits_nothing_within_its_millisecond() {
     assert_eq!(admitted(&l, "k", 2).await, 1);
     l.refund("k", &old).await.unwrap();
     assert_eq!(admitted(&l, "k", 1).await, 0, "a later spend was credited");
+}
+
+/// On Redis, a GCRA refund is bounded by what is still outstanding of the
+/// spend on Redis's own clock, whatever the round trips took. Behind a proxy
+/// 50 ms away each way, the caller's view of when a spend ends is at least
+/// 100 ms late (the answer's way back, the refund's way there): bounded by
+/// it, a refund once credited 100 ms of a spend already drained, taken from
+/// the spend stacked after it. 100/1s with a burst of 100: a unit is 10 ms.
+/// Spend `a` holds 500 ms of the bucket, `b` the 400 ms after it; once `a`
+/// is refunded, `b` must still hold its 400 ms. Through the batching
+/// connection and through a pool (a call of its own).
+#[tokio::test]
+async fn a_gcra_refund_on_redis_credits_no_more_than_is_outstanding_on_its_clock() {
+    let server = support::RedisServer::start();
+    let proxy = DelayProxy::start(server.port(), Duration::from_millis(50)).await;
+    let quota = Quota::per_second(100).gcra(100).unwrap();
+    for pooled in [false, true] {
+        let store = match pooled {
+            false => RedisStore::connect(proxy.url()).await.unwrap(),
+            true => {
+                let manager = bb8_redis::RedisConnectionManager::new(proxy.url()).unwrap();
+                let pool = bb8::Pool::builder().max_size(2).test_on_check_out(false);
+                RedisStore::from_pool(pool.build(manager).await.unwrap())
+            }
+        };
+        let l = Limiter::builder(quota)
+            .name(format!("refund-clock-{pooled}"))
+            .store(store)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let (before, tat) = refund_the_first_of_two_spends(&server, &l, 50, 40).await;
+        assert!(
+            tat >= before + 400_000,
+            "pooled {pooled}: b's spend ends {} µs after the refund was sent, not 400 ms",
+            tat as i64 - before as i64
+        );
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// And to the µs, on loopback: 100,000/1s with a burst of 10,000, a unit of
+/// 10 µs; `a` holds 50.01 ms of the bucket, `b` the 40 ms after it. The
+/// refund of `a` leaves `b`'s 40 ms whole (`a`'s end rounded up to the whole
+/// ms would take 0.99 ms of it, 99 units).
+#[tokio::test]
+async fn a_gcra_refund_on_redis_is_bounded_to_the_microsecond() {
+    let server = support::RedisServer::start();
+    let quota = Quota::per_second(100_000).gcra(10_000).unwrap();
+    let l = Limiter::builder(quota)
+        .store(server.store().await)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (before, tat) = refund_the_first_of_two_spends(&server, &l, 5001, 4000).await;
+    assert!(
+        tat >= before + 40_000,
+        "b's spend ends {} µs after the refund was sent, not 40,000",
+        tat as i64 - before as i64
+    );
+    server.assert_every_key_has_ttl().await;
+}
+
+/// Spends `a` then `b` units on one key of `l`, one after the other, then
+/// refunds `a`: Redis's clock just before the refund was sent, and the
+/// key's TAT (whole µs) after it.
+async fn refund_the_first_of_two_spends(
+    server: &support::RedisServer,
+    l: &Limiter,
+    a: u64,
+    b: u64,
+) -> (u64, u64) {
+    let mut conn = server.conn().await;
+    let first = l.check("k", a).await.unwrap();
+    let second = l.check("k", b).await.unwrap();
+    assert!(first.is_allowed() && second.is_allowed());
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    l.refund("k", &first).await.unwrap();
+    let tat: String = redis::cmd("GET")
+        .arg(l.store_key("k"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tat = tat.split(':').next().unwrap().parse().unwrap();
+    (secs * 1_000_000 + micros, tat)
 }
 
 /// On a cluster: refund, peek and reset for every algorithm and several

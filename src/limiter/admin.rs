@@ -7,7 +7,7 @@ use super::{Backend, Inner, Limiter, deciding::ProbeGuard};
 use crate::{
     Algorithm, Decision, Error, MemoryStore, Quota,
     breaker::Pass,
-    decision::Stamp,
+    decision::{Ends, Stamp, States},
     store::{Credit, Refund, Store},
 };
 
@@ -91,9 +91,9 @@ impl Limiter {
             pass,
             settled: false,
         };
-        probe
-            .settle(store.peek(checks, cost), false, cost, None, false)
-            .await
+        let peek = store.peek(checks, cost);
+        let answer = Box::pin(async move { Ok((States::from_vec(peek.await?), Ends::none())) });
+        probe.settle(answer, false, cost, None, false).await
     }
 
     /// The deny cache's key for a decision on `keys`: its store keys,
@@ -125,12 +125,14 @@ impl Limiter {
     ///   credited while it still counts (as the current or the previous
     ///   window); a GCRA's theoretical arrival time moves back by at most
     ///   the cost, by no more than is still outstanding of that spend, and
-    ///   never before now. The [`MemoryStore`] knows that to the µs; a
-    ///   store elsewhere learns it from this process in whole ms (the
-    ///   decision's reset less the time since its answer), so it may credit
-    ///   up to two milliseconds and the answer's way back more than is
-    ///   outstanding, which only a GCRA whose unit is shorter than that can
-    ///   turn into a unit admitted early.
+    ///   never before now. The [`MemoryStore`] and the
+    ///   [`RedisStore`](crate::RedisStore) know that to the µs on their own
+    ///   clock (Redis's reply gives a GCRA spend's end on Redis's clock), so
+    ///   no round trip, however slow, makes a refund credit a spend already
+    ///   drained. A custom [`Store`](crate::Store) learns it from this
+    ///   process in whole ms (the decision's reset less the time since its
+    ///   answer: [`Refund::window_end_in_ms`](crate::store::Refund)), which
+    ///   can be later by up to two ms and the answer's way back.
     /// - Counts never drop below zero, and keys keep their expiry.
     /// - A decision that spent nothing (denied, a cost of 0, a
     ///   [`peek`](Self::peek), a cached denial) refunds nothing, without a
@@ -253,16 +255,25 @@ impl Limiter {
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
-            (Backend::Other(..), Stamp::Local(at)) if self.gave_back(keys, decision, *at) => {
-                // Back to the live reservation it came from: no store call.
-                Ok(RefundWork::Nothing)
-            }
-            (Backend::Other(store, _), Stamp::Local(at)) => {
+            (Backend::Other(store, _), stamp) => {
+                let Some((at, ends)) = stamp.local() else {
+                    return Err(Error::ForeignDecision);
+                };
+                if self.gave_back(keys, decision, at) {
+                    // Back to the live reservation it came from: no store call.
+                    return Ok(RefundWork::Nothing);
+                }
                 let elapsed = at.elapsed().as_millis() as i64;
                 let refunds = spent_limits
                     .map(|(i, key, quota, back)| {
                         let end = decision.state_of(i).reset_ms as i64 - back;
-                        Refund::new(key, quota, spent.cost, end.saturating_sub(elapsed))
+                        let refund =
+                            Refund::new(key, quota, spent.cost, end.saturating_sub(elapsed));
+                        // A GCRA spend's end on Redis's clock, when known.
+                        match ends.and_then(|ends| ends.get(i)) {
+                            Some(us) if us > 0 => refund.spent_until(us),
+                            _ => refund,
+                        }
                     })
                     .collect();
                 let cache_key = inner.deny_cache.as_ref().map(|_| self.cache_key(keys));

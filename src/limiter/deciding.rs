@@ -13,7 +13,7 @@ use super::Inner;
 use crate::{
     Decision, Error, Key,
     breaker::Pass,
-    decision::{Partition, Stamp, States},
+    decision::{Answered, Partition, Stamp, States},
     metrics,
     store::{BoxFuture, StoreReply},
 };
@@ -123,11 +123,11 @@ impl Then {
     }
 
     /// The decision from the store's reply, in the decision's span.
-    fn finish(&mut self, result: Result<States, Error>) -> Result<Decision, Error> {
+    fn finish(&mut self, result: Result<Answered, Error>) -> Result<Decision, Error> {
         let Rare { span, partition } = self.rare.take().map(|rare| *rare).unwrap_or_default();
         let _entered = span.as_ref().map(tracing::Span::enter);
-        let states = self.probe.record(result, self.started)?;
-        let at = Stamp::Local(tokio::time::Instant::now());
+        let (states, ends) = self.probe.record(result, self.started)?;
+        let at = Stamp::answered(ends);
         let decision =
             (self.probe.inner).conclude(states, self.cost, self.cache_key.take(), Some(at));
         match partition {
@@ -237,18 +237,18 @@ pub(super) struct ProbeGuard {
 
 impl ProbeGuard {
     /// Settles the decision from `states`; `bounded` as for [`Timed`].
-    pub(super) async fn settle<S: Into<States>>(
+    pub(super) async fn settle(
         self,
-        states: impl Future<Output = Result<S, Error>> + Unpin,
+        answer: impl Future<Output = Result<Answered, Error>> + Unpin,
         bounded: bool,
         cost: u64,
         cache_key: Option<Key>,
         spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
-        let states = self.call_bounded(states, bounded).await?;
-        let at = spends.then(|| Stamp::Local(tokio::time::Instant::now()));
-        inner.conclude(states.into(), cost, cache_key, at)
+        let (states, ends) = self.call_bounded(answer, bounded).await?;
+        let at = spends.then(|| Stamp::answered(ends));
+        inner.conclude(states, cost, cache_key, at)
     }
 
     /// A decision that spends, settled from `reply` in `span`, in place

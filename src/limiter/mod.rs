@@ -310,7 +310,7 @@ impl Limiter {
                 probe.settling(states, bounded, cost, cache_key, span)
             }
             None => {
-                let states = StoreReply::Alone(store.decide(checks.into_vec(), cost));
+                let states = StoreReply::other(store.decide(checks.into_vec(), cost));
                 probe.settling(states, false, cost, cache_key, span)
             }
         }

@@ -53,7 +53,7 @@ use super::{
     BoxFuture, Checks, LimitCheck,
     redis::{Request, decide, decide_spread},
 };
-use crate::{Error, decision::States};
+use crate::{Error, decision::Answered};
 
 #[cfg(feature = "cluster")]
 #[path = "batch_cluster.rs"]
@@ -82,7 +82,7 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// Requests that may wait; beyond it, requests go unbatched.
 const QUEUE: usize = 4096;
 
-type Reply = Result<States, Error>;
+type Reply = Result<Answered, Error>;
 
 struct Job {
     checks: Checks,
@@ -387,9 +387,9 @@ async fn send<C: Batched>(mut jobs: Vec<Job>, mut conn: C, call: Sent) {
     let result = within_deadlines(decided, &mut waiters).await;
     drop(requests);
     match result {
-        Some(Ok(states)) => {
-            for (waiter, states) in waiters.iter_mut().zip(states) {
-                waiter.answer(Ok(states));
+        Some(Ok(answers)) => {
+            for (waiter, answer) in waiters.iter_mut().zip(answers) {
+                waiter.answer(Ok(answer));
             }
         }
         Some(Err(e)) => {

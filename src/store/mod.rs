@@ -80,6 +80,13 @@ pub struct Refund {
     /// Windows of one key follow each other a whole window apart, so a store
     /// tells the spent window from a later one within half a window.
     pub window_end_in_ms: i64,
+    /// For a GCRA spend a Redis store decided: when the spend ends (the
+    /// theoretical arrival time it left) on Redis's own clock (`TIME`, in
+    /// µs), never after it. A refund is then bounded by what is still
+    /// outstanding on the store's clock, whatever the round trips took;
+    /// `window_end_in_ms`, measured by the caller, can only be later by
+    /// them. `None` otherwise.
+    pub spend_ends_at_us: Option<u64>,
 }
 
 impl Refund {
@@ -89,6 +96,16 @@ impl Refund {
             quota,
             cost,
             window_end_in_ms,
+            spend_ends_at_us: None,
+        }
+    }
+
+    /// With the spend's end on the store's clock (see
+    /// [`spend_ends_at_us`](Self::spend_ends_at_us)).
+    pub(crate) fn spent_until(self, us: u64) -> Self {
+        Self {
+            spend_ends_at_us: Some(us),
+            ..self
         }
     }
 }

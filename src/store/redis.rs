@@ -18,7 +18,10 @@ use super::{
     batch::{Answer, Batcher, Deadline},
     call::Call,
 };
-use crate::{Error, decision::States};
+use crate::{
+    Error,
+    decision::{Answered, Ends, States},
+};
 
 #[path = "redis_admin.rs"]
 mod admin;
@@ -286,18 +289,18 @@ impl RedisStore {
         &self,
         checks: Vec<LimitCheck>,
         cost: u64,
-    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+    ) -> BoxFuture<'static, Result<Answered, Error>> {
         self.call_one(checks, cost, decide_invocation)
     }
 
     /// One request, alone in the call `invocation` makes of it (a decision,
-    /// or a peek), and its states.
+    /// or a peek): its states, and Redis's clock when the call read it.
     pub(super) fn call_one(
         &self,
         checks: Vec<LimitCheck>,
         cost: u64,
         invocation: fn(&[Request<'_>]) -> Call,
-    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+    ) -> BoxFuture<'static, Result<Answered, Error>> {
         let request = [Request {
             checks: &checks,
             cost,
@@ -310,10 +313,9 @@ impl RedisStore {
                 checks: &checks,
                 cost,
             }];
-            let mut states = parse_batch(&reply.await?.0, &request, layout)?;
-            states
+            let mut answers = parse_batch(&reply.await?.0, &request, layout)?;
+            answers
                 .pop()
-                .map(States::into_vec)
                 .ok_or_else(|| Error::UnexpectedReply("no reply".into()))
         })
     }
@@ -353,7 +355,18 @@ pub(crate) enum StoreReply {
     /// Queued for the batching task.
     Batched(Answer),
     /// In a call of its own (a pool, no batching task, another store).
-    Alone(BoxFuture<'static, Result<Vec<LimitState>, Error>>),
+    Alone(BoxFuture<'static, Result<Answered, Error>>),
+}
+
+impl StoreReply {
+    /// Another store's decision, which reports no clock.
+    pub(crate) fn other(reply: BoxFuture<'static, Result<Vec<LimitState>, Error>>) -> Self {
+        StoreReply::Alone(Box::pin(async move {
+            reply
+                .await
+                .map(|states| (States::from_vec(states), Ends::none()))
+        }))
+    }
 }
 
 impl StoreReply {
@@ -366,12 +379,12 @@ impl StoreReply {
 }
 
 impl Future for StoreReply {
-    type Output = Result<States, Error>;
+    type Output = Result<Answered, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             StoreReply::Batched(answer) => Pin::new(answer).poll(cx),
-            StoreReply::Alone(reply) => reply.as_mut().poll(cx).map_ok(States::from_vec),
+            StoreReply::Alone(reply) => reply.as_mut().poll(cx),
         }
     }
 }
@@ -418,9 +431,11 @@ impl Store for RedisStore {
         // Unbounded: the caller keeps its own timer.
         match self.decide_states(checks.into(), cost, None) {
             StoreReply::Batched(answer) => {
-                Box::pin(async move { answer.await.map(States::into_vec) })
+                Box::pin(async move { answer.await.map(|(states, _)| states.into_vec()) })
             }
-            StoreReply::Alone(reply) => reply,
+            StoreReply::Alone(reply) => {
+                Box::pin(async move { reply.await.map(|(states, _)| states.into_vec()) })
+            }
         }
     }
 }

@@ -21,7 +21,8 @@ fn refund_invocation(refunds: &[Refund]) -> Call {
             .arg(r.quota.window_ms())
             .arg(burst)
             .arg(r.cost)
-            .arg(r.window_end_in_ms);
+            .arg(r.window_end_in_ms)
+            .arg(r.spend_ends_at_us.unwrap_or(0));
     }
     call
 }
@@ -32,9 +33,10 @@ impl RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        self.call_one(checks, cost, |request| {
+        let peek = self.call_one(checks, cost, |request| {
             general_invocation(&scripts::PEEK, request)
-        })
+        });
+        Box::pin(async move { peek.await.map(|(states, _)| states.into_vec()) })
     }
 
     pub(super) fn refund_call(

@@ -5,7 +5,12 @@
 use redis::{FromRedisValue, ParsingError, Value, aio::ConnectionLike};
 
 use super::super::{LimitCheck, LimitState, call::Call, scripts};
-use crate::{Algorithm, Error, decision::States};
+use smallvec::SmallVec;
+
+use crate::{
+    Algorithm, Error,
+    decision::{Answered, Ends, States},
+};
 
 /// One request of a decide call: its limits and cost.
 pub(in crate::store) struct Request<'a> {
@@ -240,13 +245,21 @@ impl Layout {
     }
 }
 
-/// Splits a batch's flat reply into each request's states, in order.
+/// Splits a batch's flat reply into each request's answer, in order: after
+/// Redis's clock, first in decide.lua's reply (decide_fixed.lua's has none
+/// and decides no GCRA limit), each request's states, and where each GCRA
+/// limit's state resets on that clock.
 pub(in crate::store) fn parse_batch(
     reply: &[i64],
     requests: &[Request<'_>],
     layout: Layout,
-) -> Result<Vec<States>, Error> {
-    let mut rest = reply;
+) -> Result<Vec<Answered>, Error> {
+    let bad = || Error::UnexpectedReply(format!("decide returned {reply:?}"));
+    let (now_us, mut rest) = match (layout, reply) {
+        (Layout::Fixed, _) => (0, reply),
+        (Layout::General, [now, rest @ ..]) => (u64::try_from(*now).map_err(|_| bad())?, rest),
+        (Layout::General, []) => return Err(bad()),
+    };
     let mut out = Vec::with_capacity(requests.len());
     for request in requests {
         let pair = layout == Layout::Fixed && request.checks.len() == 1 && request.cost > 0;
@@ -258,13 +271,16 @@ pub(in crate::store) fn parse_batch(
             break;
         }
         out.push(match pair {
-            true => parse_pair(rest[0], rest[1]).map(|state| smallvec::smallvec![state])?,
-            false => parse_reply(&rest[..len], request.checks.len())?,
+            true => (
+                smallvec::smallvec![parse_pair(rest[0], rest[1])?],
+                Ends::none(),
+            ),
+            false => parse_reply(&rest[..len], request.checks, now_us)?,
         });
         rest = &rest[len..];
     }
     if out.len() != requests.len() || !rest.is_empty() {
-        return Err(Error::UnexpectedReply(format!("decide returned {reply:?}")));
+        return Err(bad());
     }
     Ok(out)
 }
@@ -273,7 +289,7 @@ pub(in crate::store) fn parse_batch(
 pub(in crate::store) async fn decide<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
-) -> Result<Vec<States>, Error> {
+) -> Result<Vec<Answered>, Error> {
     let call = decide_invocation(requests);
     let Packed(reply) = call.invoke(conn).await?;
     parse_batch(&reply, requests, Layout::of(&call))
@@ -289,7 +305,7 @@ pub(in crate::store) async fn decide<C: ConnectionLike>(
 pub(in crate::store) async fn decide_spread<C: ConnectionLike>(
     conn: &mut C,
     requests: &[Request<'_>],
-) -> Result<Vec<States>, Error> {
+) -> Result<Vec<Answered>, Error> {
     let call = match requests.iter().all(Request::fixed) {
         true => fixed_invocation(requests, true),
         false => compact_invocation(requests, true)
@@ -317,23 +333,40 @@ fn parse_pair(r: i64, reset_ms: i64) -> Result<LimitState, Error> {
     })
 }
 
-/// `{ allowed, then per limit: allowed, remaining, reset_ms, retry_ms }`.
-fn parse_reply(reply: &[i64], limits: usize) -> Result<States, Error> {
+/// `{ allowed, then per limit: allowed, remaining, reset, retry_ms }`, where
+/// a GCRA limit's reset is in µs: its state's `reset_ms` rounded up, and its
+/// end on Redis's clock (`now_us` after it, when the call read the clock).
+fn parse_reply(reply: &[i64], checks: &[LimitCheck], now_us: u64) -> Result<Answered, Error> {
     let bad = || Error::UnexpectedReply(format!("decide returned {reply:?}"));
-    if reply.len() != 1 + 4 * limits {
+    if reply.len() != 1 + 4 * checks.len() {
         return Err(bad());
     }
-    let states = reply[1..].chunks_exact(4).map(|s| {
+    let mut ends = SmallVec::<[u64; 1]>::new();
+    let states = (reply[1..].chunks_exact(4).zip(checks)).map(|(s, check)| {
         let n = |i: usize| u64::try_from(s[i]).ok();
+        let gcra = matches!(check.quota.algorithm(), Algorithm::Gcra { .. });
+        let reset_ms = match gcra {
+            true => n(2)?.div_ceil(1000),
+            false => n(2)?,
+        };
+        ends.push(match gcra && now_us > 0 {
+            true => now_us.checked_add(n(2)?)?,
+            false => 0,
+        });
         Some(LimitState {
             allowed: s[0] == 1,
             remaining: n(1)?,
-            reset_ms: n(2)?,
+            reset_ms,
             retry_ms: n(3)?,
         })
     });
-    let states: Option<States> = states.collect();
-    states.ok_or_else(bad)
+    let states: States = states.collect::<Option<States>>().ok_or_else(bad)?;
+    let ends = match ends[..] {
+        [one] => Ends::One(one),
+        _ if ends.iter().all(|end| *end == 0) => Ends::none(),
+        _ => Ends::Each(ends.into_vec().into_boxed_slice()),
+    };
+    Ok((states, ends))
 }
 
 #[cfg(test)]
@@ -386,7 +419,9 @@ mod tests {
             0, 1, 2, 900, 0, 0, 0, 60_000, 60_000, // two limits, the second denied
             -2, 400, // denied, 1 left, retry in 400 ms
         ];
-        let states = parse_batch(&reply, &requests, Layout::Fixed).unwrap();
+        let answers = parse_batch(&reply, &requests, Layout::Fixed).unwrap();
+        assert!(answers.iter().all(|(_, ends)| *ends == Ends::none()));
+        let states: Vec<States> = answers.into_iter().map(|(states, _)| states).collect();
         let state = |allowed, remaining, reset_ms, retry_ms| LimitState {
             allowed,
             remaining,
@@ -409,6 +444,53 @@ mod tests {
         assert!(parse_batch(&longer, &requests, Layout::Fixed).is_err());
         // A negative reset is a bad reply, never a state.
         assert!(parse_batch(&[3, -1], &requests[..1], Layout::Fixed).is_err());
+        // decide.lua's reply starts with Redis's clock, in µs, and gives a
+        // GCRA limit's reset in µs: its end on that clock.
+        let gcra = [LimitCheck {
+            quota: "5/1s".parse::<crate::Quota>().unwrap().gcra(3).unwrap(),
+            ..check("g", "1/1s")
+        }];
+        let mixed = [check("a", "5/1s"), gcra[0].clone()];
+        let general = [
+            Request {
+                checks: &one,
+                cost: 0,
+            },
+            Request {
+                checks: &gcra,
+                cost: 1,
+            },
+            Request {
+                checks: &mixed,
+                cost: 1,
+            },
+        ];
+        let now = 1_800_000_000_123_456;
+        let reply = [
+            now, 1, 1, 4, 900, 0, // a fixed window: ms
+            1, 1, 2, 200_001, 0, // GCRA: 200,001 µs, 201 ms
+            0, 1, 4, 900, 0, 0, 0, 599_999, 600, // fixed, then GCRA denied
+        ];
+        let answers = parse_batch(&reply, &general, Layout::General).unwrap();
+        assert_eq!(
+            answers[0],
+            (smallvec::smallvec![state(true, 4, 900, 0)], Ends::none())
+        );
+        assert_eq!(
+            answers[1],
+            (
+                smallvec::smallvec![state(true, 2, 201, 0)],
+                Ends::One(now as u64 + 200_001)
+            )
+        );
+        let ends = Ends::Each([0, now as u64 + 599_999].into());
+        let states = smallvec::smallvec![state(true, 4, 900, 0), state(false, 0, 600, 600)];
+        assert_eq!(answers[2], (states, ends));
+        assert!(parse_batch(&reply[1..], &general, Layout::General).is_err());
+        let mut negative = reply;
+        negative[0] = -1;
+        assert!(parse_batch(&negative, &general, Layout::General).is_err());
+        assert!(parse_batch(&[], &general, Layout::General).is_err());
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl RedisStore {
                 })
                 .collect();
             let count = checks.len();
-            let states = self.decide_one(checks, 0).await?;
+            let (states, _) = self.decide_one(checks, 0).await?;
             if states.len() != count || !states.iter().all(|s| s.allowed && s.remaining == 1) {
                 return Err(Error::UnexpectedReply(format!(
                     "a look at an empty key returned {states:?}"

@@ -56,6 +56,30 @@ impl redis::FromRedisValue for Reply {
     }
 }
 
+impl Reply {
+    /// decide.lua's reply to requests of one limit each (five numbers a
+    /// request), as its caller reads it: without its first number, Redis's
+    /// clock (µs, or 0 for a call that never read it), and with each reset
+    /// in ms, rounded up, where `gcra` says the script gave them in µs.
+    pub fn decided(self, gcra: bool) -> Vec<i64> {
+        let Some((now, rest)) = self.0.split_first() else {
+            panic!("decide.lua replied nothing");
+        };
+        assert!(
+            *now == 0 || *now > 1_600_000_000_000_000,
+            "not Redis's clock in µs: {now} ({:?})",
+            self.0
+        );
+        let mut rest = rest.to_vec();
+        if gcra {
+            for request in rest.chunks_mut(5) {
+                request[3] = (request[3] + 999).div_euclid(1000);
+            }
+        }
+        rest
+    }
+}
+
 /// A script's invocation on `keys` with `argv`, for tests that call a
 /// script directly.
 pub fn invocation<'a>(
