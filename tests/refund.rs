@@ -205,12 +205,7 @@ async fn a_gcra_refund_on_redis_credits_no_more_than_is_outstanding_on_its_clock
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap();
-        let (before, tat) = refund_the_first_of_two_spends(&server, &l, 50, 40).await;
-        assert!(
-            tat >= before + 400_000,
-            "pooled {pooled}: b's spend ends {} µs after the refund was sent, not 400 ms",
-            tat as i64 - before as i64
-        );
+        refund_leaves_the_next_spend_whole(&server, &l, (50, 40), 400_000).await;
     }
     server.assert_every_key_has_ttl().await;
 }
@@ -223,29 +218,21 @@ async fn a_gcra_refund_on_redis_credits_no_more_than_is_outstanding_on_its_clock
 async fn a_gcra_refund_on_redis_is_bounded_to_the_microsecond() {
     let server = support::RedisServer::start();
     let quota = Quota::per_second(100_000).gcra(10_000).unwrap();
-    let l = Limiter::builder(quota)
-        .store(server.store().await)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let (before, tat) = refund_the_first_of_two_spends(&server, &l, 5001, 4000).await;
-    assert!(
-        tat >= before + 40_000,
-        "b's spend ends {} µs after the refund was sent, not 40,000",
-        tat as i64 - before as i64
-    );
+    let store = server.store().await;
+    let l = Limiter::builder(quota).store(store).build().unwrap();
+    refund_leaves_the_next_spend_whole(&server, &l, (5001, 4000), 40_000).await;
     server.assert_every_key_has_ttl().await;
 }
 
 /// Spends `a` then `b` units on one key of `l`, one after the other, then
-/// refunds `a`: Redis's clock just before the refund was sent, and the
-/// key's TAT (whole µs) after it.
-async fn refund_the_first_of_two_spends(
+/// refunds `a`: `b`'s spend, `b_us` long, must still end no sooner than
+/// `b_us` after the refund was sent (by Redis's clock), its TAT.
+async fn refund_leaves_the_next_spend_whole(
     server: &support::RedisServer,
     l: &Limiter,
-    a: u64,
-    b: u64,
-) -> (u64, u64) {
+    (a, b): (u64, u64),
+    b_us: u64,
+) {
     let mut conn = server.conn().await;
     let first = l.check("k", a).await.unwrap();
     let second = l.check("k", b).await.unwrap();
@@ -257,8 +244,14 @@ async fn refund_the_first_of_two_spends(
         .query_async(&mut conn)
         .await
         .unwrap();
-    let tat = tat.split(':').next().unwrap().parse().unwrap();
-    (secs * 1_000_000 + micros, tat)
+    let tat: u64 = tat.split(':').next().unwrap().parse().unwrap();
+    let before = secs * 1_000_000 + micros;
+    assert!(
+        tat >= before + b_us,
+        "{}: b's spend ends {} µs after the refund was sent, not {b_us}",
+        l.name(),
+        tat as i64 - before as i64
+    );
 }
 
 /// On a cluster: refund, peek and reset for every algorithm and several
