@@ -68,32 +68,45 @@ pub(crate) enum Stamp {
     Memory(Ends),
     /// This process's clock when the store's answer arrived.
     Local(tokio::time::Instant),
-    /// As `Local`, and where each GCRA limit's state resets on Redis's
-    /// clock (µs; 0 for any other limit), which bounds a refund to the µs
-    /// whatever the round trips took. Boxed: only GCRA decisions on Redis
-    /// carry it, and a larger stamp made every decision larger.
+    /// A lone GCRA limit's decision on Redis: where its state resets on
+    /// Redis's clock (µs), which bounds a refund to the µs whatever the
+    /// round trips took. Nothing else is needed for its refund.
+    Gcra(u64),
+    /// As `Local`, and where each GCRA limit of several resets on Redis's
+    /// clock (µs; 0 for any other limit). Boxed: a larger stamp made every
+    /// decision larger, and such decisions are rare.
     Store(Box<(tokio::time::Instant, Ends)>),
 }
 
 impl Stamp {
-    /// Now, for a store's answer: with the ends on Redis's clock, if it
-    /// gave any.
+    /// For a store's answer, now: with the ends on Redis's clock, if it
+    /// gave any (a lone GCRA limit's needs no clock of ours).
     pub(crate) fn answered(ends: Ends) -> Self {
-        let at = tokio::time::Instant::now();
-        match ends.is_none() {
-            true => Stamp::Local(at),
-            false => Stamp::Store(Box::new((at, ends))),
+        match ends {
+            Ends::One(0) => Stamp::Local(tokio::time::Instant::now()),
+            Ends::One(end) => Stamp::Gcra(end),
+            ends if ends.is_none() => Stamp::Local(tokio::time::Instant::now()),
+            ends => Stamp::Store(Box::new((tokio::time::Instant::now(), ends))),
         }
     }
 
-    /// This process's clock when a store outside it answered, and the ends
-    /// on Redis's clock if it gave any; `None` for the memory store's.
-    pub(crate) fn local(&self) -> Option<(tokio::time::Instant, Option<&Ends>)> {
+    /// This process's clock when a store outside it answered, if kept.
+    pub(crate) fn answered_at(&self) -> Option<tokio::time::Instant> {
         match self {
-            Stamp::Local(at) => Some((*at, None)),
-            Stamp::Store(stamp) => Some((stamp.0, Some(&stamp.1))),
-            Stamp::Memory(_) => None,
+            Stamp::Local(at) => Some(*at),
+            Stamp::Store(stamp) => Some(stamp.0),
+            Stamp::Memory(_) | Stamp::Gcra(_) => None,
         }
+    }
+
+    /// Where limit `i`'s state resets on Redis's clock, if Redis said.
+    pub(crate) fn redis_end(&self, i: usize) -> Option<u64> {
+        let end = match self {
+            Stamp::Gcra(end) => (i == 0).then_some(*end),
+            Stamp::Store(stamp) => stamp.1.get(i),
+            Stamp::Memory(_) | Stamp::Local(_) => None,
+        };
+        end.filter(|end| *end > 0)
     }
 }
 

@@ -213,14 +213,20 @@ async fn a_gcra_refund_on_redis_credits_no_more_than_is_outstanding_on_its_clock
 /// And to the µs, on loopback: 100,000/1s with a burst of 10,000, a unit of
 /// 10 µs; `a` holds 50.01 ms of the bucket, `b` the 40 ms after it. The
 /// refund of `a` leaves `b`'s 40 ms whole (`a`'s end rounded up to the whole
-/// ms would take 0.99 ms of it, 99 units).
+/// ms would take 0.99 ms of it, 99 units). Alone, and beside a fixed window
+/// (a decision of several limits keeps each one's end).
 #[tokio::test]
 async fn a_gcra_refund_on_redis_is_bounded_to_the_microsecond() {
     let server = support::RedisServer::start();
     let quota = Quota::per_second(100_000).gcra(10_000).unwrap();
-    let store = server.store().await;
-    let l = Limiter::builder(quota).store(store).build().unwrap();
-    refund_leaves_the_next_spend_whole(&server, &l, (5001, 4000), 40_000).await;
+    for beside in [None, Some(Quota::per_minute(1_000_000))] {
+        let mut builder = Limiter::builder(quota).store(server.store().await);
+        if let Some(fixed) = beside {
+            builder = builder.name("gcra").limit("fixed", fixed);
+        }
+        let l = builder.build().unwrap();
+        refund_leaves_the_next_spend_whole(&server, &l, (5001, 4000), 40_000).await;
+    }
     server.assert_every_key_has_ttl().await;
 }
 

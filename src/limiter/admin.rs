@@ -255,24 +255,22 @@ impl Limiter {
                     .collect();
                 Ok(RefundWork::Memory(memory.clone(), credits))
             }
-            (Backend::Other(store, _), stamp) => {
-                let Some((at, ends)) = stamp.local() else {
-                    return Err(Error::ForeignDecision);
-                };
-                if self.gave_back(keys, decision, at) {
+            (Backend::Other(store, _), stamp) if !matches!(stamp, Stamp::Memory(_)) => {
+                let at = stamp.answered_at();
+                if at.is_some_and(|at| self.gave_back(keys, decision, at)) {
                     // Back to the live reservation it came from: no store call.
                     return Ok(RefundWork::Nothing);
                 }
-                let elapsed = at.elapsed().as_millis() as i64;
+                let elapsed = at.map_or(0, |at| at.elapsed().as_millis() as i64);
                 let refunds = spent_limits
                     .map(|(i, key, quota, back)| {
                         let end = decision.state_of(i).reset_ms as i64 - back;
                         let refund =
                             Refund::new(key, quota, spent.cost, end.saturating_sub(elapsed));
                         // A GCRA spend's end on Redis's clock, when known.
-                        match ends.and_then(|ends| ends.get(i)) {
-                            Some(us) if us > 0 => refund.spent_until(us),
-                            _ => refund,
+                        match stamp.redis_end(i) {
+                            Some(us) => refund.spent_until(us),
+                            None => refund,
                         }
                     })
                     .collect();
