@@ -83,8 +83,7 @@ impl Stamp {
     /// gave any (a lone GCRA limit's needs no clock of ours).
     pub(crate) fn answered(ends: Ends) -> Self {
         match ends {
-            Ends::One(0) => Stamp::Local(tokio::time::Instant::now()),
-            Ends::One(end) => Stamp::Gcra(end),
+            Ends::One(end) if end > 0 => Stamp::Gcra(end),
             ends if ends.is_none() => Stamp::Local(tokio::time::Instant::now()),
             ends => Stamp::Store(Box::new((tokio::time::Instant::now(), ends))),
         }

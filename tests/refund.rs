@@ -230,6 +230,72 @@ async fn a_gcra_refund_on_redis_is_bounded_to_the_microsecond() {
     server.assert_every_key_has_ttl().await;
 }
 
+/// refund.lua refuses a call whose arguments are not seven whole numbers a
+/// key (the spend's end on Redis's clock the seventh; the first six, the
+/// layout before it, no longer do), before it touches any key: the spend
+/// stays spent. The well-formed call then moves the TAT back by the cost,
+/// exactly.
+#[tokio::test]
+async fn the_refund_script_refuses_bad_arguments_and_credits_nothing() {
+    let server = support::RedisServer::start();
+    let mut conn = server.conn().await;
+    // 100/1s with a burst of 100: a unit is 10 ms. A TAT 500 ms ahead.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let tat = secs * 1_000_000 + micros + 500_000;
+    let stored = format!("{tat}:0");
+    let _: () = redis::cmd("SET")
+        .arg("k")
+        .arg(&stored)
+        .arg("PX")
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let script = redis::Script::new(redis_ratelimit::store::REFUND_LUA);
+    let end = tat.to_string();
+    // GCRA, 100 a 1000 ms, a burst of 100, 10 units back, 500 ms from now.
+    let good = ["3", "100", "1000", "100", "10", "500", end.as_str()];
+    let mut bad = support::spoiled(
+        &good,
+        &[
+            (0, "4"),
+            (4, "0"),
+            (5, "x"),
+            (6, "-1"),
+            (6, "x"),
+            (6, "1.5"),
+            (6, " 5"),
+            (6, "1e15"),
+        ],
+    );
+    bad.push(good[..6].to_vec());
+    bad.push([&good[..], &["0"]].concat());
+    for argv in &bad {
+        let r: redis::RedisResult<i64> = support::invocation(&script, &["k"], argv)
+            .invoke_async(&mut conn)
+            .await;
+        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
+        let now: String = redis::cmd("GET")
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(now, stored, "{argv:?} touched the key");
+    }
+    let credited: i64 = support::invocation(&script, &["k"], &good)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(credited, 1);
+    let now: String = redis::cmd("GET")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(now, format!("{}:0", tat - 100_000), "10 units are 100 ms");
+    server.assert_every_key_has_ttl().await;
+}
+
 /// Spends `a` then `b` units on one key of `l`, one after the other, then
 /// refunds `a`: `b`'s spend, `b_us` long, must still end no sooner than
 /// `b_us` after the refund was sent (by Redis's clock), its TAT.

@@ -294,7 +294,8 @@ impl RedisStore {
     }
 
     /// One request, alone in the call `invocation` makes of it (a decision,
-    /// or a peek): its states, and Redis's clock when the call read it.
+    /// or a peek): its states, and where each GCRA limit's resets on
+    /// Redis's clock.
     pub(super) fn call_one(
         &self,
         checks: Vec<LimitCheck>,
