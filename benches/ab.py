@@ -31,6 +31,18 @@ any limiter that keeps our documented headers pays at least, the floor of
 the issue-19 target "memory store >= 0.95x". It needs a workload whose
 requests are all allowed (it never answers 429), and its CPU over plain is
 printed beside each build's.
+With --batch-floor [raw-]WORK:IN_FLIGHT:FILL[:MAX] (and --redis; repeatable),
+each round also runs benches/peers' redis-batch-floor with that policy:
+axum whose requests wait for one batched Redis call (WORK `incr`: one
+pipelined INCR per request; `ping`: one PING per call), at most IN_FLIGHT
+calls out at once, a call beyond the first only once FILL requests wait
+(at most MAX a call, default 256); `raw-` sends them on plain sockets
+with RESP made by hand instead of through redis-rs. Nothing is limited and
+no header is written: it bounds what any limiter that asks Redis before
+each admission reaches with that policy, and a sweep of policies bounds
+batched designs. With --redis, every cell also prints Redis's entry-point
+calls per request (`INFO commandstats`: scripts, or else PING, or else
+the top command), whose inverse is the mean batch.
 With --syscalls, it prints too the server's syscalls per request, and of
 them the `epoll_wait` and `futex` calls by which its Tokio workers sleep and
 wake each other (`perf stat` on kernel tracepoints, during the measured run).
@@ -70,7 +82,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import catalog, procs, wrk
+from harness import catalog, procs, redisstats, wrk
 from harness.delay import DelayProxy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,6 +112,7 @@ def build(rev, target):
 PEERS = os.path.join(ROOT, "benches", "peers", "target", "release")
 FLOOR = os.path.join(PEERS, "redis-floor")
 HEADERS_FLOOR = os.path.join(PEERS, "headers-floor")
+BATCH_FLOOR = os.path.join(PEERS, "redis-batch-floor")
 @dataclasses.dataclass
 class Route:
     """Where a cell's server finds Redis (`url`) and whose CPU is Redis's
@@ -114,7 +127,8 @@ class Route:
 FLOOR_OF_HEADERS = "headers"
 
 
-def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, algorithm=None):
+def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, algorithm=None,
+         extra=None):
     """One server under the workload: req/s, and per request the server's
     CPU µs, Redis's CPU µs (given `redis`), the server's context switches,
     its system CPU µs, and (with `syscalls`) its syscalls, `epoll_wait`s and
@@ -127,6 +141,7 @@ def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, al
             env["RATE_LIMIT_BURST"] = "1000"
     if redis:
         env["REDIS_URL"] = redis.url
+    env.update(extra or {})
     with procs.serving(binary, env, log) as (port, _, pid):
         problem = procs.prepare(port, workload, limited is True)
         if problem:
@@ -137,15 +152,30 @@ def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, al
         with counting as counts:
             (user, system), switches = procs.cpu_split(pid), procs.context_switches(pid)
             redis_before = procs.cpu_seconds(redis.proc.pid) if redis else 0.0
+            stats = isinstance(redis, procs.Redis)
+            if stats:
+                redisstats.reset(redis)
             result = wrk.run(url, seconds, 32, script=workload.script)
             user2, system2 = procs.cpu_split(pid)
             switches = procs.context_switches(pid) - switches
             redis_cpu = procs.cpu_seconds(redis.proc.pid) - redis_before if redis else 0.0
+            commands = redisstats.collect(redis, 0.0)["commands"] if stats else {}
     n = result["requests"]
     per = 1e6 / n
     cpu, system = (user2 - user + system2 - system) * per, (system2 - system) * per
     calls = [counts[k] / n if counts else None for k in ("syscalls", "epoll_wait", "futex")]
-    return result["rps"], cpu, redis_cpu * per, switches / n, system, *calls
+    return result["rps"], cpu, redis_cpu * per, switches / n, system, *calls, \
+        entry_calls(commands) / n if commands else None
+
+
+def entry_calls(commands):
+    """Redis's entry-point calls: scripts if any ran, else PINGs if any, else
+    the most frequent command (a pipeline's commands count one each)."""
+    for names in (redisstats.SCRIPTS, {"ping"}):
+        calls = sum(f["calls"] for name, f in commands.items() if name in names)
+        if calls:
+            return calls
+    return max((f["calls"] for f in commands.values()), default=0)
 
 
 def main():
@@ -160,6 +190,9 @@ def main():
                    help="with --redis: a cell of the PING floor every round")
     p.add_argument("--headers-floor", action="store_true",
                    help="a cell of the headers floor every round (an all-allowed workload)")
+    p.add_argument("--batch-floor", action="append", default=[], metavar="SPEC",
+                   help="with --redis: a cell of the batch floor every round, "
+                        "WORK:IN_FLIGHT:LINGER_US[:MAX] (incr:2:0); repeatable")
     p.add_argument("--syscalls", action="store_true",
                    help="count the server's syscalls with perf stat")
     p.add_argument("--keys", type=int, metavar="N",
@@ -174,6 +207,21 @@ def main():
     if args.floor and not (args.redis and os.access(FLOOR, os.X_OK)):
         sys.exit(f"ab.py: --floor needs --redis and {FLOOR} "
                  "(cargo build --release in benches/peers)")
+    batch_floors = {}
+    for spec in args.batch_floor:
+        parts = spec.split(":")
+        work = parts[0].removeprefix("raw-")
+        if (not args.redis or not os.access(BATCH_FLOOR, os.X_OK) or len(parts) not in (3, 4)
+                or work not in ("incr", "ping")
+                or not all(p.isdigit() and int(p) >= 1 for p in parts[1:])):
+            sys.exit(f"ab.py: --batch-floor {spec!r} needs --redis, {BATCH_FLOOR} (cargo "
+                     "build --release in benches/peers) and [raw-]WORK:IN_FLIGHT:FILL[:MAX], "
+                     "WORK incr or ping, the rest whole numbers >= 1")
+        env = {"FLOOR_WORK": work, "FLOOR_IN_FLIGHT": parts[1], "FLOOR_FILL": parts[2],
+               "FLOOR_CLIENT": "raw" if parts[0].startswith("raw-") else "redis-rs"}
+        if len(parts) == 4:
+            env["FLOOR_MAX_BATCH"] = parts[3]
+        batch_floors[f"bf {spec}"] = env
     if args.rtt is not None and not args.redis:
         sys.exit("ab.py: --rtt needs --redis (it delays the way to Redis)")
     if args.rtt is not None and not args.rtt > 0:
@@ -206,11 +254,13 @@ def main():
     route = Route(proxy.url, redis.proc) if proxy else redis
     plain, floor, headers_floor = "plain axum", "floor", "headers floor"
     # Per round: (binary, limited, with Redis), in a shuffled order.
-    cells = {rev: (binary, True, route) for rev, binary in builds.items()}
+    cells = {rev: (binary, True, route, None) for rev, binary in builds.items()}
     if args.floor:
-        cells[floor] = (FLOOR, False, route)
+        cells[floor] = (FLOOR, False, route, None)
+    for name, env in batch_floors.items():
+        cells[name] = (BATCH_FLOOR, False, route, env)
     if args.headers_floor:
-        cells[headers_floor] = (HEADERS_FLOOR, FLOOR_OF_HEADERS, None)
+        cells[headers_floor] = (HEADERS_FLOOR, FLOOR_OF_HEADERS, None, None)
     rows = {name: [] for name in [plain, *cells]}
     try:
         for r in range(args.rounds):
@@ -218,9 +268,9 @@ def main():
                         syscalls=args.syscalls)
             rows[plain].append((base[0], 1.0, *base[1:]))
             for name in random.sample(list(cells), len(cells)):
-                binary, limited, with_redis = cells[name]
+                binary, limited, with_redis, extra = cells[name]
                 got = cell(binary, workload, limited, args.seconds, log, with_redis,
-                           args.syscalls, args.algorithm)
+                           args.syscalls, args.algorithm, extra)
                 rps, cpu, redis_cpu, switches = got[:4]
                 rows[name].append((rps, rps / base[0], *got[1:]))
                 print(f"round {r + 1}: {name:12s} {rps:9.0f} req/s, {rps / base[0]:.2f}x, "
@@ -240,13 +290,16 @@ def main():
         medians[name] = [statistics.median(c[i] for c in rounds) for i in range(6)]
         rps, ratio, cpu, redis_cpu, switches, system = medians[name]
         more = f", Redis {redis_cpu:.2f} µs/req" if redis and name != plain else ""
+        entries = [c[9] for c in rounds if c[9] is not None]
+        if entries:
+            more += f" in {statistics.median(entries):.3f} calls/req"
         print(f"  {name:12s} {rps:9.0f} req/s  {ratio:.2f}x  server {cpu:.2f} µs/req "
               f"({system:.2f} system){more}, {switches:.2f} context switches/req")
         if args.syscalls:
             calls, epoll, futex = (statistics.median(c[i] for c in rounds) for i in (6, 7, 8))
             print(f"  {'':12s} {calls:.2f} syscalls/req: {epoll:.3f} epoll_wait, "
                   f"{futex:.3f} futex")
-    if args.floor or args.headers_floor:
+    if args.floor or args.headers_floor or batch_floors:
         # Each round's cell minus that round's plain cell, then the median.
         print("server CPU per request over plain (median of the rounds' differences):")
         for name in cells:

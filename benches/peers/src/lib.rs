@@ -217,7 +217,8 @@ pub struct Error {
 }
 
 impl Error {
-    fn config(var: &str, value: &str, fix: impl fmt::Display) -> Self {
+    /// A variable whose value is refused, and how to fix it (exit status 2).
+    pub fn config(var: &str, value: &str, fix: impl fmt::Display) -> Self {
         Self::usage(format!("{var}={value:?} is invalid: {fix}"))
     }
 
