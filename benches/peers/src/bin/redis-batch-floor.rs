@@ -30,12 +30,15 @@
 //! * `FLOOR_FILL` (default 1): a call beyond the first in flight goes only
 //!   once this many requests wait (the first goes at once: nothing else
 //!   would ever answer them);
+//! * `FLOOR_FILL_FIRST` (`on` or `off`, the default): the first call too
+//!   waits for `FLOOR_FILL` requests, or for its first request to have
+//!   waited a millisecond (Tokio's timer tick), whichever comes first: the
+//!   largest batches a closed loop allows, for what Redis's CPU per request
+//!   can come down to, whatever it costs in requests per second;
 //! * `FLOOR_MAX_BATCH` (default 256): requests per call at most.
 //!
-//! A timed linger (wait N µs for more) is not among them: Tokio's timers
-//! tick in milliseconds, and in a closed loop of 32 connections a
-//! millisecond's wait costs far more than it batches (`FLOOR_FILL` makes
-//! calls larger without a timer).
+//! A timed linger of microseconds is not among them: Tokio's timers tick in
+//! milliseconds (`FLOOR_FILL` makes calls larger without a timer).
 //!
 //! It is written to be cheaper than our batching connection: no decision,
 //! no deadline, no reply parsed per key, no headers. Its ratio to plain
@@ -52,7 +55,7 @@
 //!     FLOOR_WORK=incr FLOOR_IN_FLIGHT=2 FLOOR_FILL=1 cargo run --release --bin redis-batch-floor
 //! ```
 
-use std::{net::SocketAddr, process::ExitCode};
+use std::{net::SocketAddr, process::ExitCode, time::Duration};
 
 use axum::{
     Router,
@@ -67,6 +70,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
     sync::{mpsc, oneshot},
+    time::Instant,
 };
 
 #[tokio::main]
@@ -88,6 +92,7 @@ struct Policy {
     raw: bool,
     in_flight: usize,
     fill: usize,
+    fill_first: bool,
     max_batch: usize,
 }
 
@@ -104,11 +109,17 @@ impl Policy {
             other => return Err(Error::config("FLOOR_CLIENT", other, "use redis-rs or raw")),
         };
         let max_batch = number("FLOOR_MAX_BATCH", 256)?;
+        let fill_first = match env_or("FLOOR_FILL_FIRST", "off")?.as_str() {
+            "on" => true,
+            "off" => false,
+            other => return Err(Error::config("FLOOR_FILL_FIRST", other, "use on or off")),
+        };
         Ok(Self {
             work,
             raw,
             in_flight: number("FLOOR_IN_FLIGHT", 2)?,
             fill: number("FLOOR_FILL", 1)?.min(max_batch),
+            fill_first,
             max_batch,
         })
     }
@@ -231,11 +242,13 @@ async fn admit(
 
 /// The one batching task. Requests queue in `pending` (at most
 /// `max_batch`); they go as one call once fewer than `in_flight` calls are
-/// out and either no call is out or `fill` requests wait. Calls in flight
+/// out and either `fill` requests wait or no call is out (with
+/// `fill_first`: or the oldest has waited a millisecond). Calls in flight
 /// are driven all the while.
 async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, policy: Policy) {
     let mut calls = FuturesUnordered::new();
     let mut pending: Vec<Job> = Vec::new();
+    let mut since: Option<Instant> = None;
     loop {
         while pending.len() < policy.max_batch {
             match jobs.try_recv() {
@@ -243,9 +256,17 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
                 Err(_) => break,
             }
         }
-        let due = calls.is_empty() || pending.len() >= policy.fill;
+        if pending.is_empty() {
+            since = None;
+        } else if since.is_none() {
+            since = Some(Instant::now());
+        }
+        let waited = |since: Option<Instant>| since.is_some_and(|t| t.elapsed() >= FILL_WAIT);
+        let due = pending.len() >= policy.fill
+            || (calls.is_empty() && (!policy.fill_first || waited(since)));
         if !pending.is_empty() && calls.len() < policy.in_flight && due {
             let batch = std::mem::take(&mut pending);
+            since = None;
             match &mut client {
                 Client::RedisRs(conn) => calls.push(futures_util::future::Either::Left(call(
                     conn.clone(),
@@ -263,6 +284,15 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
             }
             continue;
         }
+        let idle = calls.is_empty();
+        let wait = async {
+            match since {
+                Some(t) if policy.fill_first && idle => {
+                    tokio::time::sleep_until(t + FILL_WAIT).await
+                }
+                _ => std::future::pending().await,
+            }
+        };
         tokio::select! {
             Some(socket) = calls.next(), if !calls.is_empty() => {
                 if let (Client::Raw(sockets), Some(socket)) = (&mut client, socket) {
@@ -273,9 +303,13 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
                 Some(job) => pending.push(job),
                 None => break,
             },
+            () = wait => {}
         }
     }
 }
+
+/// How long the first call waits to fill, with `fill_first`.
+const FILL_WAIT: Duration = Duration::from_millis(1);
 
 /// One call through redis-rs; it gives back no socket.
 async fn call(mut conn: ConnectionManager, work: Work, batch: Vec<Job>) -> Option<TcpStream> {
