@@ -70,6 +70,7 @@ access to tracepoints (root).
     python3 benches/ab.py HEAD --headers-floor --keys 50000 --rounds 10
     python3 benches/ab.py 92070f6 HEAD --redis --floor --rtt 1 --rounds 6
     python3 benches/ab.py 0e36529 HEAD --redis --algorithm gcra --rounds 6
+    python3 benches/ab.py HEAD --redis --floor --batch-floor incr:2:1 --batch-floor raw-incr:1:8+
 """
 
 import argparse

@@ -5,7 +5,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `BIND` | `127.0.0.1:3000` | address to listen on |
-//! | `REDIS_URL` | unset | Redis for `actix-erl` and `tower-redis` (required there unless `RATE_LIMIT=off`); `governor` keeps counters in memory and `headers-floor` keeps none: both refuse it |
+//! | `REDIS_URL` | unset | Redis for `actix-erl` and `tower-redis` (required there unless `RATE_LIMIT=off`) and for the floors `redis-floor` and `redis-batch-floor` (required); `governor` keeps counters in memory and `headers-floor` keeps none: both refuse it |
 //! | `RATE_LIMIT` | `100/1s` | one quota `<count>/<window>` (`1000/1s`, `1/1h`), or `off` for no limiter; `headers-floor` needs a quota, whose values its headers carry |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address) or `header:<name>` (e.g. `header:x-api-key`) |
 //!
