@@ -31,14 +31,15 @@ any limiter that keeps our documented headers pays at least, the floor of
 the issue-19 target "memory store >= 0.95x". It needs a workload whose
 requests are all allowed (it never answers 429), and its CPU over plain is
 printed beside each build's.
-With --batch-floor [raw-]WORK:IN_FLIGHT:FILL[+][:MAX] (and --redis; repeatable),
+With --batch-floor [raw-|each-]WORK:IN_FLIGHT:FILL[+][:MAX] (and --redis; repeatable),
 each round also runs benches/peers' redis-batch-floor with that policy:
 axum whose requests wait for one batched Redis call (WORK `incr`: one
 pipelined INCR per request; `ping`: one PING per call), at most IN_FLIGHT
 calls out at once, a call beyond the first only once FILL requests wait
 (with `+`, the first too, or once its oldest request has waited 1 ms;
 at most MAX a call, default 256); `raw-` sends them on plain sockets
-with RESP made by hand instead of through redis-rs. Nothing is limited and
+with RESP made by hand instead of through redis-rs, `each-` through one
+redis-rs connection per call in flight instead of one shared. Nothing is limited and
 no header is written: it bounds what any limiter that asks Redis before
 each admission reaches with that policy, and a sweep of policies bounds
 batched designs. With --redis, every cell also prints Redis's entry-point
@@ -194,7 +195,7 @@ def main():
                    help="a cell of the headers floor every round (an all-allowed workload)")
     p.add_argument("--batch-floor", action="append", default=[], metavar="SPEC",
                    help="with --redis: a cell of the batch floor every round, "
-                        "[raw-]WORK:IN_FLIGHT:FILL[+][:MAX] (incr:2:1); repeatable")
+                        "[raw-|each-]WORK:IN_FLIGHT:FILL[+][:MAX] (incr:2:1); repeatable")
     p.add_argument("--syscalls", action="store_true",
                    help="count the server's syscalls with perf stat")
     p.add_argument("--keys", type=int, metavar="N",
@@ -212,18 +213,21 @@ def main():
     batch_floors = {}
     for spec in args.batch_floor:
         parts = spec.split(":")
-        work = parts[0].removeprefix("raw-")
+        client, work = "redis-rs", parts[0]
+        for prefix, name in (("raw-", "raw"), ("each-", "redis-rs-each")):
+            if work.startswith(prefix):
+                client, work = name, work.removeprefix(prefix)
         if (not args.redis or not os.access(BATCH_FLOOR, os.X_OK) or len(parts) not in (3, 4)
                 or work not in ("incr", "ping")
                 or not all(p.isdigit() and int(p) >= 1
                            for p in [parts[1], parts[2].removesuffix("+"), *parts[3:]])):
             sys.exit(f"ab.py: --batch-floor {spec!r} needs --redis, {BATCH_FLOOR} (cargo "
-                     "build --release in benches/peers) and [raw-]WORK:IN_FLIGHT:FILL[+][:MAX], "
+                     "build --release in benches/peers) and [raw-|each-]WORK:IN_FLIGHT:FILL[+][:MAX], "
                      "WORK incr or ping, the rest whole numbers >= 1")
         env = {"FLOOR_WORK": work, "FLOOR_IN_FLIGHT": parts[1],
                "FLOOR_FILL": parts[2].removesuffix("+"),
                "FLOOR_FILL_FIRST": "on" if parts[2].endswith("+") else "off",
-               "FLOOR_CLIENT": "raw" if parts[0].startswith("raw-") else "redis-rs"}
+               "FLOOR_CLIENT": client}
         if len(parts) == 4:
             env["FLOOR_MAX_BATCH"] = parts[3]
         batch_floors[f"bf {spec}"] = env

@@ -19,6 +19,8 @@
 //! * `redis-rs` (the default): one multiplexed connection (redis-rs 1's
 //!   `ConnectionManager`, with `TCP_NODELAY`), the client our `RedisStore`
 //!   uses;
+//! * `redis-rs-each`: one such connection per call in flight, each carrying
+//!   one call at a time;
 //! * `raw`: one plain TCP socket per call in flight, the request written as
 //!   RESP bytes made by hand and the reply read back by counting its lines:
 //!   less than any client library does, so that the floor does not depend
@@ -89,7 +91,7 @@ enum Work {
 #[derive(Debug, Clone, Copy)]
 struct Policy {
     work: Work,
-    raw: bool,
+    client: ClientKind,
     in_flight: usize,
     fill: usize,
     fill_first: bool,
@@ -103,10 +105,17 @@ impl Policy {
             "ping" => Work::Ping,
             other => return Err(Error::config("FLOOR_WORK", other, "use incr or ping")),
         };
-        let raw = match env_or("FLOOR_CLIENT", "redis-rs")?.as_str() {
-            "redis-rs" => false,
-            "raw" => true,
-            other => return Err(Error::config("FLOOR_CLIENT", other, "use redis-rs or raw")),
+        let client = match env_or("FLOOR_CLIENT", "redis-rs")?.as_str() {
+            "redis-rs" => ClientKind::Shared,
+            "redis-rs-each" => ClientKind::Each,
+            "raw" => ClientKind::Raw,
+            other => {
+                return Err(Error::config(
+                    "FLOOR_CLIENT",
+                    other,
+                    "use redis-rs, redis-rs-each or raw",
+                ));
+            }
         };
         let max_batch = number("FLOOR_MAX_BATCH", 256)?;
         let fill_first = match env_or("FLOOR_FILL_FIRST", "off")?.as_str() {
@@ -116,7 +125,7 @@ impl Policy {
         };
         Ok(Self {
             work,
-            raw,
+            client,
             in_flight: number("FLOOR_IN_FLIGHT", 2)?,
             fill: number("FLOOR_FILL", 1)?.min(max_batch),
             fill_first,
@@ -154,11 +163,28 @@ struct App {
     queue: mpsc::UnboundedSender<Job>,
 }
 
-/// Where calls go: the shared multiplexed connection, or one raw socket per
-/// call in flight (taken by a call, given back when it is answered).
+/// `FLOOR_CLIENT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientKind {
+    Shared,
+    Each,
+    Raw,
+}
+
+/// Where calls go: the shared multiplexed connection, or one connection or
+/// raw socket per call in flight (taken by a call, given back when it is
+/// answered).
 enum Client {
-    RedisRs(ConnectionManager),
+    Shared(ConnectionManager),
+    Each(Vec<ConnectionManager>),
     Raw(Vec<TcpStream>),
+}
+
+/// What a finished call gives back to the pool.
+enum Back {
+    Nothing,
+    Conn(ConnectionManager),
+    Socket(TcpStream),
 }
 
 async fn serve() -> Result<(), Error> {
@@ -170,7 +196,7 @@ async fn serve() -> Result<(), Error> {
     let info = redis1::IntoConnectionInfo::into_connection_info(url.as_str())
         .map_err(|e| Error::runtime(format!("REDIS_URL: {e}")))?
         .set_tcp_settings(redis1::io::tcp::TcpSettings::default().set_nodelay(true));
-    let client = if policy.raw {
+    let client = if policy.client == ClientKind::Raw {
         let redis1::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
             return Err(Error::runtime(
                 "FLOOR_CLIENT=raw needs a redis:// URL over TCP",
@@ -190,10 +216,24 @@ async fn serve() -> Result<(), Error> {
     } else {
         let client =
             redis1::Client::open(info).map_err(|e| Error::runtime(format!("REDIS_URL: {e}")))?;
-        let conn = ConnectionManager::new(client)
-            .await
-            .map_err(|e| Error::runtime(format!("connecting to Redis: {e}")))?;
-        Client::RedisRs(conn)
+        let mut conns = Vec::new();
+        let n = if policy.client == ClientKind::Each {
+            policy.in_flight
+        } else {
+            1
+        };
+        for _ in 0..n {
+            conns.push(
+                ConnectionManager::new(client.clone())
+                    .await
+                    .map_err(|e| Error::runtime(format!("connecting to Redis: {e}")))?,
+            );
+        }
+        if policy.client == ClientKind::Each {
+            Client::Each(conns)
+        } else {
+            Client::Shared(conns.remove(0))
+        }
     };
     let (queue, jobs) = mpsc::unbounded_channel();
     tokio::spawn(batch(jobs, client, policy));
@@ -202,15 +242,20 @@ async fn serve() -> Result<(), Error> {
         queue,
     });
     let what = format!(
-        "redis batch floor ({:?} through {}, {} in flight, fill {}, {} a call at most; no limiter)",
+        "redis batch floor ({:?} through {}, {} in flight, fill {}{}, {} a call at most; no limiter)",
         policy.work,
-        if policy.raw {
-            "raw sockets"
-        } else {
-            "redis-rs"
+        match policy.client {
+            ClientKind::Shared => "one redis-rs connection",
+            ClientKind::Each => "a redis-rs connection per call in flight",
+            ClientKind::Raw => "raw sockets",
         },
         policy.in_flight,
         policy.fill,
+        if policy.fill_first {
+            " (the first call too)"
+        } else {
+            ""
+        },
         policy.max_batch,
     );
     serve_axum(config.bind, &what, app).await
@@ -268,11 +313,21 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
             let batch = std::mem::take(&mut pending);
             since = None;
             match &mut client {
-                Client::RedisRs(conn) => calls.push(futures_util::future::Either::Left(call(
+                Client::Shared(conn) => calls.push(futures_util::future::Either::Left(call(
                     conn.clone(),
                     policy.work,
                     batch,
+                    false,
                 ))),
+                Client::Each(conns) => {
+                    let conn = conns.pop().expect("a connection for every call in flight");
+                    calls.push(futures_util::future::Either::Left(call(
+                        conn,
+                        policy.work,
+                        batch,
+                        true,
+                    )))
+                }
                 Client::Raw(sockets) => {
                     let socket = sockets.pop().expect("a socket for every call in flight");
                     calls.push(futures_util::future::Either::Right(call_raw(
@@ -294,11 +349,11 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
             }
         };
         tokio::select! {
-            Some(socket) = calls.next(), if !calls.is_empty() => {
-                if let (Client::Raw(sockets), Some(socket)) = (&mut client, socket) {
-                    sockets.push(socket);
-                }
-            }
+            Some(back) = calls.next(), if !calls.is_empty() => match (&mut client, back) {
+                (Client::Raw(sockets), Back::Socket(socket)) => sockets.push(socket),
+                (Client::Each(conns), Back::Conn(conn)) => conns.push(conn),
+                _ => {}
+            },
             job = jobs.recv(), if pending.len() < policy.max_batch => match job {
                 Some(job) => pending.push(job),
                 None => break,
@@ -311,8 +366,8 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
 /// How long the first call waits to fill, with `fill_first`.
 const FILL_WAIT: Duration = Duration::from_millis(1);
 
-/// One call through redis-rs; it gives back no socket.
-async fn call(mut conn: ConnectionManager, work: Work, batch: Vec<Job>) -> Option<TcpStream> {
+/// One call through redis-rs; it gives its connection back if it `owns` it.
+async fn call(mut conn: ConnectionManager, work: Work, batch: Vec<Job>, owns: bool) -> Back {
     let ok = match work {
         Work::Ping => redis1::cmd("PING")
             .query_async::<String>(&mut conn)
@@ -329,14 +384,18 @@ async fn call(mut conn: ConnectionManager, work: Work, batch: Vec<Job>) -> Optio
         }
     };
     answer(batch, ok);
-    None
+    if owns {
+        Back::Conn(conn)
+    } else {
+        Back::Nothing
+    }
 }
 
 /// One call on a raw socket: the RESP request written by hand, the reply
 /// read until it holds one line per command, each of the expected type
 /// (`+` for `PING`, `:` for `INCR`). A socket that fails is not given
 /// back: the floor stops with a message, as a broken floor must be seen.
-async fn call_raw(mut socket: TcpStream, work: Work, batch: Vec<Job>) -> Option<TcpStream> {
+async fn call_raw(mut socket: TcpStream, work: Work, batch: Vec<Job>) -> Back {
     let mut request = Vec::with_capacity(32 * batch.len().max(1));
     let (lines, kind) = match work {
         Work::Ping => {
@@ -361,7 +420,7 @@ async fn call_raw(mut socket: TcpStream, work: Work, batch: Vec<Job>) -> Option<
         std::process::exit(1);
     }
     answer(batch, ok);
-    Some(socket)
+    Back::Socket(socket)
 }
 
 /// Writes `request`, then reads until `lines` reply lines have come, each
