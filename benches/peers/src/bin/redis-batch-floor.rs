@@ -65,7 +65,7 @@ use axum::{
     http::{HeaderMap, StatusCode},
     routing::get,
 };
-use futures_util::{StreamExt, stream::FuturesUnordered};
+use futures_util::{StreamExt, future::Either, stream::FuturesUnordered};
 use ratelimit_peers::{Config, Error, KeyBy, Store, report, serve_axum};
 use redis1::aio::ConnectionManager;
 use tokio::{
@@ -312,31 +312,17 @@ async fn batch(mut jobs: mpsc::UnboundedReceiver<Job>, mut client: Client, polic
         if !pending.is_empty() && calls.len() < policy.in_flight && due {
             let batch = std::mem::take(&mut pending);
             since = None;
-            match &mut client {
-                Client::Shared(conn) => calls.push(futures_util::future::Either::Left(call(
-                    conn.clone(),
-                    policy.work,
-                    batch,
-                    false,
-                ))),
+            calls.push(match &mut client {
+                Client::Shared(conn) => Either::Left(call(conn.clone(), policy.work, batch, false)),
                 Client::Each(conns) => {
                     let conn = conns.pop().expect("a connection for every call in flight");
-                    calls.push(futures_util::future::Either::Left(call(
-                        conn,
-                        policy.work,
-                        batch,
-                        true,
-                    )))
+                    Either::Left(call(conn, policy.work, batch, true))
                 }
                 Client::Raw(sockets) => {
                     let socket = sockets.pop().expect("a socket for every call in flight");
-                    calls.push(futures_util::future::Either::Right(call_raw(
-                        socket,
-                        policy.work,
-                        batch,
-                    )))
+                    Either::Right(call_raw(socket, policy.work, batch))
                 }
-            }
+            });
             continue;
         }
         let idle = calls.is_empty();
