@@ -166,7 +166,9 @@ fn parse_key(text: &str) -> Result<KeyBy, Error> {
 }
 
 /// A variable's value; unset and empty are the same.
-fn var(name: &'static str) -> Result<Option<String>, Error> {
+/// An environment variable: `None` when unset or blank; not UTF-8 is a
+/// usage error (exit status 2).
+pub fn var(name: &'static str) -> Result<Option<String>, Error> {
     match env::var(name) {
         Ok(v) if v.trim().is_empty() => Ok(None),
         Ok(v) => Ok(Some(v)),

@@ -66,7 +66,7 @@ use axum::{
     routing::get,
 };
 use futures_util::{StreamExt, future::Either, stream::FuturesUnordered};
-use ratelimit_peers::{Config, Error, KeyBy, Store, report, serve_axum};
+use ratelimit_peers::{Config, Error, KeyBy, Store, report, serve_axum, var};
 use redis1::aio::ConnectionManager;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -134,16 +134,13 @@ impl Policy {
     }
 }
 
-fn env_or(name: &str, default: &str) -> Result<String, Error> {
-    match std::env::var(name) {
-        Ok(v) => Ok(v),
-        Err(std::env::VarError::NotPresent) => Ok(default.into()),
-        Err(_) => Err(Error::config(name, "(not UTF-8)", "use plain ASCII")),
-    }
+/// `name`'s value, or `default` when it is unset or blank.
+fn env_or(name: &'static str, default: &str) -> Result<String, Error> {
+    Ok(var(name)?.unwrap_or_else(|| default.into()))
 }
 
 /// A whole number >= 1 from the environment.
-fn number(name: &str, default: usize) -> Result<usize, Error> {
+fn number(name: &'static str, default: usize) -> Result<usize, Error> {
     let v = env_or(name, &default.to_string())?;
     match v.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
