@@ -1,11 +1,12 @@
 -- decide.lua: one atomic, all-or-nothing decision over one or more limits.
 -- It runs after lib.lua and the algorithm modules (fixed_window.lua,
--- sliding_window.lua, gcra.lua), joined into one script by store/scripts.rs.
--- A module has check (a limit's state; it may spend already), then commit
--- (spend, or keep the spend) or undo (take back what check spent). Only the
--- fixed window writes in check, and its spend is its first write; the others
--- write in commit and undo (the spend, a healed TTL). A call whose limits are
--- all fixed windows runs decide_fixed.lua instead.
+-- sliding_window.lua, gcra.lua), joined into one script by store/scripts.rs,
+-- and builds a module only when a request of the call needs it (module
+-- below). A module has check (a limit's state; it may spend already), then
+-- commit (spend, or keep the spend) or undo (take back what check spent).
+-- Only the fixed window writes in check, and its spend is its first write;
+-- the others write in commit and undo (the spend, a healed TTL). A call whose
+-- limits are all fixed windows runs decide_fixed.lua instead.
 --
 -- Redis refuses a write (out of memory, a read-only replica) only while a
 -- script has written nothing: such a refusal is raised (lib.lua's
@@ -74,8 +75,8 @@
 -- takes seven: GCRA in one GET and one SET PX, which also sets the TTL (no
 -- PTTL); a sliding window in HMGET, HSET and PEXPIRE (no PTTL). Redis's
 -- work per decision (benches/script-cost.sh, 8 a call): GCRA from about
--- 87,600 instructions to about 47,300, a sliding window from about 96,600
--- to about 61,600. Anything else (a denial, which may heal a TTL; a value
+-- 85,700 instructions to about 45,300, a sliding window from about 93,800
+-- to about 60,100. Anything else (a denial, which may heal a TTL; a value
 -- that is not what we write; an error reply; a peek) goes through the
 -- module's check, commit and undo, as in the form above.
 --
@@ -94,7 +95,8 @@ end
 if ARGV[1] == '0' then
   local algorithm, limit, window = whole(ARGV[2], 2), whole(ARGV[3], 1), whole(ARGV[4], 1)
   local burst, cost = whole(ARGV[5], 0), whole(ARGV[6], 1)
-  local s = algorithm == 3 and limit and window and burst and gcra.shape(limit, window, burst)
+  local gcra = algorithm == 3 and gcra_module()
+  local s = gcra and limit and window and burst and gcra.shape(limit, window, burst)
   if not algorithm or algorithm > 3 or not limit or not window or not burst or not cost
     or (algorithm == 3 and not s) or #ARGV < 6 or #KEYS < 1 then
     return bad('compact call: bad algorithm, limit, window_ms, burst or cost')
@@ -132,6 +134,7 @@ if ARGV[1] == '0' then
       ok, ok, remaining, reset, retry
   end
   if algorithm == 3 then
+    local divmod, ceil_div, ahead_of = gcra.divmod, gcra.ceil_div, gcra.ahead_of
     local step, per_us, cap = s.step, s.per_us, s.cap
     local spend = cost * step
     local fits = cost <= burst and not peek
@@ -163,6 +166,8 @@ if ARGV[1] == '0' then
       at = at + 5
     end
   else
+    local sliding_window = sliding_window_module()
+    local roll = sliding_window.roll
     local now_ms = math.floor(now / 1000)
     for i = 1, #key_of do
       local k = key_of[i]
@@ -206,13 +211,34 @@ if not requests then
   return bad('ARGV[1] must be the number of requests (>= 1)')
 end
 
+-- The algorithms' modules, by number (1 fixed window, 2 sliding window, 3
+-- GCRA), each built when a request first needs it: a module's closures cost
+-- Redis about 1,300 instructions each, at every call that builds them. A
+-- built module is read from modules (a table read), not through module (a
+-- Lua call, about 700 instructions).
+local modules = {}
+local function module(algorithm)
+  local m = modules[algorithm]
+  if not m then
+    if algorithm == 1 then
+      m = fixed_window_module(corruption)
+    elseif algorithm == 2 then
+      m = sliding_window_module()
+    else
+      m = gcra_module()
+    end
+    modules[algorithm] = m
+  end
+  return m
+end
+
 -- The GCRA shape of a quota: the last one made is kept, since a batch's
 -- requests are mostly one limiter's and a shape costs a loop of divisions
 -- and a table.
 local shaped, shaped_limit, shaped_window, shaped_burst
 local function shape_of(limit, window, burst)
   if not (shaped and limit == shaped_limit and window == shaped_window and burst == shaped_burst) then
-    shaped = gcra.shape(limit, window, burst)
+    shaped = module(3).shape(limit, window, burst)
     shaped_limit, shaped_window, shaped_burst = limit, window, burst
   end
   return shaped
@@ -245,8 +271,6 @@ end
 -- Redis time, read once and only if a sliding window or GCRA needs it (a
 -- fixed window runs on its key's PTTL).
 local now_us, now_ms
-local fixed_window = fixed_window_module(corruption)
-local modules = { fixed_window, sliding_window, gcra }
 
 -- Each request in turn: its limits checked, then each settled (committed
 -- or undone) once all are known, and its reply appended. states and algos
@@ -262,7 +286,7 @@ for _ = 1, requests do
     local algorithm, limit, window = parsed[ARGV[arg]], parsed[ARGV[arg + 1]], parsed[ARGV[arg + 2]]
     local st
     if algorithm == 1 then
-      st = fixed_window.check(KEYS[key], limit, window, cost)
+      st = (modules[1] or module(1)).check(KEYS[key], limit, window, cost)
     else
       if not now_us then
         local time = redis.call('TIME')
@@ -270,9 +294,10 @@ for _ = 1, requests do
         now_ms = math.floor(now_us / 1000)
       end
       if algorithm == 2 then
-        st = sliding_window.check(KEYS[key], limit, window, cost, now_ms)
+        st = (modules[2] or module(2)).check(KEYS[key], limit, window, cost, now_ms)
       else
-        st = gcra.check(KEYS[key], shape_of(limit, window, parsed[ARGV[arg + 3]]), cost, now_us)
+        local shape = shape_of(limit, window, parsed[ARGV[arg + 3]])
+        st = (modules[3] or module(3)).check(KEYS[key], shape, cost, now_us)
       end
     end
     states[i], algos[i] = st, algorithm

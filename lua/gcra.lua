@@ -39,154 +39,165 @@
 -- over-long TTL, so the spend is the first write and a Redis that refuses
 -- writes fails the call with the key as it was.
 
-local gcra = {}
+-- The module is built by calling gcra_module(), which returns its table
+-- (divmod, ceil_div, read_tat and ahead_of among its functions, for
+-- decide.lua's compact form and refund.lua), as fixed_window_module() does:
+-- a script builds it only when a request needs it, which spares a call that
+-- has no GCRA limit about 10,700 instructions of Redis's.
 
--- Quotient and remainder of whole numbers a >= 0 and b >= 1, exact when
--- a + b <= 2^53: a % b is a - floor(a / b) * b in doubles, whose quotient
--- is off by at most one, and corrected; a - r is then a multiple of b. (No
--- math.floor: a call into C costs Redis's Lua about 500 instructions, an
--- operator a few.)
-local function divmod(a, b)
-  local r = a % b
-  local q = (a - r) / b
-  if r < 0 then
-    q, r = q - 1, r + b
-  elseif r >= b then
-    q, r = q + 1, r - b
-  end
-  return q, r
-end
+local function gcra_module()
+  local gcra = {}
 
-local function ceil_div(a, b)
-  local q, r = divmod(a, b)
-  if r > 0 then
-    q = q + 1
-  end
-  return q
-end
-
--- The GCRA units of a quota (see the header), or nil if it cannot be
--- decided exactly (too fast, or cap above 2^52): what Quota::gcra rejects.
-function gcra.shape(limit, window, burst)
-  local span = window * 1000
-  if burst < 1 or span > 2^52 or limit > span then
-    return nil
-  end
-  local a, b = span, limit
-  while b > 0 do
-    local _, r = divmod(a, b)
-    a, b = b, r
-  end
-  local step, per_us = span / a, limit / a
-  local cap = burst * step
-  if cap > 2^52 then
-    return nil
-  end
-  return { burst = burst, step = step, per_us = per_us, cap = cap,
-    cap_us = divmod(cap, per_us) }
-end
-
--- The TAT stored at key as (a, b), or nil when there is none; a value in
--- neither format is deleted (see the header).
-local function read_tat(key)
-  local raw = read_string(key)
-  if raw == nil then
-    return nil
-  end
-  local colon = string.find(raw, ':', 1, true)
-  if colon then
-    local a, b = stored(string.sub(raw, 1, colon - 1)), stored(string.sub(raw, colon + 1))
-    if a and b then
-      return a, b
+  -- Quotient and remainder of whole numbers a >= 0 and b >= 1, exact when
+  -- a + b <= 2^53: a % b is a - floor(a / b) * b in doubles, whose quotient
+  -- is off by at most one, and corrected; a - r is then a multiple of b. (No
+  -- math.floor: a call into C costs Redis's Lua about 500 instructions, an
+  -- operator a few.)
+  local function divmod(a, b)
+    local r = a % b
+    local q = (a - r) / b
+    if r < 0 then
+      q, r = q - 1, r + b
+    elseif r >= b then
+      q, r = q + 1, r - b
     end
-  else
-    local n = tonumber(raw)
-    if n ~= nil and n >= 0 and n == n then
-      return math.ceil(n), 0
+    return q, r
+  end
+
+  local function ceil_div(a, b)
+    local q, r = divmod(a, b)
+    if r > 0 then
+      q = q + 1
     end
+    return q
   end
-  redis.call('DEL', key)
-  return nil
-end
 
--- x units of 1/per_us microsecond, in ms, rounded up.
-local function ms(x, per_us)
-  return ceil_div(ceil_div(x, per_us), 1000)
-end
+  -- The GCRA units of a quota (see the header), or nil if it cannot be
+  -- decided exactly (too fast, or cap above 2^52): what Quota::gcra rejects.
+  function gcra.shape(limit, window, burst)
+    local span = window * 1000
+    if burst < 1 or span > 2^52 or limit > span then
+      return nil
+    end
+    local a, b = span, limit
+    while b > 0 do
+      local _, r = divmod(a, b)
+      a, b = b, r
+    end
+    local step, per_us = span / a, limit / a
+    local cap = burst * step
+    if cap > 2^52 then
+      return nil
+    end
+    return { burst = burst, step = step, per_us = per_us, cap = cap,
+      cap_us = divmod(cap, per_us) }
+  end
 
--- How far a stored TAT (a, b) runs ahead of now, in units, clamped to
--- [0, cap] (see the header); 0 when there is none (a is nil). Also
--- decide.lua's compact form's.
-local function ahead_of(s, a, b, now)
-  if a == nil then
-    return 0
-  end
-  if b >= s.per_us then
-    a, b = a + 1, 0
-  end
-  local d = a - now
-  if d > s.cap_us then
-    return s.cap
-  elseif d < 0 then
-    return 0
-  end
-  local ahead = d * s.per_us + b
-  if ahead > s.cap then
-    return s.cap
-  end
-  return ahead
-end
-
-function gcra.check(key, s, cost, now)
-  local step, per_us, cap = s.step, s.per_us, s.cap
-  local a, b = read_tat(key)
-  local ahead = ahead_of(s, a, b, now)
-  local ttl = redis.call('PTTL', key)
-  local room = cap - ahead
-  local allowed = cost <= s.burst and cost * step <= room
-  local after, remaining_after = ahead, 0
-  if allowed then
-    after = ahead + cost * step
-    remaining_after = divmod(cap - after, step)
-  end
-  local reset_us, reset_after_us = ceil_div(ahead, per_us), ceil_div(after, per_us)
-  local reset, reset_after = ceil_div(reset_us, 1000), ceil_div(reset_after_us, 1000)
-  local retry = 0
-  if not allowed then
-    if cost <= s.burst then
-      retry = math.max(1, ms(cost * step - room, per_us))
+  -- The TAT stored at key as (a, b), or nil when there is none; a value in
+  -- neither format is deleted (see the header).
+  local function read_tat(key)
+    local raw = read_string(key)
+    if raw == nil then
+      return nil
+    end
+    local colon = string.find(raw, ':', 1, true)
+    if colon then
+      local a, b = stored(string.sub(raw, 1, colon - 1)), stored(string.sub(raw, colon + 1))
+      if a and b then
+        return a, b
+      end
     else
-      retry = math.max(1, reset)
+      local n = tonumber(raw)
+      if n ~= nil and n >= 0 and n == n then
+        return math.ceil(n), 0
+      end
+    end
+    redis.call('DEL', key)
+    return nil
+  end
+
+  -- x units of 1/per_us microsecond, in ms, rounded up.
+  local function ms(x, per_us)
+    return ceil_div(ceil_div(x, per_us), 1000)
+  end
+
+  -- How far a stored TAT (a, b) runs ahead of now, in units, clamped to
+  -- [0, cap] (see the header); 0 when there is none (a is nil). Also
+  -- decide.lua's compact form's.
+  local function ahead_of(s, a, b, now)
+    if a == nil then
+      return 0
+    end
+    if b >= s.per_us then
+      a, b = a + 1, 0
+    end
+    local d = a - now
+    if d > s.cap_us then
+      return s.cap
+    elseif d < 0 then
+      return 0
+    end
+    local ahead = d * s.per_us + b
+    if ahead > s.cap then
+      return s.cap
+    end
+    return ahead
+  end
+
+  function gcra.check(key, s, cost, now)
+    local step, per_us, cap = s.step, s.per_us, s.cap
+    local a, b = read_tat(key)
+    local ahead = ahead_of(s, a, b, now)
+    local ttl = redis.call('PTTL', key)
+    local room = cap - ahead
+    local allowed = cost <= s.burst and cost * step <= room
+    local after, remaining_after = ahead, 0
+    if allowed then
+      after = ahead + cost * step
+      remaining_after = divmod(cap - after, step)
+    end
+    local reset_us, reset_after_us = ceil_div(ahead, per_us), ceil_div(after, per_us)
+    local reset, reset_after = ceil_div(reset_us, 1000), ceil_div(reset_after_us, 1000)
+    local retry = 0
+    if not allowed then
+      if cost <= s.burst then
+        retry = math.max(1, ms(cost * step - room, per_us))
+      else
+        retry = math.max(1, reset)
+      end
+    end
+    -- One constructor: a table grown field by field rehashes as it goes.
+    -- A key without (a sane) TTL is healed by commit or undo, not here: the
+    -- spend must be the first write (see the header).
+    return {
+      key = key, now = now, per_us = per_us, ahead = ahead, after = after,
+      heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
+      allowed = allowed, remaining = divmod(room, step), remaining_after = remaining_after,
+      reset = reset, reset_after = reset_after, ttl = reset_after + 1, retry = retry,
+      reset_us = reset_us, reset_after_us = reset_after_us,
+    }
+  end
+
+  -- Nothing to take back (check never writes a spend): only a TTL to heal.
+  function gcra.undo(st)
+    if st.heal then
+      if st.ahead > 0 then
+        redis.call('PEXPIRE', st.key, int(st.reset + 1))
+      else
+        redis.call('DEL', st.key)
+      end
     end
   end
-  -- One constructor: a table grown field by field rehashes as it goes.
-  -- A key without (a sane) TTL is healed by commit or undo, not here: the
-  -- spend must be the first write (see the header).
-  return {
-    key = key, now = now, per_us = per_us, ahead = ahead, after = after,
-    heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
-    allowed = allowed, remaining = divmod(room, step), remaining_after = remaining_after,
-    reset = reset, reset_after = reset_after, ttl = reset_after + 1, retry = retry,
-    reset_us = reset_us, reset_after_us = reset_after_us,
-  }
-end
 
--- Nothing to take back (check never writes a spend): only a TTL to heal.
-function gcra.undo(st)
-  if st.heal then
-    if st.ahead > 0 then
-      redis.call('PEXPIRE', st.key, int(st.reset + 1))
+  function gcra.commit(st, cost)
+    if cost > 0 then
+      local q, r = divmod(st.after, st.per_us)
+      redis.call('SET', st.key, string.format('%d:%d', st.now + q, r), 'PX', int(st.ttl))
     else
-      redis.call('DEL', st.key)
+      gcra.undo(st)
     end
   end
-end
 
-function gcra.commit(st, cost)
-  if cost > 0 then
-    local q, r = divmod(st.after, st.per_us)
-    redis.call('SET', st.key, string.format('%d:%d', st.now + q, r), 'PX', int(st.ttl))
-  else
-    gcra.undo(st)
-  end
+  gcra.divmod, gcra.ceil_div, gcra.read_tat, gcra.ahead_of = divmod, ceil_div, read_tat, ahead_of
+  return gcra
 end

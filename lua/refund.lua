@@ -1,7 +1,8 @@
 -- refund.lua: gives back what an admitted decision spent, to the window it
 -- was spent in and to no other. store/scripts.rs puts lib.lua and the
 -- algorithm modules (fixed_window.lua, sliding_window.lua, gcra.lua) before
--- it, for their helpers (gcra.shape, read_tat).
+-- it, for GCRA's helpers (shape, read_tat, divmod, ceil_div): the GCRA module
+-- is built only if a refund is a GCRA limit's.
 --
 -- KEYS     every refunded limit's key
 -- ARGV     per key, seven integers:
@@ -53,6 +54,7 @@ local function signed(v)
   return whole(v, 0)
 end
 
+local gcra -- gcra_module(), once a GCRA refund needs it
 local refunds = {}
 for i = 1, #KEYS do
   local a = (i - 1) * 7
@@ -67,6 +69,7 @@ for i = 1, #KEYS do
     ends_at = whole(ARGV[a + 7], 0),
   }
   if r.algorithm == 3 and r.limit and r.window and r.burst then
+    gcra = gcra or gcra_module()
     r.shape = gcra.shape(r.limit, r.window, r.burst)
   end
   if not r.algorithm or r.algorithm > 3 or not r.limit or not r.window or not r.burst
@@ -139,7 +142,7 @@ end
 
 local function cell(r)
   local s = r.shape
-  local a, b = read_tat(r.key)
+  local a, b = gcra.read_tat(r.key)
   if a == nil then
     return 0
   end
@@ -171,8 +174,8 @@ local function cell(r)
     redis.call('DEL', r.key)
     return 1
   end
-  local q, rem = divmod(ahead, s.per_us)
-  local ttl = ceil_div(ceil_div(ahead, s.per_us), 1000) + 1
+  local q, rem = gcra.divmod(ahead, s.per_us)
+  local ttl = gcra.ceil_div(gcra.ceil_div(ahead, s.per_us), 1000) + 1
   redis.call('SET', r.key, int(now + q) .. ':' .. int(rem), 'PX', int(ttl))
   return 1
 end
