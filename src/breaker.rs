@@ -9,6 +9,15 @@
 //! if it succeeds the breaker closes, if it fails it opens for another
 //! cooldown. A success resets the count.
 //!
+//! A limiter keeps one breaker for each **fault domain** of its store
+//! ([`Store::fault_domain`](crate::Store::fault_domain)): one for a
+//! standalone Redis, the in-memory store or a custom store, and on a Redis
+//! Cluster one for each range of 256 hash slots (64 in all). So one failing
+//! master opens the breakers of its own slots only, and the keys of the
+//! other masters are still decided by the store. A range that two masters
+//! share (where one master's slots end and the next one's begin) opens for
+//! both.
+//!
 //! ```
 //! use std::time::Duration;
 //! use redis_ratelimit::{Breaker, Limiter, Quota};
@@ -99,16 +108,40 @@ pub(crate) enum Pass {
     Open,
 }
 
-/// A breaker's live state, lock-free.
-#[derive(Debug)]
+/// The most fault domains a limiter keeps a breaker for; a store's domains
+/// beyond share them (by their number modulo this).
+pub(crate) const DOMAINS: usize = 64;
+
+/// The breaker index of a store's fault domain `of`.
+pub(crate) fn domain(of: usize) -> u8 {
+    (of % DOMAINS) as u8
+}
+
+/// A limiter's breakers, one per fault domain of its store, lock-free.
 pub(crate) struct State {
     config: Breaker,
+    domains: Box<[Domain]>,
+}
+
+/// One fault domain's breaker.
+#[derive(Debug, Default)]
+struct Domain {
     /// Consecutive failures, and when the last one happened (ms).
     failures: AtomicU32,
     last_failure_ms: AtomicU64,
     /// 0 when closed; else when the cooldown ends (ms since start).
     open_until_ms: AtomicU64,
     probing: AtomicBool,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = self.domains.iter().filter(|d| d.is_open()).count();
+        f.debug_struct("State")
+            .field("config", &self.config)
+            .field("open_domains", &open)
+            .finish()
+    }
 }
 
 fn now_ms() -> u64 {
@@ -121,23 +154,25 @@ impl State {
     pub(crate) fn new(config: Breaker) -> Self {
         Self {
             config,
-            failures: AtomicU32::new(0),
-            last_failure_ms: AtomicU64::new(0),
-            open_until_ms: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
+            domains: (0..DOMAINS).map(|_| Domain::default()).collect(),
         }
     }
 
-    /// Whether a check may call the store now.
-    pub(crate) fn pass(&self) -> Pass {
-        let until = self.open_until_ms.load(Ordering::Acquire);
+    fn domain(&self, domain: u8) -> &Domain {
+        &self.domains[usize::from(domain) % DOMAINS]
+    }
+
+    /// Whether a check of fault domain `domain` may call the store now.
+    pub(crate) fn pass(&self, domain: u8) -> Pass {
+        let d = self.domain(domain);
+        let until = d.open_until_ms.load(Ordering::Acquire);
         if until == 0 {
             return Pass::Call;
         }
         if now_ms() < until {
             return Pass::Open;
         }
-        match self
+        match d
             .probing
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
         {
@@ -148,25 +183,21 @@ impl State {
 
     /// A store call that ended without an outcome (its request went away):
     /// a probe's slot is freed for the next check.
-    pub(crate) fn abandon(&self, pass: Pass) {
+    pub(crate) fn abandon(&self, domain: u8, pass: Pass) {
         if pass == Pass::Probe {
-            self.probing.store(false, Ordering::Release);
+            self.domain(domain).probing.store(false, Ordering::Release);
         }
     }
 
-    /// Whether the breaker is open (for metrics and logs).
-    pub(crate) fn is_open(&self) -> bool {
-        self.open_until_ms.load(Ordering::Acquire) != 0
-    }
-
-    /// Records a store call's outcome. Returns true when this failure
-    /// opened the breaker.
-    pub(crate) fn record(&self, pass: Pass, ok: bool) -> bool {
+    /// Records the outcome of a store call of fault domain `domain`.
+    /// Returns true when this failure opened that domain's breaker.
+    pub(crate) fn record(&self, domain: u8, pass: Pass, ok: bool) -> bool {
+        let d = self.domain(domain);
         if ok {
-            self.failures.store(0, Ordering::Release);
-            if pass == Pass::Probe || self.is_open() {
-                self.open_until_ms.store(0, Ordering::Release);
-                self.probing.store(false, Ordering::Release);
+            d.failures.store(0, Ordering::Release);
+            if pass == Pass::Probe || d.is_open() {
+                d.open_until_ms.store(0, Ordering::Release);
+                d.probing.store(false, Ordering::Release);
             }
             return false;
         }
@@ -175,26 +206,32 @@ impl State {
         }
         let now = now_ms();
         if pass == Pass::Probe {
-            self.open(now);
+            d.open(now, self.config.cooldown);
             return true;
         }
-        let last = self.last_failure_ms.swap(now, Ordering::AcqRel);
+        let last = d.last_failure_ms.swap(now, Ordering::AcqRel);
         let in_a_row = now.saturating_sub(last) <= self.config.span.as_millis() as u64;
         let count = if in_a_row {
-            self.failures.fetch_add(1, Ordering::AcqRel) + 1
+            d.failures.fetch_add(1, Ordering::AcqRel) + 1
         } else {
-            self.failures.store(1, Ordering::Release);
+            d.failures.store(1, Ordering::Release);
             1
         };
-        if count >= self.config.failures && !self.is_open() {
-            self.open(now);
+        if count >= self.config.failures && !d.is_open() {
+            d.open(now, self.config.cooldown);
             return true;
         }
         false
     }
+}
 
-    fn open(&self, now: u64) {
-        let until = now + self.config.cooldown.as_millis() as u64;
+impl Domain {
+    fn is_open(&self) -> bool {
+        self.open_until_ms.load(Ordering::Acquire) != 0
+    }
+
+    fn open(&self, now: u64, cooldown: Duration) {
+        let until = now + cooldown.as_millis() as u64;
         self.open_until_ms.store(until.max(1), Ordering::Release);
         self.probing.store(false, Ordering::Release);
     }
@@ -212,30 +249,55 @@ mod tests {
                 .cooldown(Duration::from_millis(50)),
         );
         for _ in 0..2 {
-            assert_eq!(s.pass(), Pass::Call);
-            assert!(!s.record(Pass::Call, false));
+            assert_eq!(s.pass(0), Pass::Call);
+            assert!(!s.record(0, Pass::Call, false));
         }
-        assert!(s.record(Pass::Call, false), "the third failure opens");
-        assert_eq!(s.pass(), Pass::Open);
+        assert!(s.record(0, Pass::Call, false), "the third failure opens");
+        assert_eq!(s.pass(0), Pass::Open);
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(s.pass(), Pass::Probe);
-        assert_eq!(s.pass(), Pass::Open, "one probe at a time");
-        assert!(s.record(Pass::Probe, false), "a failed probe opens again");
-        assert_eq!(s.pass(), Pass::Open);
+        assert_eq!(s.pass(0), Pass::Probe);
+        assert_eq!(s.pass(0), Pass::Open, "one probe at a time");
+        assert!(
+            s.record(0, Pass::Probe, false),
+            "a failed probe opens again"
+        );
+        assert_eq!(s.pass(0), Pass::Open);
         std::thread::sleep(Duration::from_millis(60));
-        assert_eq!(s.pass(), Pass::Probe);
-        s.record(Pass::Probe, true);
-        assert_eq!(s.pass(), Pass::Call, "a good probe closes");
+        assert_eq!(s.pass(0), Pass::Probe);
+        s.record(0, Pass::Probe, true);
+        assert_eq!(s.pass(0), Pass::Call, "a good probe closes");
     }
 
     #[test]
     fn a_success_resets_the_count_and_disabled_never_opens() {
         let s = State::new(Breaker::new().failures(2));
-        s.record(Pass::Call, false);
-        s.record(Pass::Call, true);
-        assert!(!s.record(Pass::Call, false));
+        s.record(0, Pass::Call, false);
+        s.record(0, Pass::Call, true);
+        assert!(!s.record(0, Pass::Call, false));
         let off = State::new(Breaker::disabled().failures(1));
-        assert!(!off.record(Pass::Call, false));
-        assert_eq!(off.pass(), Pass::Call);
+        assert!(!off.record(0, Pass::Call, false));
+        assert_eq!(off.pass(0), Pass::Call);
+    }
+
+    #[test]
+    fn a_domain_opens_alone() {
+        let s = State::new(Breaker::new().failures(2));
+        assert!(!s.record(3, Pass::Call, false));
+        assert!(
+            s.record(3, Pass::Call, false),
+            "the second failure opens domain 3"
+        );
+        assert_eq!(s.pass(3), Pass::Open);
+        assert_eq!(
+            s.pass(domain(3 + DOMAINS)),
+            Pass::Open,
+            "domains beyond share"
+        );
+        for other in [0, 2, 4, domain(DOMAINS - 1)] {
+            assert_eq!(s.pass(other), Pass::Call, "domain {other}");
+        }
+        // Another domain's success does not close it, nor reset its count.
+        s.record(4, Pass::Call, true);
+        assert_eq!(s.pass(3), Pass::Open);
     }
 }

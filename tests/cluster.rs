@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis_ratelimit::{
-    Decision, Limiter, Quota, RedisStore,
+    Decision, Limiter, Quota, RedisStore, Store,
     concurrency::{Acquired, ConcurrencyLimiter},
 };
 use support::cluster::RedisCluster;
@@ -328,6 +328,114 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions() {
     }
     cluster.freeze(frozen, false);
     assert!(rounds > 50, "{rounds} rounds");
+}
+
+/// A key's fault domain on a cluster is its hash slot (as Redis computes
+/// it, hash tags included) divided by 256.
+#[tokio::test]
+async fn a_keys_fault_domain_is_its_hash_slots_range() {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let keys = [
+        "a",
+        "b",
+        "user:1",
+        "{user:1}:x",
+        "x{}y",
+        "{}",
+        "k{tag}",
+        "{a}{b}",
+        "é",
+    ];
+    let many = (0..200).map(|i| format!("rl:fw:api:client-{i}"));
+    for key in keys.into_iter().map(String::from).chain(many) {
+        let expected = usize::from(cluster.slot_of(&key)) / 256;
+        assert_eq!(store.fault_domain(&key), expected, "{key}");
+    }
+    let limiter = cluster.limiter("5/1m").await;
+    let tagged = limiter.store_key("c");
+    assert_eq!(
+        store.fault_domain(&tagged),
+        usize::from(cluster.slot_of(&tagged)) / 256
+    );
+    // Other stores are one domain.
+    assert_eq!(redis_ratelimit::MemoryStore::new().fault_domain("a"), 0);
+}
+
+/// A master that stops answering opens the circuit breaker of its own keys
+/// only: with the default breaker, the other masters' keys are still
+/// decided by the store, every one of them, while the frozen master's keys
+/// fail at once (`CircuitOpen`) once their breakers open. With one breaker
+/// for the limiter, the frozen master's timeouts opened it for every key.
+#[tokio::test]
+async fn a_frozen_master_opens_the_breaker_of_its_own_keys_only() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster
+        .builder("100000/1m")
+        .await
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    for port in cluster.masters() {
+        let set = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .clone();
+        let () = cluster.query(port, &set);
+    }
+    let frozen = cluster.masters()[0];
+    let frozen_slots = cluster.slots_of(frozen);
+    // A client is healthy when no slot of its key's 256-slot range is the
+    // frozen master's (a range two masters share opens for both).
+    let shares_a_range = |client: &str| {
+        let range = cluster.slot_of(&limiter.store_key(client)) / 256;
+        let (lo, hi) = (range * 256, range * 256 + 255);
+        frozen_slots
+            .iter()
+            .any(|r| *r.start() <= hi && lo <= *r.end())
+    };
+    let candidates: Vec<String> = (0..400).map(|i| format!("c{i}")).collect();
+    let healthy: Vec<&String> = (candidates.iter())
+        .filter(|c| !shares_a_range(c))
+        .take(40)
+        .collect();
+    let stuck: Vec<&String> = (candidates.iter())
+        .filter(|c| cluster.master_of(&limiter.store_key(c)) == frozen)
+        .take(20)
+        .collect();
+    assert_eq!((healthy.len(), stuck.len()), (40, 20));
+    cluster.freeze(frozen, true);
+    let until = Instant::now() + Duration::from_secs(5);
+    let (mut rounds, mut open, mut timed_out) = (0, 0, 0);
+    while Instant::now() < until {
+        let (ok, bad) = futures_util::join!(
+            join_all(healthy.iter().map(|c| limiter.check(c, 1))),
+            join_all(stuck.iter().map(|c| limiter.check(c, 1))),
+        );
+        if let Some(e) = ok.iter().find_map(|r| r.as_ref().err()) {
+            cluster.freeze(frozen, false);
+            panic!("round {rounds}: a healthy master's key failed: {e:?}");
+        }
+        for r in bad {
+            match r {
+                Err(redis_ratelimit::Error::CircuitOpen) => open += 1,
+                Err(redis_ratelimit::Error::Timeout(_)) => timed_out += 1,
+                other => {
+                    cluster.freeze(frozen, false);
+                    panic!("round {rounds}: the frozen master's key: {other:?}");
+                }
+            }
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.freeze(frozen, false);
+    // The breakers of the frozen master's keys opened: most of its checks
+    // failed at once, not after the timeout.
+    assert!(open > timed_out, "{open} open, {timed_out} timed out");
+    assert!(rounds > 20, "{rounds} rounds");
 }
 
 /// 200 concurrent checks of one key against 50, spread over two cluster

@@ -82,12 +82,15 @@ impl Limiter {
         {
             return inner.conclude([state].into(), cost, None, None);
         }
-        let pass = inner.breaker.pass();
+        let domain =
+            crate::breaker::domain(checks.first().map_or(0, |c| store.fault_domain(&c.key)));
+        let pass = inner.breaker.pass(domain);
         if pass == Pass::Open {
             return Err(Error::CircuitOpen);
         }
         let probe = ProbeGuard {
             inner: inner.clone(),
+            domain,
             pass,
             settled: false,
         };

@@ -231,6 +231,9 @@ impl Inner {
 /// probe slot so the next check can probe.
 pub(super) struct ProbeGuard {
     pub(super) inner: Arc<Inner>,
+    /// The fault domain of the call's keys, whose breaker it answers to
+    /// ([`breaker::domain`](crate::breaker::domain)).
+    pub(super) domain: u8,
     pub(super) pass: Pass,
     pub(super) settled: bool,
 }
@@ -329,11 +332,11 @@ impl ProbeGuard {
         self.settled = true;
         match result {
             Ok(value) => {
-                inner.breaker.record(self.pass, true);
+                inner.breaker.record(self.domain, self.pass, true);
                 Ok(value)
             }
             Err(e) => {
-                if inner.breaker.record(self.pass, false) {
+                if inner.breaker.record(self.domain, self.pass, false) {
                     tracing::warn!(error = %e, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
                 }
                 metrics::store_error(inner.policies.all_metric_keys());
@@ -346,7 +349,7 @@ impl ProbeGuard {
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
         if !self.settled {
-            self.inner.breaker.abandon(self.pass);
+            self.inner.breaker.abandon(self.domain, self.pass);
         }
     }
 }

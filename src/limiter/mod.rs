@@ -291,13 +291,21 @@ impl Limiter {
             let fut = reservation::reserving(inner.clone(), store.clone(), check, cost, cache_key);
             return Deciding::Waiting(Box::pin(tracing::Instrument::instrument(fut, span)));
         }
-        let pass = inner.breaker.pass();
+        // A decision's keys share a hash slot, and so a fault domain.
+        let domain = match (redis, checks.first()) {
+            (Some(redis), Some(check)) => redis.fault_domain(&check.key),
+            (None, Some(check)) => store.fault_domain(&check.key),
+            (_, None) => 0,
+        };
+        let domain = breaker::domain(domain);
+        let pass = inner.breaker.pass(domain);
         if pass == Pass::Open {
             metrics::store_error(inner.policies.all_metric_keys());
             return done(Err(Error::CircuitOpen));
         }
         let probe = ProbeGuard {
             inner: inner.clone(),
+            domain,
             pass,
             settled: false,
         };

@@ -310,13 +310,15 @@ pub(super) async fn reserving(
         }
         Looked::Reserve => {}
     }
-    let pass = inner.breaker.pass();
+    let domain = crate::breaker::domain(store.fault_domain(&check.key));
+    let pass = inner.breaker.pass(domain);
     if pass == Pass::Open {
         metrics::store_error(std::iter::once(inner.policies.metric_keys(0)));
         return Err(Error::CircuitOpen);
     }
     let probe = ProbeGuard {
         inner: inner.clone(),
+        domain,
         pass,
         settled: false,
     };
@@ -423,12 +425,14 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
     if full != Some(false) {
         return; // refilled meanwhile, by a request that ran short; or dropped
     }
-    let pass = inner.breaker.pass();
+    let domain = crate::breaker::domain(store.fault_domain(&check.key));
+    let pass = inner.breaker.pass(domain);
     if pass == Pass::Open {
         return;
     }
     let probe = ProbeGuard {
         inner: inner.clone(),
+        domain,
         pass,
         settled: false,
     };

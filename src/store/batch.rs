@@ -37,7 +37,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicU8, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -255,8 +255,9 @@ async fn run<C: Batched>(
     let lanes = Lanes::start(&conn, &fill);
     let mut routing = Routing::new(read_router(&conn, None).await.unwrap_or_default());
     // Set by a call that failed: the router is read again before the next
-    // round (a cluster's slots may have moved).
-    let stale = Arc::new(AtomicBool::new(false));
+    // round (a cluster's slots may have moved); or, for a call that timed
+    // out, in the background (see `Doubt`).
+    let stale = Arc::new(AtomicU8::new(Doubt::None as u8));
     // Requests taken from the queue while every round's permit was out.
     let mut held = Held::default();
     let mut sweep = Sweep::new();
@@ -291,7 +292,8 @@ async fn run<C: Batched>(
             queue.recv_many(&mut jobs, room).await;
         }
         // A stale router is read again, by the round's earliest deadline.
-        let reread = stale.swap(false, Ordering::Relaxed);
+        let doubt = stale.swap(Doubt::None as u8, Ordering::Relaxed);
+        let reread = doubt == Doubt::Failed as u8;
         let until = reread
             .then(|| {
                 earliest(
@@ -300,7 +302,7 @@ async fn run<C: Batched>(
                 )
             })
             .flatten();
-        let router = routing.current(&conn, reread, until).await;
+        let router = (routing.current(&conn, reread, doubt == Doubt::TimedOut as u8, until)).await;
         // Callers that gave up (timed out, went away) cost Redis nothing.
         drop_finished(&mut jobs, Instant::now());
         if jobs.is_empty() {
@@ -357,8 +359,24 @@ fn group<C: Batched>(router: &C::Router, jobs: Vec<Job>) -> Vec<(C::Group, Vec<J
 struct Sent {
     /// Its keys may be of several hash slots of one node.
     spread: bool,
-    /// Set if it fails.
-    stale: Arc<AtomicBool>,
+    /// Raised (to a [`Doubt`]) if it fails or times out.
+    stale: Arc<AtomicU8>,
+}
+
+/// What the last calls say of the router, in rising doubt.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Doubt {
+    None = 0,
+    /// Every request of a call timed out: a node may be slow or gone, or
+    /// its slots moved. The router is read again in the background: a read
+    /// before the next round could wait for that very node (`CLUSTER SLOTS`
+    /// goes to any node), holding up every other node's requests until
+    /// their deadlines.
+    TimedOut = 1,
+    /// A call failed (`MOVED`, `CROSSSLOT`, a lost connection): the router
+    /// is read again before the next round.
+    Failed = 2,
 }
 
 /// Sends one group of requests as one call and answers each request, or
@@ -393,13 +411,15 @@ async fn send<C: Batched>(mut jobs: Vec<Job>, mut conn: C, call: Sent) {
             }
         }
         Some(Err(e)) => {
-            call.stale.store(true, Ordering::Relaxed);
+            call.stale.fetch_max(Doubt::Failed as u8, Ordering::Relaxed);
             for waiter in &mut waiters {
                 waiter.answer(Err(e.clone_for_batch()));
             }
         }
         // Every request timed out: the call is dropped (Redis may still
         // apply it, as with any timed-out call).
-        None => call.stale.store(true, Ordering::Relaxed),
+        None => {
+            (call.stale).fetch_max(Doubt::TimedOut as u8, Ordering::Relaxed);
+        }
     }
 }

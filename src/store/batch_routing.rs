@@ -14,8 +14,10 @@ use tokio::time::Instant;
 use super::{Batched, ROUTER_AGE};
 
 /// The router a batching task groups by: read again every [`ROUTER_AGE`]
-/// in the background, so that no round waits for it, and at once (bounded
-/// by [`ROUTER_WAIT`]) after a failed call.
+/// in the background, so that no round waits for it; at once (bounded by
+/// [`ROUTER_WAIT`]) after a failed call; and in the background at once
+/// after a call whose requests all timed out (its node may be the one
+/// that does not answer, and `CLUSTER SLOTS` may go to it).
 pub(super) struct Routing<R> {
     router: Arc<R>,
     read_at: tokio::time::Instant,
@@ -37,11 +39,12 @@ impl<R: Default + Send + Sync + 'static> Routing<R> {
 
     /// The router for the next round: read now if `stale` (waiting at most
     /// until `until`, the round's earliest deadline), else the newest one
-    /// (and a background read started once it is old).
+    /// (and a background read started once it is old, or `doubtful`).
     pub(super) async fn current<C: Batched<Router = R>>(
         &mut self,
         conn: &C,
         stale: bool,
+        doubtful: bool,
         until: Option<Instant>,
     ) -> Arc<R> {
         let now = tokio::time::Instant::now();
@@ -50,7 +53,8 @@ impl<R: Default + Send + Sync + 'static> Routing<R> {
         } else if let Some(router) = lock(&self.fresh).take() {
             self.router = router;
         }
-        if self.read_at.elapsed() >= ROUTER_AGE && !self.reading.swap(true, Ordering::Relaxed) {
+        let due = doubtful || self.read_at.elapsed() >= ROUTER_AGE;
+        if due && !self.reading.swap(true, Ordering::Relaxed) {
             self.read_at = now;
             let (conn, fresh, reading) = (conn.clone(), self.fresh.clone(), self.reading.clone());
             tokio::spawn(async move {

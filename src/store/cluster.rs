@@ -25,6 +25,19 @@ use redis::{
 use super::{Backend, Batcher, Call, RedisStore};
 use crate::{Error, store::BoxFuture};
 
+/// The hash slot of `key`, as Redis Cluster computes it: CRC16 (XMODEM) of
+/// its hash tag (the bytes between the first `{` and the next `}`, if not
+/// empty) or else of the whole key, modulo 16,384.
+pub(super) fn slot(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let tag = key.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(key)) % 16_384
+}
+
 /// A store's cluster backend.
 #[derive(Clone)]
 pub(super) enum Cluster {

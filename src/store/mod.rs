@@ -154,6 +154,28 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>>;
 
+    /// The fault domain of `key`: the part of the store that holds it and
+    /// can fail alone, such as one master of a Redis Cluster. A
+    /// [`Limiter`](crate::Limiter) keeps a [circuit breaker](crate::Breaker)
+    /// for each domain (up to 64; domains beyond share them), so that one
+    /// failing part opens the breaker of its own keys only. Every key of one
+    /// decision must be of the same domain (as the keys of one decision on a
+    /// cluster share a hash slot). The default, 0 for every key, is one
+    /// breaker for the whole store.
+    ///
+    /// [`RedisStore`] on a cluster answers the key's hash slot divided by
+    /// 256; any other store, 0.
+    ///
+    /// ```
+    /// use redis_ratelimit::{MemoryStore, Store};
+    ///
+    /// assert_eq!(MemoryStore::new().fault_domain("any key"), 0);
+    /// ```
+    fn fault_domain(&self, key: &str) -> usize {
+        let _ = key;
+        0
+    }
+
     /// An identity shared by this store and its clones (say, the address of
     /// their shared state), while any of them lives. A
     /// [`Limiter`](crate::Limiter) uses it to refuse, at build time, counters

@@ -395,6 +395,19 @@ impl Store for RedisStore {
         Some(self.batcher.instance())
     }
 
+    /// On a cluster, the key's hash slot divided by 256: a master's slots
+    /// are ranges, so its keys open only the breakers of its own ranges.
+    fn fault_domain(&self, key: &str) -> usize {
+        match &self.backend {
+            #[cfg(feature = "cluster")]
+            Backend::Cluster(_) => usize::from(cluster::slot(key)) / 256,
+            _ => {
+                let _ = key;
+                0
+            }
+        }
+    }
+
     fn peek(
         &self,
         checks: Vec<LimitCheck>,

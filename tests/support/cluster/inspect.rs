@@ -84,6 +84,16 @@ impl RedisCluster {
             .port
     }
 
+    /// The slot ranges the node on `port` owns, as `CLUSTER NODES` on a
+    /// live node reports them.
+    pub fn slots_of(&self, port: u16) -> Vec<std::ops::RangeInclusive<u16>> {
+        let nodes = self.cluster_nodes().into_iter();
+        nodes
+            .filter(|n| n.port == port)
+            .flat_map(|n| n.slots)
+            .collect()
+    }
+
     /// The node ID of the node on `port`.
     pub fn node_id(&self, port: u16) -> String {
         self.query(port, redis::cmd("CLUSTER").arg("MYID"))
