@@ -18,6 +18,15 @@
 //! share (where one master's slots end and the next one's begin) opens for
 //! both.
 //!
+//! When an open domain answers again, every other open domain probes at
+//! once instead of at the end of its own cooldown: a master's slots span
+//! several domains, opened at different moments, and would otherwise come
+//! back up to a cooldown apart, their keys falling back meanwhile. A domain
+//! still failing spends one probe (one check that waits up to the
+//! timeout) and opens for another cooldown. On a cluster, a range two
+//! masters share can answer while one of them is down, so during such an
+//! outage the down master's domains probe more often than once a cooldown.
+//!
 //! ```
 //! use std::time::Duration;
 //! use redis_ratelimit::{Breaker, Limiter, Quota};
@@ -90,7 +99,9 @@ impl Breaker {
         Self { span, ..self }
     }
 
-    /// How long the breaker stays open before it probes (default 1 s).
+    /// How long the breaker stays open before it probes (default 1 s), unless
+    /// another fault domain of the store answers again first (see the
+    /// [module docs](self)).
     #[must_use]
     pub fn cooldown(self, cooldown: Duration) -> Self {
         Self { cooldown, ..self }
@@ -198,6 +209,7 @@ impl State {
             if pass == Pass::Probe || d.is_open() {
                 d.open_until_ms.store(0, Ordering::Release);
                 d.probing.store(false, Ordering::Release);
+                self.probe_the_others_now();
             }
             return false;
         }
@@ -222,6 +234,29 @@ impl State {
             return true;
         }
         false
+    }
+}
+
+impl State {
+    /// A domain that was open answers again: the part that failed (say, a
+    /// cluster master, whose slots span several domains) may be back, so
+    /// every other open domain may probe at once rather than at the end of
+    /// its own cooldown. Domains opened at different times would otherwise
+    /// recover up to a cooldown apart, their keys falling back meanwhile.
+    /// A domain still failing costs one probe, which opens it again.
+    fn probe_the_others_now(&self) {
+        for d in &self.domains {
+            // 1: open, its cooldown over (0 means closed).
+            let until = d.open_until_ms.load(Ordering::Acquire);
+            if until > 1 {
+                let _ = (d.open_until_ms).compare_exchange(
+                    until,
+                    1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+        }
     }
 }
 
@@ -299,5 +334,46 @@ mod tests {
         // Another domain's success does not close it, nor reset its count.
         s.record(4, Pass::Call, true);
         assert_eq!(s.pass(3), Pass::Open);
+    }
+
+    #[test]
+    fn a_recovered_domain_lets_the_other_open_ones_probe_at_once() {
+        let cooldown = Duration::from_secs(60);
+        let s = State::new(Breaker::new().failures(1).cooldown(cooldown));
+        let later = State::new(
+            Breaker::new()
+                .failures(1)
+                .cooldown(Duration::from_millis(30)),
+        );
+        for d in [1, 2, 3] {
+            assert!(s.record(d, Pass::Call, false));
+        }
+        assert!(later.record(1, Pass::Call, false));
+        std::thread::sleep(Duration::from_millis(40));
+        // Domain 1 of `later` probes and answers: back.
+        assert_eq!(later.pass(1), Pass::Probe);
+        later.record(1, Pass::Probe, true);
+        assert_eq!(later.pass(1), Pass::Call);
+        // In `s`, no domain's cooldown is over: all stay open...
+        assert_eq!(
+            (s.pass(1), s.pass(2), s.pass(3)),
+            (Pass::Open, Pass::Open, Pass::Open)
+        );
+        // ...until one of them answers a call (here an ordinary one).
+        s.record(1, Pass::Call, true);
+        assert_eq!(s.pass(1), Pass::Call);
+        assert_eq!(
+            s.pass(2),
+            Pass::Probe,
+            "probes without waiting out its cooldown"
+        );
+        assert_eq!(s.pass(2), Pass::Open, "one probe at a time");
+        assert_eq!(s.pass(3), Pass::Probe);
+        // A domain still failing opens again for a whole cooldown.
+        assert!(s.record(2, Pass::Probe, false));
+        assert_eq!(s.pass(2), Pass::Open);
+        // A closed domain's success wakes nobody.
+        s.record(1, Pass::Call, true);
+        assert_eq!(s.pass(2), Pass::Open);
     }
 }
