@@ -132,6 +132,8 @@ pub(crate) fn domain(of: usize) -> u8 {
 pub(crate) struct State {
     config: Breaker,
     domains: Box<[Domain]>,
+    /// Openings are logged at most once a second, whichever domain opens.
+    logs: crate::core::Throttle,
 }
 
 /// One fault domain's breaker.
@@ -166,7 +168,14 @@ impl State {
         Self {
             config,
             domains: (0..DOMAINS).map(|_| Domain::default()).collect(),
+            logs: crate::core::Throttle::new(),
         }
+    }
+
+    /// Whether an opening may be logged now: `Some(openings not logged
+    /// since the last)`, at most once a second.
+    pub(crate) fn log_opening(&self) -> Option<u64> {
+        self.logs.admit()
     }
 
     fn domain(&self, domain: u8) -> &Domain {
@@ -375,5 +384,16 @@ mod tests {
         // A closed domain's success wakes nobody.
         s.record(1, Pass::Call, true);
         assert_eq!(s.pass(2), Pass::Open);
+    }
+
+    #[test]
+    fn openings_are_logged_at_most_once_a_second() {
+        let s = State::new(Breaker::new().failures(1));
+        assert!(s.record(1, Pass::Call, false) && s.log_opening().is_some());
+        assert!(s.record(2, Pass::Call, false) && s.log_opening().is_none());
+        assert!(s.record(3, Pass::Call, false) && s.log_opening().is_none());
+        std::thread::sleep(Duration::from_millis(1010));
+        assert!(s.record(4, Pass::Call, false));
+        assert_eq!(s.log_opening(), Some(2), "the two openings left out");
     }
 }

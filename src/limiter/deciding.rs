@@ -336,8 +336,10 @@ impl ProbeGuard {
                 Ok(value)
             }
             Err(e) => {
-                if inner.breaker.record(self.domain, self.pass, false) {
-                    tracing::warn!(error = %e, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
+                if inner.breaker.record(self.domain, self.pass, false)
+                    && let Some(unlogged) = inner.breaker.log_opening()
+                {
+                    tracing::warn!(error = %e, domain = self.domain, unlogged, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
                 }
                 metrics::store_error(inner.policies.all_metric_keys());
                 Err(e)
