@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis_ratelimit::{
-    Decision, Limiter, Quota, RedisStore, Store,
+    Breaker, Decision, Limiter, Quota, RedisStore, Store,
     concurrency::{Acquired, ConcurrencyLimiter},
 };
 use support::cluster::RedisCluster;
@@ -278,21 +278,18 @@ async fn a_stale_slot_map_fails_its_call_then_recovers_with(quota: Quota) {
     cluster.assert_every_key_has_ttl();
 }
 
-/// A master that stops answering holds up no decision of the other
-/// masters' keys: the slot map is read again in the background (every 5 s,
-/// from any node, the frozen one included), never in a round's way.
-#[tokio::test]
-async fn a_frozen_master_holds_up_no_other_masters_decisions() {
-    let cluster = RedisCluster::start();
+/// A warmed-up limiter for the frozen-master tests (a 300 ms timeout, and
+/// `breaker`), on a cluster whose other masters go on serving their slots
+/// while one is down.
+async fn limiter_for_a_frozen_master(cluster: &RedisCluster, breaker: Breaker) -> Limiter {
     let limiter = cluster
         .builder("100000/1m")
         .await
         .timeout(Duration::from_millis(300))
-        .breaker(redis_ratelimit::Breaker::disabled())
+        .breaker(breaker)
         .build()
         .unwrap();
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    // The other masters go on serving their slots while one is down.
     for port in cluster.masters() {
         let set = redis::cmd("CONFIG")
             .arg("SET")
@@ -301,6 +298,16 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions() {
             .clone();
         let () = cluster.query(port, &set);
     }
+    limiter
+}
+
+/// A master that stops answering holds up no decision of the other
+/// masters' keys: the slot map is read again in the background (every 5 s,
+/// from any node, the frozen one included), never in a round's way.
+#[tokio::test]
+async fn a_frozen_master_holds_up_no_other_masters_decisions() {
+    let cluster = RedisCluster::start();
+    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::disabled()).await;
     let frozen = cluster.masters()[0];
     let clients: Vec<String> = (0..200)
         .map(|i| format!("f{i}"))
@@ -370,21 +377,7 @@ async fn a_keys_fault_domain_is_its_hash_slots_range() {
 #[tokio::test]
 async fn a_frozen_master_opens_the_breaker_of_its_own_keys_only() {
     let cluster = RedisCluster::start();
-    let limiter = cluster
-        .builder("100000/1m")
-        .await
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    for port in cluster.masters() {
-        let set = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .clone();
-        let () = cluster.query(port, &set);
-    }
+    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::new()).await;
     let frozen = cluster.masters()[0];
     let frozen_slots = cluster.slots_of(frozen);
     // A client is healthy when no slot of its key's 256-slot range is the
