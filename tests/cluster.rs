@@ -343,6 +343,7 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions() {
 async fn a_keys_fault_domain_is_its_hash_slots_range() {
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
+    let pool = cluster.pool_store(2).await;
     let keys = [
         "a",
         "b",
@@ -358,6 +359,7 @@ async fn a_keys_fault_domain_is_its_hash_slots_range() {
     for key in keys.into_iter().map(String::from).chain(many) {
         let expected = usize::from(cluster.slot_of(&key)) / 256;
         assert_eq!(store.fault_domain(&key), expected, "{key}");
+        assert_eq!(pool.fault_domain(&key), expected, "{key}, a pool");
     }
     let limiter = cluster.limiter("5/1m").await;
     let tagged = limiter.store_key("c");
