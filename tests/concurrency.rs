@@ -152,6 +152,41 @@ async fn timed_out_acquire_does_not_leak_a_slot_with_redis_pool() {
     timed_out_acquire_does_not_leak_a_slot(Backend::redis_pool().await).await;
 }
 
+/// The caller goes away while its acquire is on its way (a client that
+/// disconnects, a `select!` that takes another branch): the acquire may still
+/// be applied, and its token is released as after a timeout.
+async fn cancelled_acquire_does_not_leak_a_slot(b: Backend) {
+    let server = b.server().unwrap();
+    let limiter = b
+        .concurrency(1)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut events = server.key_events(&limiter.store_key("k")).await;
+    server.freeze(true);
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), limiter.acquire("k")).await;
+    assert!(cancelled.is_err(), "the acquire finished on a frozen Redis");
+    server.freeze(false);
+    events.wait_for("zadd", Duration::from_secs(10)).await;
+    events.wait_for("zrem", Duration::from_secs(10)).await;
+    assert!(
+        limiter.acquire("k").await.unwrap().is_acquired(),
+        "the cancelled acquire kept its slot\n{}",
+        server.log()
+    );
+    server.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn cancelled_acquire_does_not_leak_a_slot_with_redis() {
+    cancelled_acquire_does_not_leak_a_slot(Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn cancelled_acquire_does_not_leak_a_slot_with_redis_pool() {
+    cancelled_acquire_does_not_leak_a_slot(Backend::redis_pool().await).await;
+}
+
 #[tokio::test]
 async fn keys_always_carry_a_ttl_and_tampered_keys_are_healed() {
     let b = Backend::redis().await;

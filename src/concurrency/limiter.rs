@@ -1,7 +1,9 @@
 //! [`ConcurrencyLimiter`]: a concurrency limit plus a lease store; the
 //! framework-free entry point.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, mem, sync::Arc, time::Duration};
+
+use tokio::runtime::Handle;
 
 use super::{
     headers::Policy,
@@ -123,7 +125,9 @@ impl ConcurrencyLimiter {
     /// Redis later), so its token is released in the background once the
     /// call's real outcome is known (or after one lease time, whichever comes
     /// first). The release is owner-checked, hence harmless if nothing was
-    /// granted.
+    /// granted. Dropping the future before it finishes (a client that went
+    /// away, a `select!` that took another branch) leaks nothing either: its
+    /// token is released the same way.
     pub async fn acquire<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Result<Acquired, Error> {
         self.start(key.as_ref()).await
     }
@@ -143,41 +147,64 @@ impl ConcurrencyLimiter {
         self,
         key: Arc<str>,
         token: Arc<str>,
-        mut call: BoxFuture<'static, Result<LeaseState, Error>>,
+        call: BoxFuture<'static, Result<LeaseState, Error>>,
     ) -> Result<Acquired, Error> {
-        let inner = &self.inner;
-        match tokio::time::timeout(inner.timeout, &mut call).await {
+        let timeout = self.inner.timeout;
+        let mut pending = Pending {
+            limiter: self,
+            key,
+            token,
+            call,
+            settled: false,
+        };
+        let outcome = tokio::time::timeout(timeout, &mut pending.call).await;
+        pending.settled = true;
+        let (key, token) = (pending.key.clone(), pending.token.clone());
+        let limiter = &pending.limiter;
+        match outcome {
             Ok(Ok(LeaseState {
                 acquired: true,
                 held,
-            })) => Ok(Acquired::Lease(Lease::new(self, key, token, held))),
+            })) => Ok(Acquired::Lease(Lease::new(
+                limiter.clone(),
+                key,
+                token,
+                held,
+            ))),
             Ok(Ok(LeaseState { held, .. })) => Ok(Acquired::Busy(Busy::new(
                 held,
-                inner.retry_after,
-                inner.policy.clone(),
+                limiter.inner.retry_after,
+                limiter.inner.policy.clone(),
             ))),
             Ok(Err(e)) => {
                 // The reply may have been lost after the script ran.
-                self.release_later(key, token, None);
+                limiter.release_later(key, token, None);
                 Err(e)
             }
             Err(_) => {
-                self.release_later(key, token, Some(call));
-                Err(Error::Timeout(inner.timeout))
+                let call = mem::replace(&mut pending.call, Box::pin(std::future::pending()));
+                limiter.release_later(key, token, Some(call));
+                Err(Error::Timeout(timeout))
             }
         }
     }
 
-    /// Releases `token` in the background, after `pending` (a timed-out
-    /// acquire) has finished, unless it is known to have granted nothing.
+    /// Releases `token` in the background, after `pending` (a timed-out or
+    /// abandoned acquire) has finished, unless it is known to have granted
+    /// nothing. Outside a Tokio runtime nothing can run: the lease expires
+    /// on its own.
     fn release_later(
         &self,
         key: Arc<str>,
         token: Arc<str>,
         pending: Option<BoxFuture<'static, Result<LeaseState, Error>>>,
     ) {
+        let Ok(rt) = Handle::try_current() else {
+            tracing::debug!(key = %key, "concurrency acquire abandoned outside a Tokio runtime; its lease expires on its own");
+            return;
+        };
         let inner = self.inner.clone();
-        tokio::spawn(async move {
+        rt.spawn(async move {
             if let Some(call) = pending {
                 // Wait for the real outcome, but at most one lease time; an
                 // acquire that only runs after that holds its slot for one
@@ -221,6 +248,35 @@ impl ConcurrencyLimiter {
     /// The policy name reported in the `RateLimit` headers.
     pub fn name(&self) -> &str {
         self.inner.policy.name()
+    }
+}
+
+/// An acquire on its way. If it is dropped before its outcome is known (the
+/// caller went away: a client that disconnected, a `select!` that took
+/// another branch), the acquire may still be applied, so its token is
+/// released in the background as after a timeout.
+struct Pending {
+    limiter: ConcurrencyLimiter,
+    key: Arc<str>,
+    token: Arc<str>,
+    call: BoxFuture<'static, Result<LeaseState, Error>>,
+    /// The outcome is known and handled: nothing to do on drop.
+    settled: bool,
+}
+
+impl Pending {
+    fn take_call(&mut self) -> BoxFuture<'static, Result<LeaseState, Error>> {
+        mem::replace(&mut self.call, Box::pin(std::future::pending()))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.settled {
+            let call = self.take_call();
+            let (key, token) = (self.key.clone(), self.token.clone());
+            self.limiter.release_later(key, token, Some(call));
+        }
     }
 }
 
