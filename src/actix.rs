@@ -67,7 +67,7 @@ use crate::{
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
     refund::Refund,
-    respond::{DefaultResponse, Format, problem},
+    respond::{Call, DefaultResponse, Format, problem},
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
 };
@@ -389,7 +389,11 @@ fn answer<B, K, R, L>(
 where
     R: Respond<HttpResponse>,
 {
-    let format = Format::negotiate(|name| req.header_values(name));
+    let call = Call {
+        post: req.method() == actix_web::http::Method::POST,
+        http2: req.version() >= actix_web::http::Version::HTTP_2,
+    };
+    let format = Format::negotiate(call, |name| req.header_values(name));
     req.into_response(core.reject::<HttpResponse>(rejection, format))
         .map_into_right_body()
 }

@@ -154,7 +154,9 @@ where
                         }
                         Err(rejection) => {
                             let req = req.as_ref().expect("polled after completion");
-                            (rejection, Format::of_headers(req.headers()))
+                            let format =
+                                Format::of_request(req.method(), req.version(), req.headers());
+                            (rejection, format)
                         }
                     }
                 }

@@ -75,7 +75,7 @@ where
                 return ResponseFuture::calling(&mut self.inner, req, None, &self.core);
             }
             Err(rejection) => {
-                let format = Format::of_headers(&parts.headers);
+                let format = Format::of_request(&parts.method, parts.version, &parts.headers);
                 return ResponseFuture::rejected(&self.core, rejection, format);
             }
         };
@@ -86,7 +86,7 @@ where
             // A rejected request leaves it ready (tower allows that).
             Some(Ok(held)) => ResponseFuture::calling(&mut self.inner, req, Some(held), &self.core),
             Some(Err(rejection)) => {
-                let format = Format::of_headers(req.headers());
+                let format = Format::of_request(req.method(), req.version(), req.headers());
                 ResponseFuture::rejected(&self.core, rejection, format)
             }
             None => {

@@ -2,14 +2,20 @@
 //! request from its headers.
 
 use http::{
-    HeaderMap, HeaderName, HeaderValue,
-    header::{ACCEPT, CONTENT_TYPE},
+    HeaderMap, HeaderName, HeaderValue, Method, Version,
+    header::{ACCEPT, CONTENT_TYPE, TE},
 };
 
 /// The body format of the middleware's own answers, decided from the
 /// request's headers when a rejection is built (never on the allowed path).
 ///
-/// A gRPC `content-type` is [`Grpc`](Self::Grpc). Otherwise `Accept`
+/// A gRPC call is [`Grpc`](Self::Grpc): a `POST` with a gRPC
+/// `content-type`, over HTTP/2 or later or asking for trailers (`te:
+/// trailers`, which gRPC-Web translations such as tonic-web's add to the
+/// HTTP/1.1 request they pass on). Any other request that claims a gRPC
+/// `content-type` is answered as HTTP: a gRPC answer is an HTTP 200, which a
+/// browser, a plain HTTP client or a cache would take for a success.
+/// Otherwise `Accept`
 /// decides: [`ProblemJson`](Self::ProblemJson) when it
 /// prefers `application/problem+json` or `application/json` over
 /// `text/plain` (q-values count; a tie keeps text), else
@@ -23,16 +29,26 @@ pub enum Format {
     Text,
     /// `application/problem+json` (RFC 9457).
     ProblemJson,
-    /// A gRPC call (`content-type: application/grpc`, `application/grpc+..`):
-    /// a trailers-only gRPC status ([`GrpcResponse`](super::GrpcResponse)),
+    /// A gRPC call (a `POST` with `content-type: application/grpc` or
+    /// `application/grpc+..`, over HTTP/2 or with `te: trailers`): a
+    /// trailers-only gRPC status ([`GrpcResponse`](super::GrpcResponse)),
     /// whatever `Accept` says.
     Grpc,
 }
 
-/// `Accept` and `Content-Type`, with a `'static` borrow for
+/// `Accept`, `Content-Type` and `TE`, with a `'static` borrow for
 /// [`Format::negotiate`]'s lookups.
 static ACCEPT_NAME: HeaderName = ACCEPT;
 static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
+static TE_NAME: HeaderName = TE;
+
+/// What of a request, beside its headers, says whether it can be a gRPC
+/// call: its method, and whether it came over HTTP/2 or later.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Call {
+    pub(crate) post: bool,
+    pub(crate) http2: bool,
+}
 
 /// The most bytes of `Accept` (all its lines together) that are read; a
 /// longer header is ignored.
@@ -42,23 +58,39 @@ impl Format {
     /// The format for a request whose header `name` has the values
     /// `header(name)`. Every request header a format depends on is read here,
     /// so both the tower and the actix adapters decide alike.
-    pub(crate) fn negotiate<'a, I>(header: impl Fn(&'static HeaderName) -> I) -> Format
+    pub(crate) fn negotiate<'a, I>(call: Call, header: impl Fn(&'static HeaderName) -> I) -> Format
     where
         I: Iterator<Item = &'a [u8]>,
     {
-        if header(&CONTENT_TYPE_NAME)
-            .next()
-            .is_some_and(super::grpc::is_grpc_content_type)
+        if call.post
+            && header(&CONTENT_TYPE_NAME)
+                .next()
+                .is_some_and(super::grpc::is_grpc_content_type)
+            && (call.http2 || asks_for_trailers(header(&TE_NAME)))
         {
             return Format::Grpc;
         }
         negotiate_accept(header(&ACCEPT_NAME))
     }
 
-    /// [`negotiate`](Self::negotiate) over an `http` 1 header map.
-    pub(crate) fn of_headers(headers: &HeaderMap) -> Format {
-        Self::negotiate(|name| headers.get_all(name).iter().map(HeaderValue::as_bytes))
+    /// [`negotiate`](Self::negotiate) for an `http` 1 request.
+    pub(crate) fn of_request(method: &Method, version: Version, headers: &HeaderMap) -> Format {
+        let call = Call {
+            post: method == Method::POST,
+            http2: version >= Version::HTTP_2,
+        };
+        Self::negotiate(call, |name| {
+            headers.get_all(name).iter().map(HeaderValue::as_bytes)
+        })
     }
+}
+
+/// Whether the `TE` values list `trailers` (RFC 9110, section 10.1.4).
+fn asks_for_trailers<'a>(values: impl Iterator<Item = &'a [u8]>) -> bool {
+    values.flat_map(|v| v.split(|&b| b == b',')).any(|coding| {
+        let name = coding.split(|&b| b == b';').next().unwrap_or_default();
+        name.trim_ascii().eq_ignore_ascii_case(b"trailers")
+    })
 }
 
 /// How well a media range matches one of the types we can answer with.
@@ -314,10 +346,11 @@ mod tests {
 
     #[test]
     fn headers_are_read_from_a_header_map() {
+        let of = |h: &HeaderMap| Format::of_request(&Method::GET, Version::HTTP_11, h);
         let mut h = HeaderMap::new();
-        assert_eq!(Format::of_headers(&h), Format::Text);
+        assert_eq!(of(&h), Format::Text);
         h.append(ACCEPT, HeaderValue::from_static("text/html"));
         h.append(ACCEPT, HeaderValue::from_static("application/json;q=0.5"));
-        assert_eq!(Format::of_headers(&h), Format::ProblemJson);
+        assert_eq!(of(&h), Format::ProblemJson);
     }
 }

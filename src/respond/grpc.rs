@@ -118,8 +118,13 @@ pub(crate) fn response<B: Default>(rejection: &Rejection) -> Response<B> {
 /// instead of an HTTP error status, which a gRPC client would see as
 /// `UNAVAILABLE` ("mapped from HTTP status code 429") and retry.
 ///
-/// A request is gRPC when its `content-type` is `application/grpc` or
-/// `application/grpc+<codec>` (`grpc-web` is not: it is answered as HTTP).
+/// A request is gRPC when it is a `POST` whose `content-type` is
+/// `application/grpc` or `application/grpc+<codec>`, over HTTP/2 or later
+/// or with `te: trailers` (as tonic-web passes a gRPC-Web call on).
+/// `grpc-web` itself is not, nor is a `GET` or an HTTP/1.1 request without
+/// `te: trailers` that claims a gRPC `content-type`: those are answered as
+/// HTTP, since a gRPC answer's HTTP 200 would read as a success to them
+/// (and to a cache on the way).
 /// Its rejection is answered with HTTP 200, `content-type: application/grpc`,
 /// no body, and:
 ///
@@ -158,7 +163,7 @@ impl<B: Default> Respond<Response<B>> for GrpcResponse {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderMap;
+    use http::{HeaderMap, Method, Version};
 
     use super::*;
     use crate::{Error, Limiter, Quota, key::KeyError, respond::Format};
@@ -167,6 +172,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(CONTENT_TYPE, HeaderValue::from_str(content_type).unwrap());
         h
+    }
+
+    /// A gRPC call's format: a POST over HTTP/2.
+    fn call_format(headers: &HeaderMap) -> Format {
+        Format::of_request(&Method::POST, Version::HTTP_2, headers)
     }
 
     #[test]
@@ -178,7 +188,7 @@ mod tests {
             "Application/GRPC",
             "application/grpc;charset=utf-8",
         ] {
-            assert_eq!(Format::of_headers(&headers(ct)), Format::Grpc, "{ct}");
+            assert_eq!(call_format(&headers(ct)), Format::Grpc, "{ct}");
         }
         for ct in [
             "application/grpc-web",
@@ -188,9 +198,42 @@ mod tests {
             "application/gr",
             "",
         ] {
-            assert_ne!(Format::of_headers(&headers(ct)), Format::Grpc, "{ct}");
+            assert_ne!(call_format(&headers(ct)), Format::Grpc, "{ct}");
         }
-        assert_ne!(Format::of_headers(&HeaderMap::new()), Format::Grpc);
+        assert_ne!(call_format(&HeaderMap::new()), Format::Grpc);
+    }
+
+    /// A gRPC answer is an HTTP 200: only a request that can be a gRPC call
+    /// gets one, never a GET (which a cache could store) or an HTTP/1.1
+    /// request that does not ask for trailers.
+    #[test]
+    fn only_a_grpc_call_gets_a_grpc_answer() {
+        let grpc = headers("application/grpc");
+        let mut with_te = grpc.clone();
+        with_te.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        let mut with_te_list = grpc.clone();
+        with_te_list.insert(
+            http::header::TE,
+            HeaderValue::from_static("gzip;q=0.5, Trailers"),
+        );
+        let cases = [
+            (Method::POST, Version::HTTP_2, &grpc, Format::Grpc),
+            (Method::POST, Version::HTTP_3, &grpc, Format::Grpc),
+            (Method::POST, Version::HTTP_11, &with_te, Format::Grpc),
+            (Method::POST, Version::HTTP_11, &with_te_list, Format::Grpc),
+            (Method::POST, Version::HTTP_11, &grpc, Format::Text),
+            (Method::POST, Version::HTTP_10, &grpc, Format::Text),
+            (Method::GET, Version::HTTP_11, &with_te, Format::Text),
+            (Method::GET, Version::HTTP_2, &grpc, Format::Text),
+            (Method::PUT, Version::HTTP_2, &grpc, Format::Text),
+        ];
+        for (method, version, headers, want) in cases {
+            assert_eq!(
+                Format::of_request(&method, version, headers),
+                want,
+                "{method} {version:?} {headers:?}"
+            );
+        }
     }
 
     async fn denied() -> Rejection {
