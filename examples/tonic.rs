@@ -30,12 +30,13 @@ async fn serve() -> Result<(), support::Error> {
     let support::Setup {
         listener,
         layer,
-        refunds,
+        refund,
     } = support::setup().await?;
-    if refunds {
+    if refund.as_deref() == Some("successes") {
         return Err(support::Error::usage(
-            "RATE_LIMIT_REFUND is set, but the tonic example cannot refund by status: gRPC \
-             answers every call with HTTP 200; unset RATE_LIMIT_REFUND"
+            "RATE_LIMIT_REFUND=successes cannot work here: a served gRPC call's status \
+             comes in its trailers, after the middleware; refunds go by a `grpc-status` \
+             at the head (failed calls), so use server-errors or client-errors"
                 .into(),
         ));
     }

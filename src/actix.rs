@@ -66,7 +66,7 @@ use crate::{
     headers::HeaderSink,
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
-    refund::Refund,
+    refund::{Refund, ResponseHead},
     respond::{Call, DefaultResponse, Format, problem},
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
@@ -398,9 +398,18 @@ where
         .map_into_right_body()
 }
 
-/// A response's status as an `http` 1 status (actix-web uses `http` 0.2).
-fn status_of<B>(res: &ServiceResponse<B>) -> http::StatusCode {
-    http::StatusCode::from_u16(res.status().as_u16()).unwrap_or(http::StatusCode::OK)
+impl<B> ResponseHead for HttpResponse<B> {
+    /// The status as an `http` 1 status (actix-web uses `http` 0.2).
+    fn status(&self) -> http::StatusCode {
+        http::StatusCode::from_u16(HttpResponse::status(self).as_u16())
+            .unwrap_or(http::StatusCode::OK)
+    }
+
+    fn header(&self, name: &'static HeaderName) -> Option<&[u8]> {
+        self.headers()
+            .get(name.as_str())
+            .map(actix_header::HeaderValue::as_bytes)
+    }
 }
 
 /// The boxed future of [`LimitMiddlewareService`].
@@ -439,7 +448,7 @@ where
             // An error or a panic in the inner service drops `held` here.
             let mut res = service.call(req).await?;
             let kept = match held {
-                Some(held) => L::finish(&core, held, status_of(&res), res.response_mut()),
+                Some(held) => L::finish(&core, held, res.response_mut()),
                 None => L::Kept::default(),
             };
             Ok(res

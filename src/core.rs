@@ -14,7 +14,7 @@ use crate::{
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
-    refund::{Charged, Refund},
+    refund::{Charged, Outcome, Refund, ResponseHead},
     respond::Format,
 };
 use smallvec::SmallVec;
@@ -213,12 +213,20 @@ impl<K, R> Core<K, R> {
         Ok(Start::Check((deciding, spent)))
     }
 
-    /// After a passed request's response: gives `spent` back if the
-    /// response's `status` is one to refund.
-    pub(crate) fn settle(&self, status: http::StatusCode, decision: &Decision, spent: Charged) {
+    /// After a passed request's response head `res`: gives `spent` back
+    /// if the response's status is one to refund. A gRPC response whose
+    /// `grpc-status` is not at its head (it comes in the trailers, after
+    /// the middleware has let the response go) is never refunded: the
+    /// request stays charged.
+    pub(crate) fn settle(&self, res: &impl ResponseHead, decision: &Decision, spent: Charged) {
         // A decision that spent nothing (a shadow denial) needs no task.
-        if decision.spent().is_some() && self.refund.as_ref().is_some_and(|r| r.applies(status)) {
-            spent.refund(decision);
+        let Some(refund) = self.refund.as_ref().filter(|_| decision.spent().is_some()) else {
+            return;
+        };
+        match Outcome::of(res) {
+            Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
+            Outcome::Known(_) => {}
+            Outcome::InTrailers => self.logs.status_in_trailers(),
         }
     }
 
@@ -260,6 +268,7 @@ impl<K, R> Core<K, R> {
 #[derive(Debug, Default)]
 struct Logs {
     no_peer_logged: AtomicBool,
+    trailers_logged: AtomicBool,
     store: Throttle,
 }
 
@@ -306,6 +315,15 @@ impl Logs {
             tracing::debug!(error = %e, "rate limit: no key for request");
         } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500 (logged once)");
+        }
+    }
+
+    /// A gRPC response's status came in its trailers: no refund.
+    fn status_in_trailers(&self) {
+        if !self.trailers_logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "rate limit: a gRPC response's grpc-status is in its trailers, which the middleware does not read: such calls are never refunded, only trailers-only answers (logged once)"
+            );
         }
     }
 

@@ -166,7 +166,7 @@ where
                     let held = held.take();
                     let mut res = result?;
                     let kept = match held {
-                        Some(held) => L::finish(this.core, held, res.status(), &mut res),
+                        Some(held) => L::finish(this.core, held, &mut res),
                         None => L::Kept::default(),
                     };
                     return Poll::Ready(Ok(res.map(|body| L::body(body, kept))));

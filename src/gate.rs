@@ -27,7 +27,7 @@ use crate::{
     headers::HeaderSink,
     key::KeyExtractor,
     limiter::Deciding,
-    refund::Charged,
+    refund::{Charged, ResponseHead},
 };
 
 mod sealed {
@@ -91,13 +91,12 @@ pub(crate) trait Admit: Gate + Sized {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::Held, Rejection>>;
 
-    /// Ends a passed request's hold on its response: its `status`, and its
-    /// headers to write on.
+    /// Ends a passed request's hold on its response `res`: its head to
+    /// read, and its headers to write on.
     fn finish<K, R>(
         core: &Core<K, R, Self>,
         held: Self::Held,
-        status: http::StatusCode,
-        res: &mut impl HeaderSink,
+        res: &mut (impl HeaderSink + ResponseHead),
     ) -> Self::Kept;
 
     /// The response body, keeping what it needs until it ends.
@@ -109,7 +108,8 @@ impl Gate for Limiter {
 }
 
 /// The rate limit: decide, then write the decision's headers on the
-/// response and refund its cost if the response's status says so.
+/// response and refund its cost if the response's status says so (a gRPC
+/// response's `grpc-status`, when it is at the head).
 impl Admit for Limiter {
     /// The decision on its way and, with refunds on, what it spends.
     type Pending = (Deciding, Option<Charged>);
@@ -145,12 +145,11 @@ impl Admit for Limiter {
     fn finish<K, R>(
         core: &Core<K, R, Self>,
         (decision, spent): Self::Held,
-        status: http::StatusCode,
-        res: &mut impl HeaderSink,
+        res: &mut (impl HeaderSink + ResponseHead),
     ) {
         if let Some(d) = decision {
             if let Some(spent) = spent {
-                core.settle(status, &d, spent);
+                core.settle(res, &d, spent);
             }
             core.decorate(res, &d);
         }

@@ -21,6 +21,14 @@
 //!   refund does per algorithm.
 //! * The response's rate-limit headers are the decision's, before the
 //!   refund.
+//! * A gRPC response (`content-type: application/grpc...`) is always HTTP
+//!   200; it is judged by its `grpc-status`, mapped to HTTP as
+//!   `google.rpc.Code` maps it (3 `INVALID_ARGUMENT` is 400, 5 `NOT_FOUND`
+//!   404, 13 `INTERNAL` 500, 14 `UNAVAILABLE` 503, ...), when that status
+//!   is at its head (a trailers-only answer, as tonic answers a failed
+//!   call). A `grpc-status` in the trailers (every served call) comes after
+//!   the middleware has let the response go: that call is never refunded,
+//!   so [`Successes`](Refund::Successes) refunds nothing on gRPC.
 //!
 //! ```
 //! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};
@@ -35,12 +43,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod status;
+
 use std::{fmt, str::FromStr, sync::Arc};
 
 use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::{Decision, Error, Limiter, core::Throttle, key::Key};
+
+pub(crate) use self::status::{Outcome, ResponseHead};
 
 /// Which responses give the request's cost back.
 #[derive(Clone)]

@@ -65,6 +65,7 @@ pub(crate) mod problem;
 pub(crate) use self::format::Call;
 pub use self::format::{ACCEPT_MAX, Format};
 pub use self::grpc::GrpcResponse;
+pub(crate) use self::grpc::is_grpc_content_type;
 
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

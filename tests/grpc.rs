@@ -14,6 +14,7 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use redis_ratelimit::{
     Limiter, OnStoreError, Quota, RateLimitLayer,
     key::{Global, KeyExtractor, PeerIp},
+    refund::Refund,
 };
 use support::RedisServer;
 use tokio::net::TcpListener;
@@ -168,4 +169,84 @@ async fn a_mixed_server_answers_each_protocol_in_its_own_terms() {
 
     let status = check(&mut client).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}
+
+/// Waits (at most 10 s) until the global key has `remaining` left, that is
+/// until the refunds sent so far have landed. Peeks spend nothing.
+async fn settled(limiter: &Limiter, remaining: u64) {
+    let wait = async {
+        while limiter.peek("global", 1).await.unwrap().remaining() != remaining {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("never got back to {remaining} left"));
+}
+
+/// A gRPC answer is HTTP 200 whatever its outcome: refunds go by its
+/// `grpc-status` when it is at the head (a trailers-only answer, as errors
+/// are). A served call's status comes in the trailers, after the response
+/// has left the middleware: it is never refunded.
+#[tokio::test]
+async fn grpc_refunds_go_by_the_grpc_status() {
+    let unknown = || HealthCheckRequest {
+        service: "no.such.Service".into(),
+    };
+    for backend in ["memory", "redis"] {
+        let redis = RedisServer::start();
+        let store = match backend {
+            "redis" => Some(redis.store().await),
+            _ => None,
+        };
+        let limiter = |name: &str| {
+            let builder = Limiter::builder(Quota::per_minute(3)).name(name);
+            match &store {
+                Some(store) => builder.store(store.clone()),
+                None => builder,
+            }
+            .build()
+            .unwrap()
+        };
+
+        // Count only failures: a failed call (NOT_FOUND) is never taken
+        // for a success, so the failures reach the limit.
+        let failures = limiter("failures");
+        let layer = RateLimitLayer::new(failures.clone(), Global).refund_when(Refund::Successes);
+        let mut calls = client(&spawn(layer).await).await;
+        for i in 0..3 {
+            let status = calls.check(unknown()).await.unwrap_err();
+            assert_eq!(status.code(), Code::NotFound, "{backend}: call {i}");
+        }
+        let status = calls.check(unknown()).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::ResourceExhausted,
+            "{backend}: {status:?}"
+        );
+
+        // Refund client errors: NOT_FOUND is a 404, and is refunded; a
+        // served call is charged.
+        let served = limiter("served");
+        let layer = RateLimitLayer::new(served.clone(), Global).refund_when(Refund::ClientErrors);
+        let mut calls = client(&spawn(layer).await).await;
+        for i in 0..5 {
+            let status = calls.check(unknown()).await.unwrap_err();
+            assert_eq!(status.code(), Code::NotFound, "{backend}: call {i}");
+            settled(&served, 3).await;
+        }
+        for i in 0..3 {
+            let status = check(&mut calls).await.map_err(|s| s.code());
+            assert_eq!(status, Ok(ServingStatus::Serving), "{backend}: call {i}");
+        }
+        let status = check(&mut calls).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::ResourceExhausted,
+            "{backend}: {status:?}"
+        );
+        if backend == "redis" {
+            redis.assert_every_key_has_ttl().await;
+        }
+    }
 }

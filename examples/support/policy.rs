@@ -140,9 +140,9 @@ impl Policy {
         Ok(layer.skip_networks(skip))
     }
 
-    /// Whether `RATE_LIMIT_REFUND` is set.
-    pub(super) fn refunds(&self) -> bool {
-        self.refund.is_some()
+    /// `RATE_LIMIT_REFUND`'s preset, if it is set.
+    pub(super) fn refund_name(&self) -> Option<String> {
+        self.refund.as_ref().map(|(_, name)| name.clone())
     }
 }
 

@@ -10,6 +10,7 @@ use crate::{
     gate::{Admit, Gate, Start, Started},
     headers::HeaderSink,
     key::KeyExtractor,
+    refund::ResponseHead,
     store::BoxFuture,
 };
 
@@ -52,8 +53,7 @@ impl Admit for ConcurrencyLimiter {
     fn finish<K, R>(
         _core: &Core<K, R, Self>,
         lease: Self::Held,
-        _status: http::StatusCode,
-        res: &mut impl HeaderSink,
+        res: &mut (impl HeaderSink + ResponseHead),
     ) -> Option<Lease> {
         if let Some(lease) = &lease {
             lease.write_headers(res);

@@ -1,0 +1,155 @@
+//! The status a refund reads off a response: its HTTP status, or for a gRPC
+//! response its `grpc-status`, at the head (a trailers-only answer) or in
+//! the trailers.
+
+use http::{HeaderName, StatusCode, header::CONTENT_TYPE};
+
+/// `grpc-status`, with a `'static` borrow for [`ResponseHead::header`].
+pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
+
+/// What a response's head says of it, for both adapters.
+pub(crate) trait ResponseHead {
+    /// The HTTP status.
+    fn status(&self) -> StatusCode;
+    /// The first value of the header `name`.
+    fn header(&self, name: &'static HeaderName) -> Option<&[u8]>;
+}
+
+impl<B> ResponseHead for http::Response<B> {
+    fn status(&self) -> StatusCode {
+        http::Response::status(self)
+    }
+
+    fn header(&self, name: &'static HeaderName) -> Option<&[u8]> {
+        self.headers().get(name).map(http::HeaderValue::as_bytes)
+    }
+}
+
+/// A response's status, as far as its head tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The status to refund by.
+    Known(StatusCode),
+    /// A gRPC response whose `grpc-status` comes in its trailers.
+    InTrailers,
+}
+
+impl Outcome {
+    /// The outcome of the response with head `res`. A gRPC response (its
+    /// `content-type` is `application/grpc...`) is always HTTP 200: its
+    /// `grpc-status` decides, mapped to HTTP by [`http_status_of_grpc`].
+    pub(crate) fn of(res: &impl ResponseHead) -> Outcome {
+        let status = res.status();
+        if status != StatusCode::OK
+            || !res
+                .header(&CONTENT_TYPE_NAME)
+                .is_some_and(crate::respond::is_grpc_content_type)
+        {
+            return Outcome::Known(status);
+        }
+        match res.header(&GRPC_STATUS) {
+            Some(code) => Outcome::Known(http_status_of_grpc(code)),
+            None => Outcome::InTrailers,
+        }
+    }
+}
+
+/// The HTTP status of a `grpc-status` value, by the mapping of
+/// `google.rpc.Code` (as gRPC-HTTP gateways use): 0 `OK` is 200, 3
+/// `INVALID_ARGUMENT` 400, 5 `NOT_FOUND` 404, 8 `RESOURCE_EXHAUSTED` 429, 13
+/// `INTERNAL` 500, 14 `UNAVAILABLE` 503, and so on. A value that is not a
+/// code is 500, as gRPC reads it as 2 `UNKNOWN`.
+pub(crate) fn http_status_of_grpc(code: &[u8]) -> StatusCode {
+    let code = std::str::from_utf8(code)
+        .ok()
+        .and_then(|c| c.trim().parse::<u8>().ok());
+    let http = match code {
+        Some(0) => 200,
+        Some(1) => 499,
+        Some(3 | 9 | 11) => 400,
+        Some(4) => 504,
+        Some(5) => 404,
+        Some(6 | 10) => 409,
+        Some(7) => 403,
+        Some(8) => 429,
+        Some(12) => 501,
+        Some(14) => 503,
+        Some(16) => 401,
+        // 2 UNKNOWN, 13 INTERNAL, 15 DATA_LOSS, and anything else.
+        _ => 500,
+    };
+    StatusCode::from_u16(http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
+        let mut res = http::Response::builder().status(status);
+        for (name, value) in headers {
+            res = res.header(*name, *value);
+        }
+        res.body(()).unwrap()
+    }
+
+    #[test]
+    fn grpc_codes_map_to_http() {
+        let cases = [
+            ("0", 200),
+            ("1", 499),
+            ("2", 500),
+            ("3", 400),
+            ("4", 504),
+            ("5", 404),
+            ("6", 409),
+            ("7", 403),
+            ("8", 429),
+            ("9", 400),
+            ("10", 409),
+            ("11", 400),
+            ("12", 501),
+            ("13", 500),
+            ("14", 503),
+            ("15", 500),
+            ("16", 401),
+            ("17", 500),
+            ("", 500),
+            ("x", 500),
+            ("256", 500),
+        ];
+        for (code, http) in cases {
+            assert_eq!(
+                http_status_of_grpc(code.as_bytes()).as_u16(),
+                http,
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_grpc_response_is_judged_by_its_grpc_status() {
+        let grpc = ("content-type", "application/grpc");
+        let found = response(200, &[grpc, ("grpc-status", "5")]);
+        assert_eq!(Outcome::of(&found), Outcome::Known(StatusCode::NOT_FOUND));
+        let ok = response(
+            200,
+            &[
+                ("content-type", "application/grpc+proto"),
+                ("grpc-status", "0"),
+            ],
+        );
+        assert_eq!(Outcome::of(&ok), Outcome::Known(StatusCode::OK));
+        assert_eq!(Outcome::of(&response(200, &[grpc])), Outcome::InTrailers);
+        // Not gRPC: the HTTP status, whatever the headers.
+        let http = response(200, &[("grpc-status", "13")]);
+        assert_eq!(Outcome::of(&http), Outcome::Known(StatusCode::OK));
+        // An HTTP error from a gRPC server (a proxy, a 404 route) is what it says.
+        let unavailable = response(503, &[grpc]);
+        assert_eq!(
+            Outcome::of(&unavailable),
+            Outcome::Known(StatusCode::SERVICE_UNAVAILABLE)
+        );
+    }
+}
