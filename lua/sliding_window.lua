@@ -95,10 +95,14 @@ local function sliding_window_module()
       -- Fits in this window once the previous one's weight has shrunk enough.
       retry = math.ceil(window - (limit - c - cost) * window / p - elapsed)
     else
-      -- Next window: this window's count becomes the weighted one.
+      -- Next window: this window's count becomes the weighted one. Never
+      -- past its end, when no count is left to weigh (and a cost beyond the
+      -- limit, which never fits, waits no longer: not +inf, for c = 0).
       local at = window - (limit - cost) * window / c
-      if at < 0 then
+      if not (at > 0) then
         at = 0
+      elseif at > window then
+        at = window
       end
       retry = left + math.ceil(at)
     end

@@ -155,7 +155,59 @@ async fn costs_are_exact_in_every_algorithm(b: Backend) {
     assert_ttls(&b).await;
 }
 
+/// A cost that can never fit, asked of the store itself (the `Limiter`
+/// refuses it before: `Error::CostExceedsLimit`): a denial that spends
+/// nothing, with a finite wait, in every algorithm, on an empty key and on
+/// one with counts; never an overflow, an infinite wait or a bad reply.
+async fn a_cost_beyond_the_limit_is_a_finite_denial_from_the_store(b: Backend) {
+    let store: std::sync::Arc<dyn redis_ratelimit::Store> = match &b {
+        Backend::Memory(m) => std::sync::Arc::new(m.clone()),
+        Backend::Redis(_, r) => std::sync::Arc::new(r.clone()),
+    };
+    let window = 60_000;
+    for quota in [
+        Quota::per_minute(5),
+        Quota::per_minute(5).sliding_window(),
+        Quota::per_minute(5).gcra(5).unwrap(),
+    ] {
+        let name = format!("{:?}", quota.algorithm());
+        let check = |key: &str| {
+            vec![redis_ratelimit::LimitCheck {
+                key: format!("huge:{name}:{key}"),
+                quota,
+                shadow: false,
+            }]
+        };
+        let spent = store.decide(check("counted"), 2).await.unwrap();
+        assert!(spent[0].allowed, "{name}: {spent:?}");
+        for key in ["empty", "counted"] {
+            for cost in [6, 1_000, (1 << 53) - 1, u64::MAX] {
+                let states = match store.decide(check(key), cost).await {
+                    // Redis counts in Lua's doubles: its scripts refuse a
+                    // cost past 2^53 outright, a store error.
+                    Err(e) if cost >= 1 << 53 && b.server().is_some() => {
+                        assert!(e.to_string().contains("cost"), "{name} {key}: {e}");
+                        continue;
+                    }
+                    states => states.unwrap_or_else(|e| panic!("{name} {key} {cost}: {e}")),
+                };
+                let state = &states[0];
+                assert!(!state.allowed, "{name} {key} {cost}: {state:?}");
+                assert!(
+                    (1..=2 * window).contains(&state.retry_ms),
+                    "{name} {key} {cost}: {state:?}"
+                );
+            }
+        }
+        // Nothing was spent by the denials: 3 more fit in the counted key.
+        let left = store.decide(check("counted"), 3).await.unwrap();
+        assert!(left[0].allowed, "{name}: {left:?}");
+    }
+    assert_ttls(&b).await;
+}
+
 support::for_every_store!(
+    a_cost_beyond_the_limit_is_a_finite_denial_from_the_store,
     gcra_admits_the_burst_then_one_per_interval,
     sliding_window_bounds_the_boundary_burst,
     sliding_window_retry_after_is_honest,

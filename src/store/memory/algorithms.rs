@@ -177,13 +177,13 @@ fn fixed_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Che
     Checked {
         allowed,
         remaining: limit.saturating_sub(count),
-        remaining_after: limit.saturating_sub(count + cost),
+        remaining_after: limit.saturating_sub(count.saturating_add(cost)),
         reset_ms: ttl,
         reset_after_ms: ttl,
         reset_after_us: ttl.saturating_mul(1000),
         retry_ms: ttl,
         spent: (cost > 0).then(|| Entry::Fixed {
-            count: count + cost,
+            count: count.saturating_add(cost),
             expires_ms: expires.unwrap_or(now.ms + window),
         }),
     }
@@ -219,22 +219,24 @@ fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> C
             0
         }
     };
-    let retry = if c + cost <= limit {
+    let retry = if c.saturating_add(cost) <= limit {
         (w - (l - cf - costf) * w / pf - e).ceil()
     } else {
-        left + (w - (l - costf) * w / cf).max(0.0).ceil()
+        // As the script: never past the next window's end (a cost beyond
+        // the limit, with c = 0, would be +inf).
+        left + (w - (l - costf) * w / cf).clamp(0.0, w).ceil()
     };
     Checked {
         allowed,
         remaining: floor0(l - cf - weighted),
         remaining_after: floor0(l - (cf + costf) - weighted),
         reset_ms: drain(c),
-        reset_after_ms: drain(c + cost),
-        reset_after_us: drain(c + cost).saturating_mul(1000),
+        reset_after_ms: drain(c.saturating_add(cost)),
+        reset_after_us: drain(c.saturating_add(cost)).saturating_mul(1000),
         retry_ms: retry.max(1.0) as u64,
         spent: (cost > 0).then_some(Entry::Sliding {
             s,
-            c: c + cost,
+            c: c.saturating_add(cost),
             p,
             expires_ms,
         }),
