@@ -275,7 +275,10 @@ impl Domain {
     }
 
     fn open(&self, now: u64, cooldown: Duration) {
-        let until = now + cooldown.as_millis() as u64;
+        // Saturating: a huge cooldown (`Duration::MAX`) means open for good,
+        // not an overflow (or a wrap to a short one).
+        let cooldown = u64::try_from(cooldown.as_millis()).unwrap_or(u64::MAX);
+        let until = now.saturating_add(cooldown);
         self.open_until_ms.store(until.max(1), Ordering::Release);
         self.probing.store(false, Ordering::Release);
     }
@@ -310,6 +313,16 @@ mod tests {
         assert_eq!(s.pass(0), Pass::Probe);
         s.record(0, Pass::Probe, true);
         assert_eq!(s.pass(0), Pass::Call, "a good probe closes");
+    }
+
+    #[test]
+    fn a_cooldown_of_any_length_keeps_the_breaker_open() {
+        for cooldown in [Duration::MAX, Duration::from_millis(u64::MAX)] {
+            let s = State::new(Breaker::new().failures(1).cooldown(cooldown));
+            assert!(s.record(0, Pass::Call, false));
+            std::thread::sleep(Duration::from_millis(2));
+            assert_eq!(s.pass(0), Pass::Open, "{cooldown:?}");
+        }
     }
 
     #[test]
