@@ -62,6 +62,7 @@ mod format;
 mod grpc;
 pub(crate) mod problem;
 
+#[cfg(feature = "actix")]
 pub(crate) use self::format::Call;
 pub use self::format::{ACCEPT_MAX, Format};
 pub use self::grpc::GrpcResponse;
