@@ -8,8 +8,11 @@
 //! connection was dropped or refused replaces that connection in place
 //! (bb8 0.9 gives no way to take a connection out of the pool, but a
 //! checked-out one can be overwritten) with a fresh one from the pool's
-//! manager, and the call is sent once more on it. Error replies from Redis
-//! (script errors, `OOM`, `WRONGTYPE`, ...) and timeouts keep the connection.
+//! manager, and the call is sent once more on it, unless it must not run
+//! twice (a refund or a reset, [`Call::once`]): Redis may have run it before
+//! the connection dropped, so it fails with the connection's error. Error
+//! replies from Redis (script errors, `OOM`, `WRONGTYPE`, ...) and timeouts
+//! keep the connection.
 
 use bb8::{ManageConnection, Pool};
 use redis::{ErrorKind, FromRedisValue, RedisError, aio::ConnectionLike};
@@ -20,8 +23,10 @@ use crate::Error;
 /// Runs `call` on a connection of `pool`; see the [module docs](self).
 ///
 /// A call repeated after its connection dropped may have run the first time
-/// too (the reply was lost, not the request): the key is then charged twice,
-/// so a limit can only be reached early, never exceeded.
+/// too (the reply was lost, not the request): a decision's key is then
+/// charged twice, so a limit can only be reached early, never exceeded. A
+/// call that gives units back would lift the limit instead, and is not
+/// repeated ([`Call::once`]).
 pub(super) async fn run<M, T>(pool: &Pool<M>, call: &Call) -> Result<T, Error>
 where
     M: ManageConnection<Error = RedisError>,
@@ -40,7 +45,10 @@ where
                 return Err(Error::Redis(e));
             };
             *conn = fresh;
-            call.invoke(&mut *conn).await
+            match call.resends() {
+                true => call.invoke(&mut *conn).await,
+                false => Err(Error::Redis(e)),
+            }
         }
         result => result,
     }

@@ -7,10 +7,10 @@ use crate::{
     store::{BoxFuture, LimitCheck, LimitState, Refund, Reservation, call::Call, scripts},
 };
 
-/// refund.lua's call.
+/// refund.lua's call; never sent twice ([`Call::once`]).
 fn refund_invocation(refunds: &[Refund]) -> Call {
     let keys: Vec<&str> = refunds.iter().map(|r| r.key.as_str()).collect();
-    let mut call = Call::new(&scripts::REFUND, &keys);
+    let mut call = Call::new(&scripts::REFUND, &keys).once();
     for r in refunds {
         let burst = match r.quota.algorithm() {
             Algorithm::Gcra { burst } => burst,
@@ -79,7 +79,8 @@ impl RedisStore {
 
     pub(super) fn reset_call(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let reply = self.run::<i64>(Call::new(&scripts::RESET, &keys));
+        // Run twice, it would forget what was charged in between.
+        let reply = self.run::<i64>(Call::new(&scripts::RESET, &keys).once());
         Box::pin(async move { reply.await.map(drop) })
     }
 }

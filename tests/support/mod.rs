@@ -14,6 +14,7 @@ pub mod http;
 pub mod inproc;
 pub mod lease;
 pub mod limits;
+pub mod lossy;
 pub mod refusal;
 pub mod scenarios;
 #[cfg(feature = "sentinel")]
@@ -392,15 +393,7 @@ impl RedisServer {
 
     /// A new `RedisStore` over a bb8 pool of `size` connections.
     pub async fn pool_store(&self, size: u32) -> RedisStore {
-        let manager = bb8_redis::RedisConnectionManager::new(self.url()).unwrap();
-        // As `RedisStore::from_pool` recommends: no PING on checkout.
-        let pool = bb8::Pool::builder()
-            .max_size(size)
-            .test_on_check_out(false)
-            .build(manager)
-            .await
-            .unwrap_or_else(|e| panic!("bb8 pool: {e}\n{}", self.log()));
-        RedisStore::from_pool(pool)
+        pool_store(&self.url(), size, || self.log()).await
     }
 
     /// Every key with its PTTL (`-1` means no TTL).
@@ -459,6 +452,21 @@ impl RedisServer {
             assert!(ttl != -1, "key {key} has no TTL\n{}", self.log());
         }
     }
+}
+
+/// A new `RedisStore` over a bb8 pool of `size` connections to `url` (a
+/// server, or a proxy to one); `log` gives the server's log for the panic
+/// message.
+pub async fn pool_store(url: &str, size: u32, log: impl Fn() -> String) -> RedisStore {
+    let manager = bb8_redis::RedisConnectionManager::new(url).unwrap();
+    // As `RedisStore::from_pool` recommends: no PING on checkout.
+    let pool = bb8::Pool::builder()
+        .max_size(size)
+        .test_on_check_out(false)
+        .build(manager)
+        .await
+        .unwrap_or_else(|e| panic!("bb8 pool: {e}\n{}", log()));
+    RedisStore::from_pool(pool)
 }
 
 impl Drop for RedisServer {
