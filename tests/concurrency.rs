@@ -118,7 +118,19 @@ async fn renewal_keeps_a_long_holders_slot_with_memory_store() {
     renewal_keeps_a_long_holders_slot(Backend::memory()).await;
 }
 
-async fn timed_out_acquire_does_not_leak_a_slot(b: Backend) {
+/// How a caller gives up on an acquire that a frozen Redis holds.
+enum GiveUp {
+    /// The limiter's own timeout.
+    Timeout,
+    /// The caller goes away while its acquire is on its way (a client that
+    /// disconnects, a `select!` that takes another branch).
+    Cancel,
+}
+
+/// An acquire the caller gave up on may still be applied when Redis thaws:
+/// its token is released soon after, long before the 60 s lease could
+/// expire.
+async fn an_acquire_given_up_does_not_leak_a_slot(b: Backend, give_up: GiveUp) {
     let server = b.server().unwrap();
     let limiter = b
         .concurrency(1)
@@ -127,16 +139,23 @@ async fn timed_out_acquire_does_not_leak_a_slot(b: Backend) {
         .unwrap();
     let mut events = server.key_events(&limiter.store_key("k")).await;
     server.freeze(true);
-    let err = limiter.acquire("k").await.unwrap_err();
+    match give_up {
+        GiveUp::Timeout => {
+            let err = limiter.acquire("k").await.unwrap_err();
+            assert!(matches!(err, Error::Timeout(_)), "{err}");
+        }
+        GiveUp::Cancel => {
+            let cancelled =
+                tokio::time::timeout(Duration::from_millis(50), limiter.acquire("k")).await;
+            assert!(cancelled.is_err(), "the acquire finished on a frozen Redis");
+        }
+    }
     server.freeze(false);
-    assert!(matches!(err, Error::Timeout(_)), "{err}");
-    // Redis thaws and runs the acquire the client gave up on; its token is
-    // released soon after, long before the 60 s lease could expire.
     events.wait_for("zadd", Duration::from_secs(10)).await;
     events.wait_for("zrem", Duration::from_secs(10)).await;
     assert!(
         limiter.acquire("k").await.unwrap().is_acquired(),
-        "{}",
+        "the acquire given up on kept its slot\n{}",
         server.log()
     );
     server.assert_every_key_has_ttl().await;
@@ -144,47 +163,22 @@ async fn timed_out_acquire_does_not_leak_a_slot(b: Backend) {
 
 #[tokio::test]
 async fn timed_out_acquire_does_not_leak_a_slot_with_redis() {
-    timed_out_acquire_does_not_leak_a_slot(Backend::redis().await).await;
+    an_acquire_given_up_does_not_leak_a_slot(Backend::redis().await, GiveUp::Timeout).await;
 }
 
 #[tokio::test]
 async fn timed_out_acquire_does_not_leak_a_slot_with_redis_pool() {
-    timed_out_acquire_does_not_leak_a_slot(Backend::redis_pool().await).await;
-}
-
-/// The caller goes away while its acquire is on its way (a client that
-/// disconnects, a `select!` that takes another branch): the acquire may still
-/// be applied, and its token is released as after a timeout.
-async fn cancelled_acquire_does_not_leak_a_slot(b: Backend) {
-    let server = b.server().unwrap();
-    let limiter = b
-        .concurrency(1)
-        .lease(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let mut events = server.key_events(&limiter.store_key("k")).await;
-    server.freeze(true);
-    let cancelled = tokio::time::timeout(Duration::from_millis(50), limiter.acquire("k")).await;
-    assert!(cancelled.is_err(), "the acquire finished on a frozen Redis");
-    server.freeze(false);
-    events.wait_for("zadd", Duration::from_secs(10)).await;
-    events.wait_for("zrem", Duration::from_secs(10)).await;
-    assert!(
-        limiter.acquire("k").await.unwrap().is_acquired(),
-        "the cancelled acquire kept its slot\n{}",
-        server.log()
-    );
-    server.assert_every_key_has_ttl().await;
+    an_acquire_given_up_does_not_leak_a_slot(Backend::redis_pool().await, GiveUp::Timeout).await;
 }
 
 #[tokio::test]
 async fn cancelled_acquire_does_not_leak_a_slot_with_redis() {
-    cancelled_acquire_does_not_leak_a_slot(Backend::redis().await).await;
+    an_acquire_given_up_does_not_leak_a_slot(Backend::redis().await, GiveUp::Cancel).await;
 }
 
 #[tokio::test]
 async fn cancelled_acquire_does_not_leak_a_slot_with_redis_pool() {
-    cancelled_acquire_does_not_leak_a_slot(Backend::redis_pool().await).await;
+    an_acquire_given_up_does_not_leak_a_slot(Backend::redis_pool().await, GiveUp::Cancel).await;
 }
 
 #[tokio::test]

@@ -142,28 +142,37 @@ async fn a_mixed_server_answers_each_protocol_in_its_own_terms() {
     // A plain HTTP request that only claims a gRPC content-type gets the
     // HTTP answer too: a gRPC answer is an HTTP 200, which it (or a cache on
     // its way) would take for a success.
-    let claims_grpc = http::Request::get(&url)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Empty::new())
-        .unwrap();
-    let res = http.request(claims_grpc).await.unwrap();
-    assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
-    assert!(res.headers().get("grpc-status").is_none());
-    let post_without_trailers = http::Request::post(&url)
-        .header("content-type", "application/grpc")
-        .body(Empty::new())
-        .unwrap();
-    let res = http.request(post_without_trailers).await.unwrap();
-    assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    // A request that claims a gRPC content-type, by method and `te`.
+    let claiming = |method: http::Method, te: Option<&str>| {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("content-type", "application/grpc");
+        if let Some(te) = te {
+            req = req.header("te", te);
+        }
+        http.request(req.body(Empty::new()).unwrap())
+    };
+    for (method, te) in [
+        (http::Method::GET, Some("trailers")),
+        (http::Method::POST, None),
+    ] {
+        let res = claiming(method.clone(), te).await.unwrap();
+        assert_eq!(
+            res.status(),
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "{method} {te:?}"
+        );
+        assert!(
+            res.headers().get("grpc-status").is_none(),
+            "{method} {te:?}"
+        );
+    }
     // A gRPC call passed on over HTTP/1.1 (as tonic-web does) asks for
     // trailers, and is answered as gRPC.
-    let passed_on = http::Request::post(&url)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Empty::new())
+    let res = claiming(http::Method::POST, Some("trailers"))
+        .await
         .unwrap();
-    let res = http.request(passed_on).await.unwrap();
     assert_eq!(res.status(), http::StatusCode::OK);
     assert_eq!(res.headers()["grpc-status"], "8");
 
