@@ -10,7 +10,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redis_ratelimit::{Breaker, ConfigError, Error, Limiter, MemoryStore, Quota, RedisStore};
+use redis_ratelimit::{
+    Breaker, ConfigError, Error, Limiter, MemoryStore, Quota, RedisStore,
+    store::{BoxFuture, LimitCheck, LimitState, Reservation, Store},
+};
 use support::{RedisServer, TEST_TIMEOUT};
 
 const KEY: &str = "all";
@@ -425,6 +428,91 @@ async fn requests_waiting_on_a_denied_flight_share_its_denial() {
     // One call took the 5 units, one was denied: the other waiters share it.
     assert_eq!(server.script_calls().await, 2);
     server.assert_every_key_has_ttl().await;
+}
+
+/// A store whose reserve calls each take 150 ms on Tokio's clock, granting
+/// all they are asked from a window that never runs out here: a slow Redis,
+/// without sockets, so that paused time drives the test. Checks go to the
+/// in-memory store.
+#[derive(Debug, Default)]
+struct SlowReserve {
+    memory: MemoryStore,
+}
+
+impl Store for SlowReserve {
+    fn decide(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        self.memory.decide(checks, cost)
+    }
+
+    fn supports_reservation(&self) -> bool {
+        true
+    }
+
+    fn reserve(
+        &self,
+        _check: LimitCheck,
+        _need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            Ok(Reservation::new(want, 1_000_000, 60_000))
+        })
+    }
+}
+
+/// Requests queued for a hot key's single flight behind a slow store follow
+/// the store-error path within the timeout: each reserve call takes 150 ms
+/// of a 200 ms timeout, and with `n = 1` every request reserves, so four
+/// tasks queue for the flight. Unbounded, the wait for the flight plus a
+/// fresh timeout for the call after it let the last in line take 600 ms.
+#[tokio::test(start_paused = true)]
+async fn a_request_queued_behind_slow_reserve_calls_ends_within_the_timeout() {
+    let timeout = Duration::from_millis(200);
+    let l = Limiter::builder(Quota::per_minute(1_000_000))
+        .store(SlowReserve::default())
+        .timeout(timeout)
+        .breaker(Breaker::disabled())
+        .local_reservation(1)
+        .build()
+        .unwrap();
+    let tasks = (0..4).map(|_| {
+        let l = l.clone();
+        tokio::spawn(async move {
+            let mut checks = Vec::new();
+            for _ in 0..10 {
+                let started = tokio::time::Instant::now();
+                let result = l.check(KEY, 1).await;
+                checks.push((started.elapsed(), result));
+            }
+            checks
+        })
+    });
+    let checks: Vec<_> = join_all(tasks)
+        .await
+        .into_iter()
+        .flat_map(Result::unwrap)
+        .collect();
+    let slowest = checks.iter().map(|(took, _)| *took).max().unwrap();
+    // Paused time: a check takes exactly what its timers say (to the ms).
+    assert!(
+        slowest <= timeout + Duration::from_millis(5),
+        "slowest check {slowest:?}, timeout {timeout:?}"
+    );
+    for (took, result) in &checks {
+        match result {
+            Ok(d) => assert!(d.is_allowed(), "{took:?}: {d:?}"),
+            Err(Error::Timeout(t)) => assert_eq!(*t, timeout),
+            Err(e) => panic!("{took:?}: {e}"),
+        }
+    }
+    // The store still answers requests that have the time to wait for it.
+    let admitted = checks.iter().filter(|(_, r)| r.is_ok()).count();
+    assert!(admitted > 0, "none of 40 admitted");
 }
 
 /// More keys than the reservation map holds (10,000), each hit once: once

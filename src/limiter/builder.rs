@@ -221,7 +221,12 @@ impl LimiterBuilder {
     ///   as ever. Store errors, the timeout and the
     ///   [circuit breaker](crate::Breaker) apply to reserve calls as to
     ///   checks: a failing store never admits more than the units already
-    ///   reserved, and never after their window ends.
+    ///   reserved, and never after their window ends. The
+    ///   [timeout](Self::timeout) bounds a request's whole wait, for its
+    ///   key's flight and then its own reserve call: behind a slow store, a
+    ///   request still waiting when it ends is
+    ///   [`Error::Timeout`](crate::Error::Timeout), never a wait of one
+    ///   store call per request queued before it.
     /// - A decision from the reservation reports as `remaining` the units
     ///   this instance still holds plus what the store had left at its last
     ///   reservation (other instances may have spent some since), and as

@@ -9,6 +9,8 @@ use std::{
     time::Duration,
 };
 
+use tokio::time::Instant;
+
 use super::Inner;
 use crate::{
     Decision, Error, Key,
@@ -150,7 +152,8 @@ struct Timed<F> {
 }
 
 impl<T, F: Future<Output = Result<T, Error>> + Unpin> Timed<F> {
-    /// The reply, timed; or its result, if it is ready at once.
+    /// The reply, timed to end by `timeout`; or its result, if it is ready
+    /// at once.
     fn start(mut reply: F, bounded: bool, timeout: Duration) -> Result<Self, Result<T, Error>> {
         if bounded {
             return Ok(Self { reply, timer: None });
@@ -165,8 +168,8 @@ impl<T, F: Future<Output = Result<T, Error>> + Unpin> Timed<F> {
         }
     }
 
-    /// Polls the reply; [`Error::Timeout`] (of `timeout`, its length) once
-    /// the timer fires.
+    /// Polls the reply; [`Error::Timeout`] (of `timeout`, the limiter's)
+    /// once the timer fires.
     fn poll_within(&mut self, timeout: Duration, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
         if let Poll::Ready(result) = Pin::new(&mut self.reply).poll(cx) {
             return Poll::Ready(result);
@@ -182,6 +185,11 @@ impl<T, F: Future<Output = Result<T, Error>> + Unpin> Timed<F> {
 }
 
 impl Inner {
+    /// What is left of the timeout of a request asked at `asked`.
+    pub(super) fn time_left(&self, asked: Instant) -> Duration {
+        self.timeout.saturating_sub(asked.elapsed())
+    }
+
     /// The decision from the store's states: checks their number, picks the
     /// binding limit, caches a denial under `cache_key`, counts and logs it.
     /// `at` is when it was decided, for a refund; `None` for a peek, which
@@ -249,7 +257,8 @@ impl ProbeGuard {
         spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
-        let (states, ends) = self.call_bounded(answer, bounded).await?;
+        let timeout = inner.timeout;
+        let (states, ends) = self.call_bounded(answer, bounded, timeout).await?;
         let at = spends.then(|| Stamp::answered(ends));
         inner.conclude(states, cost, cache_key, at)
     }
@@ -300,24 +309,31 @@ impl ProbeGuard {
         }
     }
 
-    /// Awaits one store call, bounded by the timeout, and records its
-    /// outcome with the breaker and the metrics.
+    /// Awaits one store call for a request asked at `asked`, bounded by
+    /// what is left of its timeout (a request that waited for its key's
+    /// flight has less than all of it), and records its outcome with the
+    /// breaker and the metrics.
     pub(super) async fn call<T>(
         self,
         reply: impl Future<Output = Result<T, Error>> + Unpin,
+        asked: Instant,
     ) -> Result<T, Error> {
-        self.call_bounded(reply, false).await
+        let left = self.inner.time_left(asked);
+        self.call_bounded(reply, false, left).await
     }
 
-    /// As [`call`](Self::call); `bounded` as for [`Timed`].
+    /// As [`call`](Self::call), within `left`; `bounded` as for [`Timed`].
+    /// A timeout is [`Error::Timeout`] of the limiter's timeout, however
+    /// little was left of it.
     async fn call_bounded<T>(
         mut self,
         reply: impl Future<Output = Result<T, Error>> + Unpin,
         bounded: bool,
+        left: Duration,
     ) -> Result<T, Error> {
         let started = metrics::clock();
         let timeout = self.inner.timeout;
-        let result = match Timed::start(reply, bounded, timeout) {
+        let result = match Timed::start(reply, bounded, left) {
             Ok(mut reply) => std::future::poll_fn(|cx| reply.poll_within(timeout, cx)).await,
             Err(result) => result,
         };

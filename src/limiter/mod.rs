@@ -288,7 +288,9 @@ impl Limiter {
             // The breaker is asked by the one request of the key's flight.
             let check = checks.pop().expect("a reserving limiter has one limit");
             let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
-            let fut = reservation::reserving(inner.clone(), store.clone(), check, cost, cache_key);
+            let asked = tokio::time::Instant::now();
+            let fut =
+                reservation::reserving(inner.clone(), store.clone(), check, cost, cache_key, asked);
             return Deciding::Waiting(Box::pin(tracing::Instrument::instrument(fut, span)));
         }
         // A decision's keys share a hash slot, and so a fault domain.

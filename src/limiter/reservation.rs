@@ -12,6 +12,14 @@
 //! little waits for the slot's single flight (one reserve call at a time per
 //! key, refills included), then looks again, and shares the flight's denial
 //! or error rather than asking again.
+//!
+//! The limiter's timeout bounds all of it, counted from when the request
+//! was asked: a request still waiting for the flight when it ends is
+//! [`Error::Timeout`], and the reserve call it makes once it holds the
+//! flight gets only what is left of it, so that requests queued behind a
+//! slow store follow the store-error policy in time rather than each
+//! waiting for the calls of those before it. A refill waits and calls
+//! within one timeout too.
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -259,9 +267,10 @@ enum Looked {
     Reserve,
 }
 
-/// A request of `cost` (> 0) that found too little in its key's
-/// reservation: waits for the key's single flight, looks again, and if
-/// still short and no flight it waited on answered for it, reserves.
+/// A request of `cost` (> 0), asked at `asked`, that found too little in
+/// its key's reservation: waits for the key's single flight, looks again,
+/// and if still short and no flight it waited on answered for it,
+/// reserves; all within its timeout, else [`Error::Timeout`].
 ///
 /// Should the key's entry be dropped meanwhile (evicted, or a reset), its
 /// write-backs find a new flight or none and keep nothing: the request is
@@ -272,6 +281,7 @@ pub(super) async fn reserving(
     check: LimitCheck,
     cost: u64,
     cache_key: Option<Key>,
+    asked: Instant,
 ) -> Result<Decision, Error> {
     let reservations = inner
         .reservations
@@ -280,7 +290,9 @@ pub(super) async fn reserving(
     let slots = &reservations.slots;
     let key = check.key.clone().into_bytes();
     let (flight, seen) = slots.entry(&key, |pool| pool.flights);
-    let _flight = flight.lock().await;
+    let Ok(_flight) = tokio::time::timeout(inner.time_left(asked), flight.lock()).await else {
+        return Err(timed_out(&inner));
+    };
     let now = Instant::now();
     let looked = slots.with_flight(&key, &flight, |pool| {
         if let Some(state) = pool.take(cost, now) {
@@ -310,6 +322,10 @@ pub(super) async fn reserving(
         }
         Looked::Reserve => {}
     }
+    if inner.time_left(asked).is_zero() {
+        // No time to wait for a call of its own: none is made.
+        return Err(timed_out(&inner));
+    }
     let domain = crate::breaker::domain(store.fault_domain(&check.key));
     let pass = inner.breaker.pass(domain);
     if pass == Pass::Open {
@@ -326,7 +342,7 @@ pub(super) async fn reserving(
     // The window ends `window_left_ms` after Redis ran the script, which
     // was after this instant: counting from here ends the local units first.
     let sent = Instant::now();
-    let reply = probe.call(store.reserve(check, cost, want)).await;
+    let reply = probe.call(store.reserve(check, cost, want), asked).await;
     let ended = |last: Outcome, left: Option<u64>| {
         slots.with_flight(&key, &flight, |pool| {
             pool.flights += 1;
@@ -404,12 +420,15 @@ impl Drop for Refilling {
 }
 
 /// One refill: in the key's single flight, reserves `n` more units (so a
-/// key holds fewer than `n + n / 4`), if the breaker lets it. A denial goes
+/// key holds fewer than `n + n / 4`), if the breaker lets it, waiting for
+/// the flight and the call within one timeout (a refill that gets no time
+/// gives up: requests that run short reserve themselves). A denial goes
 /// to the deny cache, for the requests that run short next. An error keeps
 /// nothing and answers no one: requests that then run short reserve
 /// themselves and get the store's answer (the breaker and the metrics have
 /// recorded it).
 async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) {
+    let asked = Instant::now();
     let inner = refilling.inner.clone();
     let reservations = inner
         .reservations
@@ -417,13 +436,17 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         .expect("a limiter with reservations");
     let (slots, key) = (&reservations.slots, &refilling.key);
     let (flight, ()) = slots.entry(key, |_| ());
-    let _flight = flight.lock().await;
+    let Ok(_flight) = tokio::time::timeout(inner.time_left(asked), flight.lock()).await else {
+        return;
+    };
     let low = reservations.low_water();
     let full = slots.with_flight(key, &flight, |pool| {
         pool.live(Instant::now()) && pool.units >= low
     });
-    if full != Some(false) {
-        return; // refilled meanwhile, by a request that ran short; or dropped
+    if full != Some(false) || inner.time_left(asked).is_zero() {
+        // Refilled meanwhile, by a request that ran short; dropped; or no
+        // time left for the call.
+        return;
     }
     let domain = crate::breaker::domain(store.fault_domain(&check.key));
     let pass = inner.breaker.pass(domain);
@@ -437,7 +460,10 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         settled: false,
     };
     let sent = Instant::now();
-    let Ok(r) = probe.call(store.reserve(check, 1, reservations.n)).await else {
+    let Ok(r) = probe
+        .call(store.reserve(check, 1, reservations.n), asked)
+        .await
+    else {
         return;
     };
     slots.with_flight(key, &flight, |pool| {
@@ -462,6 +488,13 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         // `key` is the check's store key: the deny cache's for one limit.
         cache.insert(key, 1, &d);
     }
+}
+
+/// A request whose timeout ended before the store answered it:
+/// [`Error::Timeout`], counted as a store error (as a shared one is).
+fn timed_out(inner: &Inner) -> Error {
+    metrics::store_error(std::iter::once(inner.policies.metric_keys(0)));
+    Error::Timeout(inner.timeout)
 }
 
 /// The same error, for each request that waited on a failed flight.
