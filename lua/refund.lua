@@ -4,8 +4,8 @@
 -- it, for GCRA's helpers (shape, read_tat, divmod, ceil_div): the GCRA module
 -- is built only if a refund is a GCRA limit's.
 --
--- KEYS     every refunded limit's key
--- ARGV     per key, seven integers:
+-- KEYS     every refunded limit's key, then the call's marker (once.lua)
+-- ARGV     per refunded key, seven integers:
 --   algorithm       1 fixed window, 2 sliding window, 3 GCRA
 --   limit           >= 1, units per window
 --   window_ms       >= 1
@@ -19,7 +19,9 @@
 --                   after it, as decide.lua's reply gives it; 0 when the
 --                   caller does not know it (another algorithm, or a store
 --                   call that did not report Redis's clock)
--- Reply    the number of keys credited.
+--          then the call's id (once.lua)
+-- Reply    the number of keys credited; 0 when the call ran before (once.lua:
+--          a call sent again, its first reply lost, credits nothing more).
 --
 -- Windows of one key follow each other a whole window apart, so the spent
 -- window is the one that ends within half a window of window_end_in:
@@ -54,9 +56,18 @@ local function signed(v)
   return whole(v, 0)
 end
 
+local marker = call_marker('rf')
+if not marker then
+  return bad('the last key must be the first key, ":rf:" and the call id, the last argument')
+end
+local n = #KEYS - 1 -- the refunded keys
+if #ARGV ~= n * 7 + 1 then
+  return bad('ARGV does not match KEYS')
+end
+
 local gcra -- gcra_module(), once a GCRA refund needs it
 local refunds = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local a = (i - 1) * 7
   local r = {
     key = KEYS[i],
@@ -78,8 +89,17 @@ for i = 1, #KEYS do
   end
   refunds[i] = r
 end
-if #ARGV ~= #KEYS * 7 then
-  return bad('ARGV does not match KEYS')
+
+-- A resend's credits stop within two windows of the spent window's end
+-- (`same` matches a window within half a window of window_end_in, which a
+-- resend measures from its first send): the marker lives that long, at most
+-- a minute.
+local keep = 1
+for _, r in ipairs(refunds) do
+  keep = math.max(keep, math.max(r.ends, 0) + 2 * r.window)
+end
+if not first_run(marker, keep) then
+  return 0
 end
 
 local now_us

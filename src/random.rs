@@ -1,10 +1,30 @@
-//! Random bytes drawn once, for a store's hash secret and the process id in
-//! lease tokens.
+//! Random bytes drawn once, for a store's hash secret, and ids unique
+//! across processes: lease tokens, and the ids that make a refund or a reset
+//! run once however often it is sent.
 
 use std::{
     hash::{BuildHasher, Hasher, RandomState},
+    sync::{
+        LazyLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
+
+/// A new id, never given before by any process: `<process id>-<counter>`,
+/// in lowercase hex and at most 41 bytes. The process id is 96 random bits
+/// drawn once, so ids are unique across replicas as well as within this
+/// process.
+pub(crate) fn unique_id() -> String {
+    static PROCESS: LazyLock<String> = LazyLock::new(|| {
+        let mut bytes = [0u8; 12];
+        fill(&mut bytes);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    });
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{n:x}", *PROCESS)
+}
 
 /// Fills `out` from the OS's random source; without one, from
 /// [`fallback`].
@@ -34,6 +54,19 @@ fn fallback(out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_unique_and_short() {
+        let (a, b) = (unique_id(), unique_id());
+        assert_ne!(a, b);
+        assert_eq!(a.split('-').next(), b.split('-').next(), "one process id");
+        assert!(a.len() <= 24 + 1 + 16, "{a}");
+        assert!(
+            a.bytes()
+                .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f' | b'-')),
+            "{a}"
+        );
+    }
 
     #[test]
     fn draws_differ_and_the_fallback_fills_every_byte() {

@@ -140,7 +140,11 @@ async fn a_reset_reaches_this_replica_at_once_and_others_within_the_max_age() {
     assert!(!a.check("k", 1).await.unwrap().is_allowed());
     assert!(!b.check("k", 1).await.unwrap().is_allowed());
     a.reset("k").await.unwrap();
-    assert!(server.keys_with_ttl().await.is_empty());
+    let left = server.keys_with_ttl().await;
+    assert!(
+        left.iter().all(|(key, _)| key.contains(":rs:")),
+        "only the reset's marker is left: {left:?}"
+    );
     assert!(
         a.check("k", 1).await.unwrap().is_allowed(),
         "own deny cache cleared"
@@ -288,6 +292,54 @@ async fn a_custom_store_without_the_new_methods_reports_them_unsupported() {
         Err(Error::Unsupported("reset"))
     ));
     assert!(!l.check("k", 1).await.unwrap().is_allowed());
+}
+
+/// reset.lua sent again (its first reply lost) finds its first run's marker
+/// (`lua/once.lua`) and deletes nothing: what was charged since stays
+/// charged. A call without its marker, or with another, is refused before it
+/// deletes anything.
+#[tokio::test]
+async fn a_reset_sent_again_forgets_nothing_charged_since() {
+    let server = RedisServer::start();
+    let l = server.limiter("5/1h").await;
+    assert_eq!(admitted(&l, "k", 5).await, 5);
+    let key = l.store_key("k");
+    let marker = format!("{key}:rs:ab-1");
+    let script = redis::Script::new(redis_ratelimit::store::RESET_LUA);
+    let mut conn = server.conn().await;
+    let other = format!("{key}:rs:ab-2");
+    let bad: [(&[&str], &[&str]); 4] = [
+        (&[&key], &["ab-1"]),
+        (&[&key, &marker], &[]),
+        (&[&key, &other], &["ab-1"]),
+        (&[&key, &marker], &["ab-1", "x"]),
+    ];
+    for (keys, argv) in bad {
+        let r: redis::RedisResult<i64> = support::invocation(&script, keys, argv)
+            .invoke_async(&mut conn)
+            .await;
+        assert!(r.is_err(), "{keys:?} {argv:?} accepted: {r:?}");
+        assert!(
+            conn.exists::<_, bool>(&key).await.unwrap(),
+            "{keys:?} {argv:?} deleted"
+        );
+    }
+    for (run, deletes, then) in [(1, 1, 2), (2, 0, 0)] {
+        let deleted: i64 = support::invocation(&script, &[&key, &marker], &["ab-1"])
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(deleted, deletes, "run {run}");
+        assert_eq!(admitted(&l, "k", then).await, then, "run {run}");
+    }
+    assert_eq!(
+        l.peek("k", 1).await.unwrap().remaining(),
+        3,
+        "the two charged since the reset"
+    );
+    let ttl: i64 = conn.pttl(&marker).await.unwrap();
+    assert!((1..=60_000).contains(&ttl), "the marker's TTL: {ttl} ms");
+    server.assert_every_key_has_ttl().await;
 }
 
 /// A refund or reset to a dead Redis is an error, not a panic or a hang.

@@ -8,6 +8,7 @@ mod support;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use redis::AsyncCommands;
 use redis_ratelimit::{Error, Limiter, Quota, RedisStore};
 use support::{
     Backend,
@@ -232,11 +233,12 @@ async fn a_gcra_refund_on_redis_is_bounded_to_the_microsecond() {
 
 /// refund.lua refuses a call whose arguments are not seven whole numbers a
 /// key (the spend's end on Redis's clock the seventh; the first six, the
-/// layout before it, no longer do), before it touches any key: the spend
-/// stays spent. The well-formed call then moves the TAT back by the cost,
-/// exactly.
+/// layout before it, no longer do) and the call's id, naming its marker
+/// (`lua/once.lua`), before it touches any key: the spend stays spent. The
+/// well-formed call then moves the TAT back by the cost, exactly, and sent
+/// again (its first reply lost) it credits nothing more.
 #[tokio::test]
-async fn the_refund_script_refuses_bad_arguments_and_credits_nothing() {
+async fn the_refund_script_refuses_bad_arguments_and_credits_once() {
     let server = support::RedisServer::start();
     let mut conn = server.conn().await;
     // 100/1s with a burst of 100: a unit is 10 ms. A TAT 500 ms ahead.
@@ -253,8 +255,10 @@ async fn the_refund_script_refuses_bad_arguments_and_credits_nothing() {
         .unwrap();
     let script = redis::Script::new(redis_ratelimit::store::REFUND_LUA);
     let end = tat.to_string();
-    // GCRA, 100 a 1000 ms, a burst of 100, 10 units back, 500 ms from now.
-    let good = ["3", "100", "1000", "100", "10", "500", end.as_str()];
+    // GCRA, 100 a 1000 ms, a burst of 100, 10 units back, 500 ms from now;
+    // the call's id last.
+    let good = ["3", "100", "1000", "100", "10", "500", end.as_str(), "ab-1"];
+    let keys = ["k", "k:rf:ab-1"];
     let mut bad = support::spoiled(
         &good,
         &[
@@ -266,33 +270,56 @@ async fn the_refund_script_refuses_bad_arguments_and_credits_nothing() {
             (6, "1.5"),
             (6, " 5"),
             (6, "1e15"),
+            (7, "ab-2"),
+            (7, "AB-1"),
+            (7, ""),
         ],
     );
-    bad.push(good[..6].to_vec());
-    bad.push([&good[..], &["0"]].concat());
-    for argv in &bad {
-        let r: redis::RedisResult<i64> = support::invocation(&script, &["k"], argv)
+    bad.push(good[..7].to_vec());
+    bad.push([&good[..7], &["0", "ab-1"]].concat());
+    let mut calls: Vec<(&[&str], Vec<&str>)> =
+        bad.into_iter().map(|argv| (&keys[..], argv)).collect();
+    // Without the marker, or with another one.
+    calls.push((&keys[..1], good.to_vec()));
+    calls.push((&["k", "k:rs:ab-1"], good.to_vec()));
+    calls.push((&["k", "other:rf:ab-1"], good.to_vec()));
+    for (keys, argv) in &calls {
+        let r: redis::RedisResult<i64> = support::invocation(&script, keys, argv)
             .invoke_async(&mut conn)
             .await;
-        assert!(r.is_err(), "{argv:?} accepted: {r:?}");
+        assert!(r.is_err(), "{keys:?} {argv:?} accepted: {r:?}");
         let now: String = redis::cmd("GET")
             .arg("k")
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert_eq!(now, stored, "{argv:?} touched the key");
+        assert_eq!(now, stored, "{keys:?} {argv:?} touched the key");
+        let marked: bool = conn.exists(keys[keys.len() - 1]).await.unwrap();
+        assert!(
+            keys.len() == 1 || !marked,
+            "{keys:?} {argv:?} left a marker"
+        );
     }
-    let credited: i64 = support::invocation(&script, &["k"], &good)
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(credited, 1);
-    let now: String = redis::cmd("GET")
-        .arg("k")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(now, format!("{}:0", tat - 100_000), "10 units are 100 ms");
+    for (run, credits) in [(1, 1), (2, 0)] {
+        let credited: i64 = support::invocation(&script, &keys, &good)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(credited, credits, "run {run}");
+        let now: String = redis::cmd("GET")
+            .arg("k")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            now,
+            format!("{}:0", tat - 100_000),
+            "10 units are 100 ms, once"
+        );
+    }
+    // The marker lasts two windows past the spend's end (500 ms), at most.
+    let ttl: i64 = conn.pttl(keys[1]).await.unwrap();
+    assert!((1..=2_500).contains(&ttl), "the marker's TTL: {ttl} ms");
     server.assert_every_key_has_ttl().await;
 }
 

@@ -1,14 +1,7 @@
 //! [`Lease`], the guard that holds a slot; [`Busy`], the answer when none is
 //! free; and the owner tokens that tell holders apart.
 
-use std::{
-    fmt,
-    sync::{
-        Arc, LazyLock,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{fmt, sync::Arc, time::Duration};
 
 use tokio::{runtime::Handle, task::AbortHandle, time::MissedTickBehavior};
 
@@ -242,33 +235,9 @@ async fn renew(inner: Arc<Inner>, key: Arc<str>, token: Arc<str>) {
     }
 }
 
-/// A new owner token: `<process id>-<counter>`. The process id is 96 random
-/// bits drawn once, so tokens are unique across replicas as well as within
-/// this process.
+/// A new owner token, unique across replicas ([`random::unique_id`]).
+///
+/// [`random::unique_id`]: crate::random::unique_id
 pub(super) fn next_token() -> Arc<str> {
-    static PROCESS: LazyLock<String> = LazyLock::new(process_id);
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{}-{n:x}", *PROCESS).into()
-}
-
-fn process_id() -> String {
-    let mut bytes = [0u8; 12];
-    crate::random::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_unique_and_short() {
-        let a = next_token();
-        let b = next_token();
-        assert_ne!(a, b);
-        assert_eq!(a.split('-').next(), b.split('-').next(), "one process id");
-        assert!(a.len() <= 24 + 1 + 16, "{a}");
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-'), "{a}");
-    }
+    crate::random::unique_id().into()
 }

@@ -145,21 +145,19 @@ impl Limiter {
     ///   back twice (within the bounds above). Refund each decision once.
     /// - A decision from another limiter is [`Error::ForeignDecision`]; store
     ///   failures are errors, and touch no other key.
-    /// - A refund whose reply is lost (its connection dropped after Redis ran
-    ///   it) fails: the [`RedisStore`](crate::RedisStore) sends a decision
-    ///   again on a new connection, but never a refund (nor a
-    ///   [`reset`](Self::reset)), which would give the cost back twice. So an
-    ///   error may come from a refund that was made: do not repeat it.
-    /// - **On Redis Cluster** that is not ensured: redis-rs's cluster
-    ///   connection sends a call again by itself, up to its `retries` (5 with
-    ///   `RedisStore::cluster_client`), when the node's connection drops after
-    ///   the call was written, and when a per-attempt response timeout (1 s
-    ///   there) passes within the limiter's timeout. A refund caught that way
-    ///   may be given back once per attempt that ran, lifting its limit;
-    ///   redis-rs has no per-call setting against it. A client built with
-    ///   `.retries(0)` sends no call again by itself, but then every call
-    ///   that meets a `MOVED`, `ASK` or a failover fails instead of being
-    ///   redirected.
+    /// - **Sent again, credited once**: the
+    ///   [`RedisStore`](crate::RedisStore) sends a refund again when its
+    ///   reply is lost (its connection dropped after Redis ran it), as it
+    ///   does a decision, and redis-rs's cluster connection does so by
+    ///   itself (also after a per-attempt response timeout). Redis credits
+    ///   the call only the first time it runs: the call carries an id, and
+    ///   its first run leaves a marker key (`<key>:rf:<id>`, with a TTL of
+    ///   two windows past the spent window's end, at most a minute; about 100
+    ///   bytes). A call sent again later than that would credit again; the
+    ///   resends above come within seconds.
+    /// - A refund that fails (the limiter's timeout, an outage) may have been
+    ///   made all the same: do not repeat it, since a new call is a new
+    ///   refund.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -327,9 +325,10 @@ impl Limiter {
     /// (1 s by default), then they ask the store again. See
     /// [the local deny cache](Limiter#the-local-deny-cache).
     ///
-    /// Like a [refund](Self::refund), a reset whose reply is lost fails
-    /// rather than being sent again (run twice, it would forget what was
-    /// charged in between), except on Redis Cluster (see there).
+    /// Like a [refund](Self::refund), a reset whose reply is lost is sent
+    /// again and takes effect once: run twice, it would forget what was
+    /// charged in between, so its first run leaves a marker key
+    /// (`<key>:rs:<id>`, for a minute) and a second run deletes nothing.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

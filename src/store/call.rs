@@ -18,9 +18,6 @@ pub(super) struct Call {
     /// The script to load on `NOSCRIPT`; `None` for a plain command.
     script: Option<&'static Script>,
     cmd: Cmd,
-    /// Whether it may be sent again after its connection dropped; see
-    /// [`once`](Self::once).
-    resend: bool,
 }
 
 impl Call {
@@ -47,35 +44,12 @@ impl Call {
         Self {
             script: Some(script),
             cmd,
-            resend: true,
         }
     }
 
     /// A plain command, such as `PING` or `SCRIPT LOAD`, sent as it is.
     pub(super) fn command(cmd: Cmd) -> Self {
-        Self {
-            script: None,
-            cmd,
-            resend: true,
-        }
-    }
-
-    /// Marks a call that must not run twice: one that takes a count down
-    /// (a refund, a reset). A store that repairs a dropped connection sends
-    /// other calls again on the new one: a decision that had run is then
-    /// charged twice, and its limit is reached early, never passed. This one
-    /// may have run too (its reply was lost, not its request), and run again
-    /// it would give units back twice, so it fails with the connection's
-    /// error instead: the client stays charged.
-    pub(super) fn once(mut self) -> Self {
-        self.resend = false;
-        self
-    }
-
-    /// Whether the call may be sent again after its connection dropped
-    /// (unless marked [`once`](Self::once)).
-    pub(super) fn resends(&self) -> bool {
-        self.resend
+        Self { script: None, cmd }
     }
 
     /// Whether this is a call of `script`.

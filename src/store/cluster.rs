@@ -125,9 +125,9 @@ impl RedisStore {
     ///   again, so the same store serves the promoted replica. They also
     ///   send a call again when its node's connection dropped after it was
     ///   written, or its response timeout passed: Redis may have run it. A
-    ///   decision is then charged twice (a limit reached early), but a refund
-    ///   given back twice (a limit lifted), and redis-rs cannot exempt one
-    ///   call: see [`Limiter::refund`](crate::Limiter::refund).
+    ///   decision is then charged twice (a limit reached early, never
+    ///   passed); a refund or a reset takes effect once however often it is
+    ///   sent (see [`Limiter::refund`](crate::Limiter::refund)).
     /// * `TCP_NODELAY` on every node's connection: with Nagle's algorithm on
     ///   (redis-rs's default), a call sent while another is in flight waits
     ///   for the first one's reply before it leaves, a round trip more.

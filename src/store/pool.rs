@@ -8,11 +8,11 @@
 //! connection was dropped or refused replaces that connection in place
 //! (bb8 0.9 gives no way to take a connection out of the pool, but a
 //! checked-out one can be overwritten) with a fresh one from the pool's
-//! manager, and the call is sent once more on it, unless it must not run
-//! twice (a refund or a reset, [`Call::once`]): Redis may have run it before
-//! the connection dropped, so it fails with the connection's error. Error
-//! replies from Redis (script errors, `OOM`, `WRONGTYPE`, ...) and timeouts
-//! keep the connection.
+//! manager, and the call is sent once more on it. Redis may have run it
+//! before the connection dropped: a decision is then charged twice (a limit
+//! reached early, never passed), and a refund or a reset runs once however
+//! often it is sent (`lua/once.lua`). Error replies from Redis (script
+//! errors, `OOM`, `WRONGTYPE`, ...) and timeouts keep the connection.
 
 use bb8::{ManageConnection, Pool};
 use redis::{ErrorKind, FromRedisValue, RedisError, aio::ConnectionLike};
@@ -45,10 +45,7 @@ where
                 return Err(Error::Redis(e));
             };
             *conn = fresh;
-            match call.resends() {
-                true => call.invoke(&mut *conn).await,
-                false => Err(Error::Redis(e)),
-            }
+            call.invoke(&mut *conn).await
         }
         result => result,
     }

@@ -200,10 +200,10 @@ impl RedisStore {
     /// pool itself: a call whose connection was closed, reset or refused (a
     /// Redis restart, a dropped link) replaces that connection in the pool
     /// with a new one and is sent once more on it, so the pool decides again
-    /// as soon as Redis is back. A refund or a reset is not sent again:
-    /// Redis may have run it before the link dropped, and a refund run twice
-    /// would give its cost back twice; it fails instead, and the client stays
-    /// charged. Error replies from Redis keep the connection.
+    /// as soon as Redis is back. Redis may have run the call before the link
+    /// dropped: a decision is then charged twice (a limit reached early,
+    /// never passed), and a refund or a reset takes effect once however
+    /// often it is sent. Error replies from Redis keep the connection.
     ///
     /// The pool is not checked here (this constructor is not `async`): call
     /// [`self_test`](Self::self_test) once after building the store to fail
@@ -278,7 +278,7 @@ impl RedisStore {
             Backend::Cluster(cluster) => cluster.run(call),
             #[cfg(feature = "sentinel")]
             Backend::Sentinel(sentinel) => {
-                let mut conn = sentinel.for_call(&call);
+                let mut conn = sentinel.clone();
                 Box::pin(async move { call.invoke(&mut conn).await })
             }
         }

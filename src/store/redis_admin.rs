@@ -7,10 +7,22 @@ use crate::{
     store::{BoxFuture, LimitCheck, LimitState, Refund, Reservation, call::Call, scripts},
 };
 
-/// refund.lua's call; never sent twice ([`Call::once`]).
+/// `keys` and, last, the marker that makes a call of `kind` run once
+/// however often it is sent (`lua/once.lua`), with the call's id.
+fn once<'a>(keys: impl Iterator<Item = &'a str>, kind: &str) -> (Vec<String>, String) {
+    let id = crate::random::unique_id();
+    let mut keys: Vec<String> = keys.map(str::to_owned).collect();
+    if let Some(first) = keys.first() {
+        keys.push(format!("{first}:{kind}:{id}"));
+    }
+    (keys, id)
+}
+
+/// refund.lua's call, which credits once however often it is sent.
 fn refund_invocation(refunds: &[Refund]) -> Call {
-    let keys: Vec<&str> = refunds.iter().map(|r| r.key.as_str()).collect();
-    let mut call = Call::new(&scripts::REFUND, &keys).once();
+    let (keys, id) = once(refunds.iter().map(|r| r.key.as_str()), "rf");
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut call = Call::new(&scripts::REFUND, &keys);
     for r in refunds {
         let burst = match r.quota.algorithm() {
             Algorithm::Gcra { burst } => burst,
@@ -24,6 +36,7 @@ fn refund_invocation(refunds: &[Refund]) -> Call {
             .arg(r.window_end_in_ms)
             .arg(r.spend_ends_at_us.unwrap_or(0));
     }
+    call.arg(id);
     call
 }
 
@@ -78,9 +91,15 @@ impl RedisStore {
     }
 
     pub(super) fn reset_call(&self, keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
+        if keys.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        // Run twice, it would forget what was charged in between: once.lua.
+        let (keys, id) = once(keys.iter().map(String::as_str), "rs");
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        // Run twice, it would forget what was charged in between.
-        let reply = self.run::<i64>(Call::new(&scripts::RESET, &keys).once());
+        let mut call = Call::new(&scripts::RESET, &keys);
+        call.arg(id);
+        let reply = self.run::<i64>(call);
         Box::pin(async move { reply.await.map(drop) })
     }
 }

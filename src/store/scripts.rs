@@ -21,7 +21,7 @@ pub(crate) static DECIDE_FIXED: LazyLock<Script> = LazyLock::new(|| Script::new(
 pub(crate) static PEEK: LazyLock<Script> = LazyLock::new(|| Script::new(PEEK_LUA));
 /// `lua/refund.lua` after the modules it uses.
 pub(crate) static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(REFUND_LUA));
-/// `lua/reset.lua`.
+/// `lua/once.lua` and `lua/reset.lua`.
 pub(crate) static RESET: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_LUA));
 
 /// `lua/reserve.lua` after the modules it uses: see [`RESERVE_LUA`].
@@ -83,9 +83,15 @@ pub const PEEK_LUA: &str = after_the_algorithms!(
     include_str!("../../lua/decide.lua"),
 );
 
-/// The source of the refund script: `lua/lib.lua`, the algorithm modules
-/// and `lua/refund.lua` (whose header documents KEYS, ARGV and the reply).
-pub const REFUND_LUA: &str = after_the_algorithms!("\n", include_str!("../../lua/refund.lua"),);
+/// The source of the refund script: `lua/lib.lua`, the algorithm modules,
+/// `lua/once.lua` and `lua/refund.lua` (whose header documents KEYS, ARGV and
+/// the reply).
+pub const REFUND_LUA: &str = after_the_algorithms!(
+    "\n",
+    include_str!("../../lua/once.lua"),
+    "\n",
+    include_str!("../../lua/refund.lua"),
+);
 
 /// The source of the local reservation script
 /// ([`LimiterBuilder::local_reservation`](crate::LimiterBuilder::local_reservation)):
@@ -99,8 +105,13 @@ pub const RESERVE_LUA: &str = concat!(
     include_str!("../../lua/reserve.lua"),
 );
 
-/// `lua/reset.lua`: deletes a client's counters in one call.
-pub const RESET_LUA: &str = include_str!("../../lua/reset.lua");
+/// `lua/once.lua` and `lua/reset.lua`: deletes a client's counters in one
+/// call, which runs once however often it is sent.
+pub const RESET_LUA: &str = concat!(
+    include_str!("../../lua/once.lua"),
+    "\n",
+    include_str!("../../lua/reset.lua"),
+);
 
 /// The source of the script [`RedisStore`](super::RedisStore) runs when every
 /// limit of a call is a fixed window: `lua/lib.lua`, `lua/fixed_window.lua`

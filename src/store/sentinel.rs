@@ -8,11 +8,11 @@
 //! master the sentinels named, which is dropped, and the master asked for
 //! again, when a call finds it gone (closed, reset, refused) or read-only
 //! (`READONLY`: that node is a replica now). That call is then sent once
-//! more, to the master the sentinels name now, unless its connection was
-//! lost and it must not run twice (a refund or a reset, [`Call::once`]):
-//! Redis may have run it before the connection dropped, so it fails with
-//! the connection's error. A replica's `READONLY` ran nothing, so that
-//! call is sent again too. All the repair is in [`Sentinel::send`].
+//! more, to the master the sentinels name now. Redis may have run it before
+//! its connection dropped (the reply was lost): a decision is then charged
+//! twice, a limit reached early, never passed; a refund or a reset runs once
+//! however often it is sent (`lua/once.lua`). All the repair is in
+//! [`Sentinel::send`].
 //!
 //! During a failover, until the sentinels have promoted a replica, calls
 //! fail (and the limiter applies its [`OnStoreError`](crate::OnStoreError)
@@ -35,7 +35,7 @@ use redis::{
     sentinel::{SentinelClient, SentinelServerType},
 };
 
-use super::{Backend, Batcher, Call, RedisStore, self_test};
+use super::{Backend, Batcher, RedisStore, self_test};
 use crate::Error;
 
 /// How long a failed lookup of the master stands before the sentinels are
@@ -46,9 +46,6 @@ const RETRY: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub(crate) struct Sentinel {
     shared: Arc<Shared>,
-    /// Whether a request whose connection dropped is sent again (see
-    /// [`for_call`](Self::for_call)).
-    resend: bool,
 }
 
 struct Shared {
@@ -87,16 +84,6 @@ impl Sentinel {
                     failed: None,
                 }),
             }),
-            resend: true,
-        }
-    }
-
-    /// A handle on the same master for `call`: it sends `call` again after
-    /// its connection dropped only if the call [resends](Call::resends).
-    pub(super) fn for_call(&self, call: &Call) -> Self {
-        Self {
-            shared: self.shared.clone(),
-            resend: call.resends(),
         }
     }
 
@@ -169,8 +156,8 @@ impl Sentinel {
     /// [module docs](self) say. A request sent again after its connection
     /// dropped may have run the first time too (the reply was lost): a
     /// decision's key is then charged twice, so a limit can only be reached
-    /// early. A handle that does not [resend](Self::for_call) returns the
-    /// error then, the master replaced for the next request.
+    /// early; a refund or a reset finds its marker and does nothing more
+    /// (`lua/once.lua`).
     async fn send<T, F>(&self, request: impl Fn(MultiplexedConnection) -> F) -> RedisResult<T>
     where
         F: Future<Output = RedisResult<T>>,
@@ -183,9 +170,6 @@ impl Sentinel {
                 let Ok(master) = self.replace(Some(master.generation)).await else {
                     return Err(e);
                 };
-                if !self.resend && super::super::pool::is_broken(&e) {
-                    return Err(e);
-                }
                 request(master.conn).await
             }
             result => result,
@@ -229,9 +213,9 @@ impl RedisStore {
     ///
     /// The store follows failovers: when the master is gone or has become a
     /// replica, it asks the sentinels again and sends the call to the new
-    /// master (see the `sentinel` module's docs in the source), but for a
-    /// refund or a reset whose connection dropped: Redis may have run it, so
-    /// it fails. Until a replica is promoted, checks fail into the
+    /// master (see the `sentinel` module's docs in the source); a refund or
+    /// a reset sent again runs once all the same. Until a replica is
+    /// promoted, checks fail into the
     /// [`OnStoreError`](crate::OnStoreError) policy.
     ///
     /// The master is reached without a password or TLS; for those (or a
