@@ -240,7 +240,7 @@ pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(value)).unwrap_or(HeaderValue::from_static(""))
 }
 
-/// Where [`write`] puts headers: an `http` 1 header map or response, or an
+/// Where [`write()`] puts headers: an `http` 1 header map or response, or an
 /// actix-web response (which uses `http` 0.2 types, converted through bytes).
 pub(crate) trait HeaderSink {
     /// Adds a value, keeping those already there (for sf-lists).

@@ -121,12 +121,12 @@ impl<S, K, R, L> Layer<S> for LimitLayer<K, R, L> {
 }
 
 /// Rate limits requests with a [`Limiter`], keyed by a
-/// [`KeyExtractor`](crate::key::KeyExtractor).
+/// [`KeyExtractor`].
 ///
 /// Allowed requests pass through and their responses gain `RateLimit` and
 /// `RateLimit-Policy` headers; denied ones are answered `429 Too Many
 /// Requests` with `Retry-After` (see [`headers`](crate::headers) and
-/// [`respond`](crate::respond)). Quota never makes `poll_ready` pending.
+/// [`respond`]). Quota never makes `poll_ready` pending.
 ///
 /// Clones of the layer, and every service it makes, share one `Arc` of
 /// state, so they count against the same limiter.
@@ -154,7 +154,7 @@ pub type RateLimitLayer<K, R = DefaultResponse> = LimitLayer<K, R, Limiter>;
 impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
     /// Limits with `limiter`, keying requests with `extractor`: any
     /// [`KeyExtractor`] of `http::request::Parts` (for actix-web, see
-    /// [`actix::RateLimitMiddleware`](crate::actix)).
+    /// `actix::RateLimitMiddleware`, feature `actix`).
     ///
     /// An extractor for another request type is refused here, not later at
     /// `.layer(..)`:
@@ -285,7 +285,7 @@ impl<K, R> RateLimitLayer<K, R> {
     ///
     /// A cost of 0 lets the request through without spending. A cost above a
     /// limit's [capacity](crate::Quota::capacity) could never be admitted:
-    /// it is answered at once with [`Rejection::CostExceedsLimit`](crate::Rejection::CostExceedsLimit)
+    /// it is answered at once with [`Rejection::CostExceedsLimit`]
     /// (429 without `Retry-After`), and nothing is spent.
     ///
     /// ```

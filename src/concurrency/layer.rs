@@ -26,7 +26,7 @@ use crate::{DefaultResponse, LimitLayer, core::Core, key::KeyExtractor};
 /// It is named for what it limits, requests in flight per key, and so that it
 /// does not clash with `tower::limit::ConcurrencyLimitLayer`, which bounds one
 /// service's concurrency in one process. For actix-web, see
-/// [`InFlightLimitMiddleware`](crate::concurrency::actix).
+/// `concurrency::actix::InFlightLimitMiddleware` (feature `actix`).
 ///
 /// ```no_run
 /// use axum::{Router, routing::post};

@@ -325,7 +325,7 @@ impl ConcurrencyLimiterBuilder {
     }
 
     /// The bound on every store call (default
-    /// [`DEFAULT_TIMEOUT`](crate::DEFAULT_TIMEOUT), 200 ms).
+    /// [`DEFAULT_TIMEOUT`], 200 ms).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

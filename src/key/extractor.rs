@@ -8,7 +8,7 @@ use super::{Key, KeyError};
 ///
 /// `R` is `http::request::Parts` for the tower layer and
 /// `actix_web::dev::ServiceRequest` for the actix middleware. Implement it for
-/// your own extractor, or use [`from_fn`](super::from_fn) with a closure.
+/// your own extractor, or use [`from_fn()`](super::from_fn()) with a closure.
 ///
 /// For a limiter with several limits, one extractor keys all of them, or
 /// [`each`](super::each()) keys each limit with its own extractor, in order:

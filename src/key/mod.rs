@@ -1,6 +1,6 @@
 //! Which client a request counts against: the [`KeyExtractor`] trait and the
 //! built-in extractors [`PeerIp`](struct@PeerIp), [`ClientIp`], [`Header`], [`Global`] and
-//! [`from_fn`].
+//! [`from_fn()`].
 //!
 //! An extractor turns a request into a [`Key`], or into a [`KeyError`] when it
 //! cannot. A request whose key cannot be derived is **never** let through
@@ -13,11 +13,11 @@
 //! | [`ClientIp`] | the client's address behind trusted proxies, IPv6 by /64 ([`proxies`]) | 500, as `PeerIp` |
 //! | [`Header`] | the first value of a header, as raw bytes | 400 if missing, empty or over [`MAX_HEADER_KEY_LEN`] bytes |
 //! | [`Global`] | one shared key for every request | never fails |
-//! | [`from_fn`] | whatever the closure returns | whatever the closure returns |
+//! | [`from_fn()`] | whatever the closure returns | whatever the closure returns |
 //!
 //! The built-in extractors work on any request type that implements
 //! [`RequestInfo`]: `http::request::Parts` for the tower layer and, with the
-//! `actix` feature, actix-web's `ServiceRequest`. A [`from_fn`] closure gets
+//! `actix` feature, actix-web's `ServiceRequest`. A [`from_fn()`] closure gets
 //! the framework's own request type.
 //!
 //! Keys are client-controlled bytes. The [`Limiter`](crate::Limiter) never

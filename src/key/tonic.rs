@@ -1,5 +1,5 @@
 //! The peer address tonic's server records: with the `tonic` feature,
-//! [`PeerIp`](super::PeerIp) and [`ClientIp`](super::ClientIp) read it.
+//! [`PeerIp`](struct@super::PeerIp) and [`ClientIp`](super::ClientIp) read it.
 
 use std::net::SocketAddr;
 

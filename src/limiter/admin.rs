@@ -132,7 +132,7 @@ impl Limiter {
     ///   [`RedisStore`](crate::RedisStore) know that to the µs on their own
     ///   clock (Redis's reply gives a GCRA spend's end on Redis's clock), so
     ///   no round trip, however slow, makes a refund credit a spend already
-    ///   drained. A custom [`Store`](crate::Store) learns it from this
+    ///   drained. A custom [`Store`] learns it from this
     ///   process in whole ms (the decision's reset less the time since its
     ///   answer: [`Refund::window_end_in_ms`](crate::store::Refund)), which
     ///   can be later by up to two ms and the answer's way back.

@@ -25,8 +25,8 @@ use crate::Error;
 /// A call repeated after its connection dropped may have run the first time
 /// too (the reply was lost, not the request): a decision's key is then
 /// charged twice, so a limit can only be reached early, never exceeded. A
-/// call that gives units back would lift the limit instead, and is not
-/// repeated ([`Call::once`]).
+/// call that gives units back (a refund, a reset) takes effect once
+/// however often it runs (`lua/once.lua`).
 pub(super) async fn run<M, T>(pool: &Pool<M>, call: &Call) -> Result<T, Error>
 where
     M: ManageConnection<Error = RedisError>,

@@ -22,7 +22,7 @@ mod shards;
 /// Counters in process memory: the default when no Redis is configured.
 ///
 /// It decides exactly like the Redis script, for every
-/// [`Algorithm`](crate::Algorithm) (same formulas, windows, expiries and cost
+/// [`Algorithm`] (same formulas, windows, expiries and cost
 /// rules, all or nothing across limits, never over-admits under concurrency),
 /// with time from its own monotonic clock. But each process counts alone,
 /// so replicas do not share a limit.
