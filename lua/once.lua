@@ -14,11 +14,24 @@
 -- ARGV[#ARGV]  id, 1 to 64 of [0-9a-f-] (the caller's is
 --              `<96 random bits>-<counter>`, unique across processes)
 --
--- The call's first run sets the marker (SET NX PX, one atomic step with the
--- call's writes: the script replicates as a whole); a run that finds it set
--- does nothing. The marker outlives the call only as long as it must: a
--- resend comes within the sender's retries (seconds), so markers live at
--- most a minute, and a call sent again later than that would run again.
+-- The call's first run sets the marker, as its last write (one atomic step
+-- with the call's writes: the script replicates as a whole); a run that
+-- finds it set does nothing. The marker is read first and written last, so
+-- a call Redis lets run out of memory (`maxmemory` under `noeviction`: a
+-- script may run until its first write that can grow memory, and on after
+-- any write, such as a reset's DEL) is not refused for its marker: the SET
+-- comes after the call's own first write, or, when the call wrote nothing,
+-- is left out (a resend of a call that changed nothing changes nothing the
+-- first did not).
+--
+-- The marker lives 10 s. A resend comes within the limiter's timeout (200 ms
+-- by default): the pool and the Sentinel store resend while the caller
+-- waits, and redis-rs's cluster connection drops a request whose caller has
+-- gone. A call sent again more than 10 s after its first run would run
+-- again (a late refund may credit a later window: a fixed window's key
+-- looks the same a whole window later), so a limiter's timeout should stay
+-- under 10 s. At a refund per request, markers cost 10 s of the refund rate
+-- times about 100 bytes.
 
 -- The call's marker key, checked against KEYS[1] and the id, or nil.
 local function call_marker(kind)
@@ -34,9 +47,14 @@ local function call_marker(kind)
   return marker
 end
 
--- Whether this is the call's first run; sets the marker for ttl_ms (at
--- most a minute) if so. The first write of the call.
-local function first_run(marker, ttl_ms)
-  ttl_ms = math.max(1, math.min(ttl_ms, 60000))
-  return redis.call('SET', marker, '1', 'NX', 'PX', string.format('%d', ttl_ms)) ~= false
+-- Whether the call ran before: its marker is set.
+local function ran_before(marker)
+  return redis.call('EXISTS', marker) == 1
+end
+
+-- Sets the call's marker, for 10 s; the call's last write. Refused only
+-- when the call wrote nothing before it (out of memory, above), and then
+-- left out.
+local function mark(marker)
+  redis.pcall('SET', marker, '1', 'PX', '10000')
 end

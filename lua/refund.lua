@@ -90,15 +90,7 @@ for i = 1, n do
   refunds[i] = r
 end
 
--- A resend's credits stop within two windows of the spent window's end
--- (`same` matches a window within half a window of window_end_in, which a
--- resend measures from its first send): the marker lives that long, at most
--- a minute.
-local keep = 1
-for _, r in ipairs(refunds) do
-  keep = math.max(keep, math.max(r.ends, 0) + 2 * r.window)
-end
-if not first_run(marker, keep) then
+if ran_before(marker) then
   return 0
 end
 
@@ -210,4 +202,5 @@ for _, r in ipairs(refunds) do
     credited = credited + cell(r)
   end
 end
+mark(marker)
 return credited

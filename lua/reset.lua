@@ -10,13 +10,16 @@
 --
 -- One DEL: atomic with respect to every decision, which sees the counters
 -- either all as they were or all gone. The marker is the one key written,
--- with a TTL.
+-- with a TTL, after the DEL: out of memory (`noeviction`), a reset still
+-- runs, since the DEL frees memory and a script that wrote may go on.
 
 local marker = call_marker('rs')
 if not marker or #ARGV ~= 1 then
   return redis.error_reply('ERR reset: KEYS must end with the first key, ":rs:" and the call id, ARGV[1]')
 end
-if not first_run(marker, 60000) then
+if ran_before(marker) then
   return 0
 end
-return redis.call('DEL', unpack(KEYS, 1, #KEYS - 1))
+local deleted = redis.call('DEL', unpack(KEYS, 1, #KEYS - 1))
+mark(marker)
+return deleted

@@ -338,7 +338,10 @@ async fn a_reset_sent_again_forgets_nothing_charged_since() {
         "the two charged since the reset"
     );
     let ttl: i64 = conn.pttl(&marker).await.unwrap();
-    assert!((1..=60_000).contains(&ttl), "the marker's TTL: {ttl} ms");
+    assert!(
+        (9_000..=10_000).contains(&ttl),
+        "the marker's TTL: {ttl} ms"
+    );
     server.assert_every_key_has_ttl().await;
 }
 

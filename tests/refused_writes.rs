@@ -154,6 +154,41 @@ async fn oom_gcra_is_a_store_error_and_keeps_the_counter() {
     oom_is_a_store_error(Algo::Gcra).await;
 }
 
+/// A reset is how an operator lets a client back in, and may be wanted
+/// most while Redis is out of memory. It only deletes, which Redis allows
+/// then (it frees memory): the reset is made, and so is its marker, written
+/// after the DEL (`lua/once.lua`), so a resend would delete nothing more.
+/// Another client's counter is kept.
+#[tokio::test]
+async fn oom_a_reset_still_forgets_the_counters() {
+    let server = RedisServer::start();
+    let limiter = limiter(Algo::Fixed, server.store().await);
+    spend(&limiter, &server.log()).await;
+
+    server.refuse_writes(true).await;
+    limiter
+        .reset("spent")
+        .await
+        .unwrap_or_else(|e| panic!("reset refused: {e}\n{}", server.log()));
+    let keys = server.keys_with_ttl().await;
+    server.refuse_writes(false).await;
+
+    let spent = limiter.store_key("spent");
+    let mut names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+    names.sort();
+    assert!(
+        names.len() == 2
+            && names[0].starts_with(&format!("{spent}:rs:"))
+            && names[1] == limiter.store_key("used"),
+        "spent's counter gone, its reset's marker there, used kept: {keys:?}"
+    );
+    let d = limiter.check("spent", 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 2, "spent: {d:?}");
+    let d = limiter.check("used", 1).await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 1, "used: {d:?}");
+    server.assert_every_key_has_ttl().await;
+}
+
 async fn read_only_replica_is_a_store_error(algo: Algo) {
     let primary = RedisServer::start();
     let on_primary = limiter(algo, primary.store().await);

@@ -151,10 +151,10 @@ impl Limiter {
     ///   does a decision, and redis-rs's cluster connection does so by
     ///   itself (also after a per-attempt response timeout). Redis credits
     ///   the call only the first time it runs: the call carries an id, and
-    ///   its first run leaves a marker key (`<key>:rf:<id>`, with a TTL of
-    ///   two windows past the spent window's end, at most a minute; about 100
-    ///   bytes). A call sent again later than that would credit again; the
-    ///   resends above come within seconds.
+    ///   its first run leaves a marker key (`<key>:rf:<id>`, about 100
+    ///   bytes, for 10 s). The resends above come within the limiter's
+    ///   [timeout](super::LimiterBuilder::timeout); with a timeout over
+    ///   10 s, a refund sent again later than that would credit again.
     /// - A refund that fails (the limiter's timeout, an outage) may have been
     ///   made all the same: do not repeat it, since a new call is a new
     ///   refund.
@@ -328,7 +328,8 @@ impl Limiter {
     /// Like a [refund](Self::refund), a reset whose reply is lost is sent
     /// again and takes effect once: run twice, it would forget what was
     /// charged in between, so its first run leaves a marker key
-    /// (`<key>:rs:<id>`, for a minute) and a second run deletes nothing.
+    /// (`<key>:rs:<id>`, for 10 s) and a second run deletes nothing. A reset
+    /// runs when Redis is out of memory (`noeviction`) too: it frees memory.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -324,7 +324,10 @@ impl LimiterBuilder {
     /// [`Error::Timeout`](crate::Error::Timeout), which the layers answer by
     /// their [`OnStoreError`](crate::OnStoreError) policy. Limiters that
     /// share a store keep each their own timeout. A call that timed out may
-    /// still be applied by Redis (its units spent, never more).
+    /// still be applied by Redis (its units spent, never more). Keep it under
+    /// 10 s: a [refund](Limiter::refund) or [reset](Limiter::reset) sent
+    /// again within it takes effect once, and one sent again later than 10 s
+    /// after it ran would take effect again.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
