@@ -61,7 +61,7 @@ use http::{HeaderName, HeaderValue};
 
 use crate::{
     Limiter, OnStoreError, Rejection, Respond,
-    core::Core,
+    core::{Core, assert_keys_fit},
     gate::{Admit, Gate, Start},
     headers::HeaderSink,
     headers::PartitionKeys,
@@ -169,7 +169,16 @@ pub type RateLimitMiddleware<K, R = DefaultResponse> = LimitMiddleware<K, R, Lim
 
 impl<K: KeyExtractor<ServiceRequest>> RateLimitMiddleware<K> {
     /// Limits with `limiter`, keying requests with `extractor`.
+    ///
+    /// # Panics
+    /// If `extractor` gives neither one key (for all of the limiter's
+    /// limits) nor one per limit ([`KeyExtractor::key_count`]).
     pub fn new(limiter: Limiter, extractor: K) -> Self {
+        assert_keys_fit(
+            "RateLimitMiddleware::new",
+            extractor.key_count(),
+            [&limiter],
+        );
         Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }
@@ -181,7 +190,13 @@ where
 {
     /// Limits each request by its tier's limiter, `select` naming the
     /// tier; see [`RateLimitLayer::tiered`](crate::RateLimitLayer::tiered).
+    ///
+    /// # Panics
+    /// If `extractor` gives neither one key nor one per limit, for the
+    /// default's limiter and every tier's.
     pub fn tiered(tiers: Tiers, select: T, extractor: K) -> Self {
+        let keys = extractor.key_count();
+        assert_keys_fit("RateLimitMiddleware::tiered", keys, tiers.limiters());
         let default = tiers.default_limiter().clone();
         Self::new(default, Tiered::new(extractor, select, tiers))
     }

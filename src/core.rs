@@ -52,6 +52,26 @@ pub(crate) struct Core<K, R, L = Limiter> {
     logs: Logs,
 }
 
+/// Panics unless an extractor of `key_count` keys per request fits every
+/// limiter of `limiters`: one key for all of a limiter's limits, or one per
+/// limit. `who` names the constructor. Checked when a layer is built, so a
+/// mismatch is not a 500 on every request.
+pub(crate) fn assert_keys_fit<'a>(
+    who: &str,
+    key_count: usize,
+    limiters: impl IntoIterator<Item = &'a Limiter>,
+) {
+    for limiter in limiters {
+        let limits = limiter.limits().count();
+        assert!(
+            key_count == 1 || key_count == limits,
+            "{who}: the extractor gives {key_count} keys per request, and limiter {:?} has \
+             {limits} limits; give one key for all of them, or one per limit, in order",
+            limiter.name()
+        );
+    }
+}
+
 impl<K, R, L: Clone> Clone for Core<K, R, L> {
     fn clone(&self) -> Self {
         Self {

@@ -8,7 +8,7 @@ use tower_layer::Layer;
 
 use crate::{
     DefaultResponse, LimitService, Limiter, OnStoreError, Rejection,
-    core::Core,
+    core::{Core, assert_keys_fit},
     headers::PartitionKeys,
     key::{self, KeyExtractor},
     refund::Refund,
@@ -166,7 +166,12 @@ impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
     /// let by_other = key::from_fn(|_: &OtherRequest| Ok::<_, KeyError>(Key::from("k")));
     /// let _ = RateLimitLayer::new(Limiter::new(Quota::per_second(1)), by_other);
     /// ```
+    ///
+    /// # Panics
+    /// If `extractor` gives neither one key (for all of the limiter's
+    /// limits) nor one per limit ([`KeyExtractor::key_count`]).
     pub fn new(limiter: Limiter, extractor: K) -> Self {
+        assert_keys_fit("RateLimitLayer::new", extractor.key_count(), [&limiter]);
         Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }
@@ -195,7 +200,13 @@ impl<K: KeyExtractor<Parts>, T: KeyExtractor<Parts>> RateLimitLayer<Tiered<K, T>
     /// let layer = RateLimitLayer::tiered(tiers, plan, PeerIp);
     /// # let _ = layer;
     /// ```
+    ///
+    /// # Panics
+    /// If `extractor` gives neither one key nor one per limit, for the
+    /// default's limiter and every tier's ([`KeyExtractor::key_count`]).
     pub fn tiered(tiers: Tiers, select: T, extractor: K) -> Self {
+        let keys = extractor.key_count();
+        assert_keys_fit("RateLimitLayer::tiered", keys, tiers.limiters());
         let default = tiers.default_limiter().clone();
         Self::new(default, Tiered::new(extractor, select, tiers))
     }

@@ -113,6 +113,11 @@ impl Tiers {
         self.inner.tiers.values().map(Limiter::name)
     }
 
+    /// The default limiter, then every tier's.
+    pub(crate) fn limiters(&self) -> impl Iterator<Item = &Limiter> {
+        std::iter::once(&self.inner.default).chain(self.inner.tiers.values())
+    }
+
     /// Whether there is no tier but the default.
     pub fn is_empty(&self) -> bool {
         self.inner.tiers.is_empty()

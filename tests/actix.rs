@@ -306,3 +306,24 @@ async fn actix_refunds(b: Backend) {
 }
 
 support::for_every_store!(actix_tiers, actix_skip, actix_refunds);
+
+/// The actix middleware checks keys per limit against every tier as the
+/// tower layer does (one check, `core::assert_keys_fit`).
+#[test]
+#[should_panic(expected = "RateLimitMiddleware::tiered: the extractor gives 2 keys per request")]
+fn actix_keys_per_limit_must_fit_every_tier() {
+    use redis_ratelimit::{Limiter, Quota};
+    let two_limits = Limiter::builder(Quota::per_second(1))
+        .limit("global", Quota::per_second(100))
+        .build()
+        .unwrap();
+    let pro = Limiter::builder(Quota::per_second(5))
+        .name("pro")
+        .build()
+        .unwrap();
+    let _ = RateLimitMiddleware::tiered(
+        Tiers::new(two_limits).tier(pro),
+        key::Header::new("x-plan"),
+        key::each((key::Header::new("x-api-key"), key::Global)),
+    );
+}

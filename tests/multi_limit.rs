@@ -11,7 +11,7 @@ use http::request::Parts;
 use redis::AsyncCommands;
 use redis_ratelimit::{
     Decision, Limiter, Quota, RateLimitLayer,
-    key::{Global, Header},
+    key::{self, Global, Header},
 };
 use support::{Backend, http::Caller, scenarios::log, servers::spawn_axum};
 
@@ -228,4 +228,18 @@ async fn http_gcra_retry_after_is_what_the_next_request_experiences() {
 fn each_needs_one_extractor_per_limit() {
     let limiter = Limiter::new(Quota::per_second(1));
     let _ = RateLimitLayer::each(limiter, (Header::new("x-api-key"), Global));
+}
+
+/// An extractor built apart from `each` (`key::each`, or a custom one's
+/// `key_count`) is checked as well, when the layer is built: not a 500 on
+/// every request.
+#[test]
+#[should_panic(expected = "gives 2 keys per request, and limiter \"default\" has 3 limits")]
+fn new_refuses_an_extractor_that_fits_no_limit() {
+    let limiter = Limiter::builder(Quota::per_second(1))
+        .limit("b", Quota::per_minute(10))
+        .limit("c", Quota::per_hour(100))
+        .build()
+        .unwrap();
+    let _ = RateLimitLayer::new(limiter, key::each((Header::new("x-api-key"), Global)));
 }

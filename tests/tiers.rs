@@ -10,7 +10,10 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
-use redis_ratelimit::{Limiter, RateLimitLayer, Tiers, key::Header};
+use redis_ratelimit::{
+    Limiter, Quota, RateLimitLayer, Tiers,
+    key::{self, Global, Header},
+};
 use support::{
     Backend,
     http::{Reply, get_with},
@@ -142,4 +145,25 @@ fn a_tier_named_twice_is_refused() {
             .unwrap()
     };
     let _ = Tiers::new(l("default")).tier(l("pro")).tier(l("pro"));
+}
+
+/// One key per limit must fit every tier's limiter, not only the default's:
+/// a tier with fewer limits is refused when the layer is built, where it
+/// would otherwise answer 500 to every request of that tier.
+#[test]
+#[should_panic(expected = "gives 2 keys per request, and limiter \"pro\" has 1 limits")]
+fn keys_per_limit_must_fit_every_tier() {
+    let two_limits = Limiter::builder(Quota::per_second(1))
+        .limit("global", Quota::per_second(100))
+        .build()
+        .unwrap();
+    let pro = Limiter::builder(Quota::per_second(5))
+        .name("pro")
+        .build()
+        .unwrap();
+    let _ = RateLimitLayer::tiered(
+        Tiers::new(two_limits).tier(pro),
+        Header::new("x-plan"),
+        key::each((Header::new("x-api-key"), Global)),
+    );
 }
