@@ -4,7 +4,7 @@
 
 use std::{fmt, time::Duration};
 
-use redis::{IntoConnectionInfo, io::tcp::TcpSettings};
+use redis::IntoConnectionInfo;
 use redis_ratelimit::{LimiterBuilder, MemoryStore, RedisStore};
 
 #[allow(unused_imports)]
@@ -43,13 +43,12 @@ pub(super) async fn connect(
             Ok((store, "one multiplexed connection".into()))
         }
         Some(size) => {
-            // TCP_NODELAY, as RedisStore::connect sets it: with Nagle's
-            // algorithm on, a call sent while another is in flight waits a
-            // round trip more.
+            // The TCP settings RedisStore::connect uses (TCP_NODELAY, a
+            // dead link closed within seconds).
             let info = url
                 .into_connection_info()
                 .map_err(|e| unreachable(&e))?
-                .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+                .set_tcp_settings(RedisStore::tcp_settings());
             let manager =
                 bb8_redis::RedisConnectionManager::new(info).map_err(|e| unreachable(&e))?;
             // Open every connection now: fail fast, and start benchmarks warm.

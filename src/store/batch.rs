@@ -43,7 +43,7 @@ use std::{
     time::Duration,
 };
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use tokio::{
     sync::{Semaphore, mpsc, oneshot},
     time::Instant,
@@ -124,7 +124,7 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
 /// How long a router is used before it is read again.
 const ROUTER_AGE: Duration = Duration::from_secs(5);
 
-impl Batched for ConnectionManager {
+impl Batched for super::redis::Standalone {
     type Group = ();
     type Router = ();
 

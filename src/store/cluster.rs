@@ -19,7 +19,6 @@ use redis::{
     FromRedisValue, IntoConnectionInfo,
     cluster::{ClusterClient, ClusterClientBuilder},
     cluster_async::ClusterConnection,
-    io::tcp::TcpSettings,
 };
 
 use super::{Backend, Batcher, Call, RedisStore};
@@ -128,11 +127,10 @@ impl RedisStore {
     ///   decision is then charged twice (a limit reached early, never
     ///   passed); a refund or a reset takes effect once however often it is
     ///   sent (see [`Limiter::refund`](crate::Limiter::refund)).
-    /// * `TCP_NODELAY` on every node's connection: with Nagle's algorithm on
-    ///   (redis-rs's default), a call sent while another is in flight waits
-    ///   for the first one's reply before it leaves, a round trip more.
-    ///   Calling `.tcp_settings(..)` on the builder replaces this; keep
-    ///   `set_nodelay(true)` in what you pass.
+    /// * the store's [TCP settings](Self::tcp_settings) on every node's
+    ///   connection: `TCP_NODELAY` on, and a dead link closed within
+    ///   seconds. Calling `.tcp_settings(..)` on the builder replaces them;
+    ///   start what you pass from [`RedisStore::tcp_settings`].
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
@@ -157,12 +155,13 @@ impl RedisStore {
             .retries(5)
             .min_retry_wait(10)
             .max_retry_wait(500)
-            .tcp_settings(TcpSettings::default().set_nodelay(true))
+            .tcp_settings(Self::tcp_settings())
     }
 
     /// Uses an existing cluster connection; clones share it. Build its client
-    /// with [`cluster_client`](Self::cluster_client), which sets
-    /// `TCP_NODELAY`, or set it yourself with the builder's `.tcp_settings(..)`.
+    /// with [`cluster_client`](Self::cluster_client), which sets the store's
+    /// [TCP settings](Self::tcp_settings), or set them yourself with the
+    /// builder's `.tcp_settings(..)`.
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn from_cluster(conn: ClusterConnection) -> Self {
         Self {

@@ -11,11 +11,16 @@
 //! manager, and the call is sent once more on it. Redis may have run it
 //! before the connection dropped: a decision is then charged twice (a limit
 //! reached early, never passed), and a refund or a reset runs once however
-//! often it is sent (`lua/once.lua`). Error replies from Redis (script
-//! errors, `OOM`, `WRONGTYPE`, ...) and timeouts keep the connection.
+//! often it is sent (`lua/once.lua`). So does a call answered `READONLY`:
+//! its node was demoted to a replica while the connection stayed open (a
+//! failover behind a DNS name or a virtual IP), and a fresh connection
+//! reaches whatever node the address names now; the call wrote nothing (a
+//! script's first write is refused on a replica). Other error replies from
+//! Redis (script errors, `OOM`, `WRONGTYPE`, ...) and timeouts keep the
+//! connection.
 
 use bb8::{ManageConnection, Pool};
-use redis::{ErrorKind, FromRedisValue, RedisError, aio::ConnectionLike};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, aio::ConnectionLike};
 
 use super::call::Call;
 use crate::Error;
@@ -39,7 +44,7 @@ where
         e => Error::Pool(e.to_string()),
     })?;
     match call.invoke(&mut *conn).await {
-        Err(Error::Redis(e)) if is_broken(&e) => {
+        Err(Error::Redis(e)) if is_broken(&e) || is_read_only(&e) => {
             // Still down: keep the first error; the next checkout tries again.
             let Ok(fresh) = pool.dedicated_connection().await else {
                 return Err(Error::Redis(e));
@@ -56,6 +61,11 @@ where
 /// to an error reply, a reply of the wrong shape, or a slow answer.
 pub(super) fn is_broken(e: &RedisError) -> bool {
     e.is_connection_dropped() || e.kind() == ErrorKind::ClusterConnectionNotFound
+}
+
+/// Whether `e` is Redis's `READONLY`: the node is a replica.
+pub(super) fn is_read_only(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
 #[cfg(test)]

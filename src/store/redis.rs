@@ -11,6 +11,7 @@ use bb8_redis::{RedisConnectionManager, bb8::Pool};
 use redis::{
     Client, FromRedisValue, IntoConnectionInfo,
     aio::{ConnectionManager, ConnectionManagerConfig},
+    io::tcp::TcpSettings,
 };
 
 use super::{
@@ -37,6 +38,8 @@ mod self_test;
 #[cfg(feature = "sentinel")]
 #[path = "sentinel.rs"]
 mod sentinel;
+#[path = "standalone.rs"]
+mod standalone;
 #[path = "tcp.rs"]
 mod tcp;
 #[cfg(feature = "tls")]
@@ -47,6 +50,7 @@ use self::decide_call::{Layout, Packed, decide_invocation, parse_batch};
 pub(super) use self::decide_call::{Request, decide, decide_spread, general_invocation};
 #[cfg(feature = "sentinel")]
 pub(super) use self::sentinel::Sentinel as SentinelMaster;
+pub(super) use self::standalone::Standalone;
 
 /// Counters in Redis.
 ///
@@ -85,7 +89,7 @@ pub struct RedisStore {
 
 #[derive(Clone)]
 enum Backend {
-    Manager(ConnectionManager),
+    Manager(Standalone),
     Pool(Pool<RedisConnectionManager>),
     #[cfg(feature = "cluster")]
     Cluster(cluster::Cluster),
@@ -116,9 +120,9 @@ impl RedisStore {
     /// refuses the password, cannot run the limiter's scripts, or (for a
     /// `rediss://` URL, with the `tls` feature) fails the TLS handshake.
     ///
-    /// The connection has `TCP_NODELAY` on, which redis-rs leaves off by
-    /// default (see [`new`](Self::new) for what Nagle's algorithm costs),
-    /// as have those of every constructor here that connects by itself.
+    /// The connection has the store's [TCP settings](Self::tcp_settings)
+    /// (`TCP_NODELAY` on, a dead link closed within seconds), as have those
+    /// of every constructor here that connects by itself.
     pub async fn connect(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         install_tls_provider();
         Self::connect_client(Client::open(url)?).await
@@ -127,7 +131,7 @@ impl RedisStore {
     /// [`connect`](Self::connect) with a client already built, with
     /// `TCP_NODELAY` set on its connection info.
     async fn connect_client(client: Client) -> Result<Self, Error> {
-        let client = tcp::nodelay_client(&client)?;
+        let client = tcp::tuned_client(&client)?;
         let stage = self_test::Stage::of(client.get_connection_info().addr());
         let manager = ConnectionManager::new_with_config(client, Self::manager_config())
             .await
@@ -144,7 +148,7 @@ impl RedisStore {
     /// [`self_test`](Self::self_test).
     pub fn connect_lazy(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         install_tls_provider();
-        let client = Client::open(tcp::nodelay(url.into_connection_info()?))?;
+        let client = Client::open(tcp::tuned(url.into_connection_info()?))?;
         let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
         Ok(Self::new(manager))
     }
@@ -163,27 +167,32 @@ impl RedisStore {
 
     /// Uses an existing [`ConnectionManager`].
     ///
-    /// Build its client with `TCP_NODELAY` on, as [`connect`](Self::connect)
-    /// does: with Nagle's algorithm on (redis-rs's default), a call sent
-    /// while another is in flight waits for the first one's reply before it
-    /// leaves, a round trip more on a network.
+    /// The manager reconnects by itself when its connection drops. When its
+    /// node answers `READONLY` (it was demoted to a replica while the
+    /// connection stayed open: a failover behind a DNS name or a virtual
+    /// IP), the store has the node close the connection (`QUIT`), and the
+    /// manager reconnects to whatever node the address names now; the call
+    /// that met it fails, as a store error.
+    ///
+    /// Build its client with the store's [TCP settings](Self::tcp_settings),
+    /// as [`connect`](Self::connect) does.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use redis::{Client, IntoConnectionInfo, aio::ConnectionManager, io::tcp::TcpSettings};
+    /// use redis::{Client, IntoConnectionInfo, aio::ConnectionManager};
     /// use redis_ratelimit::RedisStore;
     ///
     /// let info = "redis://10.0.0.1:6379"
     ///     .into_connection_info()?
-    ///     .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    ///     .set_tcp_settings(RedisStore::tcp_settings());
     /// let manager = ConnectionManager::new(Client::open(info)?).await?;
     /// let store = RedisStore::new(manager);
     /// # Ok(()) }
     /// ```
     pub fn new(manager: ConnectionManager) -> Self {
         Self {
-            backend: Backend::Manager(manager),
+            backend: Backend::Manager(Standalone::new(manager)),
             batcher: Batcher::default(),
         }
     }
@@ -203,25 +212,28 @@ impl RedisStore {
     /// as soon as Redis is back. Redis may have run the call before the link
     /// dropped: a decision is then charged twice (a limit reached early,
     /// never passed), and a refund or a reset takes effect once however
-    /// often it is sent. Error replies from Redis keep the connection.
+    /// often it is sent. A call answered `READONLY` (the node was demoted to
+    /// a replica while the connection stayed open) replaces its connection
+    /// and is sent again too, reaching whatever node the address names now.
+    /// Other error replies from Redis keep the connection.
     ///
     /// The pool is not checked here (this constructor is not `async`): call
     /// [`self_test`](Self::self_test) once after building the store to fail
     /// at startup on a Redis that is unreachable or cannot run the scripts.
     ///
-    /// Give the pool's manager a connection info with `TCP_NODELAY` on, as
-    /// for [`new`](Self::new):
+    /// Give the pool's manager a connection info with the store's
+    /// [TCP settings](Self::tcp_settings), as for [`new`](Self::new):
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use bb8_redis::RedisConnectionManager;
-    /// use redis::{IntoConnectionInfo, io::tcp::TcpSettings};
+    /// use redis::IntoConnectionInfo;
     /// use redis_ratelimit::RedisStore;
     ///
     /// let info = "redis://10.0.0.1:6379"
     ///     .into_connection_info()?
-    ///     .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    ///     .set_tcp_settings(RedisStore::tcp_settings());
     /// let pool = bb8::Pool::builder()
     ///     .max_size(8)
     ///     .test_on_check_out(false)
@@ -236,6 +248,34 @@ impl RedisStore {
             backend: Backend::Pool(pool),
             batcher: Batcher::default(),
         }
+    }
+
+    /// The TCP settings of every connection the store opens by itself; give
+    /// them to a connection you build for it ([`new`](Self::new),
+    /// [`from_pool`](Self::from_pool)):
+    ///
+    /// * `TCP_NODELAY` on (redis-rs leaves it off): with Nagle's algorithm
+    ///   on, a call sent while another is in flight waits for the first
+    ///   one's reply before it leaves, a round trip more on a network;
+    /// * on Linux, `TCP_USER_TIMEOUT` of 5 s, and keepalive probes after
+    ///   10 s idle: a link that loses every packet without a reset (a host
+    ///   gone, a partition) is closed within seconds, and the store
+    ///   reconnects, where otherwise every call would time out for about 15
+    ///   minutes (the kernel's `tcp_retries2`). A Redis that is busy or
+    ///   frozen while its host is up keeps its connections.
+    ///
+    /// ```
+    /// use redis::IntoConnectionInfo;
+    /// use redis_ratelimit::RedisStore;
+    ///
+    /// let info = "redis://10.0.0.1:6379"
+    ///     .into_connection_info()
+    ///     .unwrap()
+    ///     .set_tcp_settings(RedisStore::tcp_settings());
+    /// assert!(info.tcp_settings().nodelay());
+    /// ```
+    pub fn tcp_settings() -> TcpSettings {
+        tcp::settings(&TcpSettings::default())
     }
 }
 

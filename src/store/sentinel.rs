@@ -17,9 +17,11 @@
 //! During a failover, until the sentinels have promoted a replica, calls
 //! fail (and the limiter applies its [`OnStoreError`](crate::OnStoreError)
 //! policy); the sentinels are asked at most once per [`RETRY`] meanwhile.
-//! A master that stops answering without closing its connections (a frozen
-//! host, a network partition) is left only when a call sees an error on it:
-//! Sentinel closes every client's connection to a master it demotes.
+//! A master that stops answering without closing its connections is left
+//! only when a call sees an error on it: within seconds for a link that
+//! loses every packet (the store's TCP settings, `tcp.rs`), and for a
+//! frozen Redis when Sentinel, having demoted it, closes every client's
+//! connection to it.
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 
@@ -29,8 +31,8 @@ use std::{
 };
 
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
-    RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
+    Value,
     aio::{ConnectionLike, MultiplexedConnection},
     sentinel::{SentinelClient, SentinelServerType},
 };
@@ -123,7 +125,7 @@ impl Sentinel {
         }
         let found = async {
             let client = lookup.client.async_get_client().await?;
-            let client = super::tcp::nodelay_client(&client)?;
+            let client = super::tcp::tuned_client(&client)?;
             // As the ConnectionManager's: the limiter's timeout bounds calls.
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(1)))
@@ -180,7 +182,7 @@ impl Sentinel {
 /// Whether `e` means this connection's node is no longer the master to use:
 /// the connection is gone, or the node is a read-only replica now.
 fn needs_new_master(e: &RedisError) -> bool {
-    super::super::pool::is_broken(e) || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+    super::super::pool::is_broken(e) || super::super::pool::is_read_only(e)
 }
 
 impl ConnectionLike for Sentinel {

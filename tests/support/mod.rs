@@ -21,6 +21,7 @@ pub mod scenarios;
 pub mod sentinel;
 pub mod servers;
 pub mod sockets;
+pub mod switch;
 #[cfg(feature = "tls")]
 pub mod tls;
 

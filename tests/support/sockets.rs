@@ -1,8 +1,9 @@
-//! The test process's own TCP connections to given Redis ports, and whether
-//! each has `TCP_NODELAY` set: read with `getsockopt` on a duplicate of each
-//! socket, taken with `pidfd_getfd` from `/proc/self/fd` (no `unsafe`).
+//! The test process's own TCP connections to given Redis ports, and their
+//! socket options (`TCP_NODELAY`, `TCP_USER_TIMEOUT`, keepalive): read with
+//! `getsockopt` on a duplicate of each socket, taken with `pidfd_getfd` from
+//! `/proc/self/fd` (no `unsafe`).
 
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 
 use rustix::{
     net::{getpeername, getsockname, sockopt},
@@ -15,6 +16,10 @@ pub struct Conn {
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub nodelay: bool,
+    /// `TCP_USER_TIMEOUT`, in ms (0: the kernel's default, none).
+    pub user_timeout_ms: u32,
+    /// `SO_KEEPALIVE`, and the idle time before the first probe.
+    pub keepalive: Option<Duration>,
 }
 
 /// Every TCP connection this process holds to one of `ports` (any address).
@@ -49,19 +54,27 @@ pub fn connections_to(ports: &[u16]) -> BTreeSet<Conn> {
             continue;
         }
         let nodelay = sockopt::tcp_nodelay(&dup).expect("getsockopt(TCP_NODELAY)");
+        let user_timeout_ms =
+            sockopt::tcp_user_timeout(&dup).expect("getsockopt(TCP_USER_TIMEOUT)");
+        let keepalive = sockopt::socket_keepalive(&dup)
+            .expect("getsockopt(SO_KEEPALIVE)")
+            .then(|| sockopt::tcp_keepidle(&dup).expect("getsockopt(TCP_KEEPIDLE)"));
         found.insert(Conn {
             local,
             peer,
             nodelay,
+            user_timeout_ms,
+            keepalive,
         });
     }
     found
 }
 
 /// Asserts that the connections to `ports` opened since `before` (a
-/// [`connections_to`] taken then) are at least one, and all have
-/// `TCP_NODELAY` on.
-pub fn assert_new_ones_nodelay(before: &BTreeSet<Conn>, ports: &[u16], log: &str) {
+/// [`connections_to`] taken then) are at least one, and all have the
+/// store's TCP settings: `TCP_NODELAY` on, `TCP_USER_TIMEOUT` 5 s, and
+/// keepalive after 10 s idle (`RedisStore::tcp_settings`).
+pub fn assert_new_ones_tuned(before: &BTreeSet<Conn>, ports: &[u16], log: &str) {
     let after = connections_to(ports);
     let new: Vec<&Conn> = after
         .iter()
@@ -75,5 +88,14 @@ pub fn assert_new_ones_nodelay(before: &BTreeSet<Conn>, ports: &[u16], log: &str
     assert!(
         nagle.is_empty(),
         "connections to Redis with Nagle's algorithm on (no TCP_NODELAY): {nagle:?} of {new:?}\n{log}"
+    );
+    let unbounded: Vec<&&Conn> = new
+        .iter()
+        .filter(|c| c.user_timeout_ms != 5_000 || c.keepalive != Some(Duration::from_secs(10)))
+        .collect();
+    assert!(
+        unbounded.is_empty(),
+        "connections to Redis a dead link would hold for minutes (no 5 s TCP_USER_TIMEOUT, \
+         or no keepalive after 10 s): {unbounded:?} of {new:?}\n{log}"
     );
 }

@@ -1,0 +1,118 @@
+//! The default backend's connection: redis-rs's `ConnectionManager`, made
+//! to leave a master that has become a replica.
+//!
+//! The manager reconnects when its connection drops, but a node demoted to
+//! a replica while the connection stays open (a failover behind a DNS name
+//! or a virtual IP, as managed Redis services do it; a manual `REPLICAOF`)
+//! answers every write `READONLY` for as long as the connection lasts, and
+//! every check would fail with it. So a call answered `READONLY` asks Redis
+//! to close the connection (`QUIT`, which any client may send, on the same
+//! manager, then a `PING` that fails on the closed connection), and the
+//! manager reconnects, to whatever node the address names by then. The call itself fails (a script's first write is refused on a
+//! replica, so it wrote nothing) and the limiter applies its
+//! [`OnStoreError`](crate::OnStoreError) policy; the calls after the
+//! reconnection go to the new node. Calls already in flight on the old
+//! connection answer `READONLY` too: one `QUIT` per [`LEAVE_EVERY`] is
+//! sent, so that they do not close the new connection as well.
+//!
+//! A child module of `redis.rs`, so that it reaches the store's backends.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use super::super::pool;
+use redis::{
+    Cmd, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
+    aio::{ConnectionLike, ConnectionManager},
+};
+
+/// The least time between two `QUIT`s: a node still read-only after the
+/// reconnection (the address not yet moved to the new master) is left
+/// again after this long.
+pub(super) const LEAVE_EVERY: Duration = Duration::from_millis(250);
+
+/// A `ConnectionManager` that leaves a read-only node; clones share it.
+#[derive(Clone)]
+pub(crate) struct Standalone {
+    manager: ConnectionManager,
+    /// When the last `QUIT` was sent.
+    left: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Standalone {
+    pub(super) fn new(manager: ConnectionManager) -> Self {
+        Self {
+            manager,
+            left: Arc::default(),
+        }
+    }
+
+    /// After a call's `result`: leaves the node if it answered `READONLY`.
+    async fn after<T>(&mut self, result: RedisResult<T>, read_only: bool) -> RedisResult<T> {
+        if read_only && self.may_leave() {
+            tracing::warn!("Redis answered READONLY: its node is a replica now; reconnecting");
+            // Their replies do not matter. Redis answers QUIT, then closes
+            // the connection; the manager reconnects once a command fails on
+            // the closed connection, which the PING does, so that the next
+            // call goes to the new node rather than failing there.
+            let _: RedisResult<Value> = self.manager.req_packed_command(&redis::cmd("QUIT")).await;
+            let _: RedisResult<Value> = self.manager.req_packed_command(&redis::cmd("PING")).await;
+        }
+        result
+    }
+
+    /// Whether no `QUIT` was sent in the last [`LEAVE_EVERY`]; notes one
+    /// now if so.
+    fn may_leave(&self) -> bool {
+        let mut left = self
+            .left
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if left.is_some_and(|at| at.elapsed() < LEAVE_EVERY) {
+            return false;
+        }
+        *left = Some(Instant::now());
+        true
+    }
+}
+
+/// Whether `value` is Redis's `READONLY` error reply (redis-rs hands error
+/// replies over as values; the caller turns them into errors).
+fn is_read_only(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
+}
+
+impl ConnectionLike for Standalone {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.manager.req_packed_command(cmd).await;
+            let read_only = match &result {
+                Ok(value) => is_read_only(value),
+                Err(e) => pool::is_read_only(e),
+            };
+            self.after(result, read_only).await
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self.manager.req_packed_commands(cmd, offset, count).await;
+            let read_only = match &result {
+                Ok(values) => values.iter().any(is_read_only),
+                Err(e) => pool::is_read_only(e),
+            };
+            self.after(result, read_only).await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.manager.get_db()
+    }
+}

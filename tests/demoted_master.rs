@@ -1,0 +1,111 @@
+//! A master demoted to a replica behind the address the store connects to:
+//! a failover behind a DNS name or a virtual IP, as managed Redis services
+//! do it, while the store's connections stay open to the old node. That
+//! node answers every write `READONLY`; the store must leave it for the node
+//! the address names now, by itself and within a bound, and count on from
+//! the counters the new master has (replicated), never from zero.
+//!
+//! `support::switch::SwitchProxy` is the address: connections made after the
+//! switch reach the new master, those made before stay with the old one.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::{ErrorKind, ServerErrorKind};
+use redis_ratelimit::{Breaker, Error, Limiter, RedisStore};
+use support::{RedisServer, TEST_TIMEOUT, switch::SwitchProxy};
+
+/// How long the store may take to reach the new master.
+const RECOVERY: Duration = Duration::from_secs(5);
+
+/// `REPLICAOF` on `server`: of `127.0.0.1:<port>`, or `NO ONE`.
+async fn replica_of(server: &RedisServer, port: Option<u16>) {
+    let mut cmd = redis::cmd("REPLICAOF");
+    match port {
+        Some(port) => cmd.arg("127.0.0.1").arg(port),
+        None => cmd.arg("NO").arg("ONE"),
+    };
+    let _: () = cmd
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap_or_else(|e| panic!("REPLICAOF: {e}\n{}", server.log()));
+}
+
+fn limiter(store: RedisStore) -> Limiter {
+    Limiter::builder("100/1h".parse().unwrap())
+        .store(store)
+        .timeout(TEST_TIMEOUT)
+        .deny_cache(0)
+        .breaker(Breaker::disabled())
+        .build()
+        .unwrap()
+}
+
+/// Spends 3 of "k" on the old master, fails over to its replica (the
+/// address moved with it), and expects checks to fail only with `READONLY`
+/// until the store reaches the new master, within [`RECOVERY`], then to
+/// count on from the 3 replicated: 96 left after the 4th.
+async fn leaves_the_demoted_master(connect: impl AsyncFnOnce(String) -> RedisStore) {
+    let old = RedisServer::start();
+    let new = old.start_replica().await;
+    let address = SwitchProxy::start(old.port()).await;
+    let log = || format!("old master:\n{}\nnew master:\n{}", old.log(), new.log());
+    let limiter = limiter(connect(address.url()).await);
+    for _ in 0..3 {
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(d.is_allowed(), "{d:?}\n{}", log());
+    }
+    old.sync_replicas().await;
+
+    replica_of(&new, None).await;
+    replica_of(&old, Some(new.port())).await;
+    address.switch_to(new.port());
+
+    let failed_over = Instant::now();
+    let mut refused = 0;
+    let decision = loop {
+        match limiter.check("k", 1).await {
+            Ok(d) => break d,
+            Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+                refused += 1;
+            }
+            Err(e) => panic!("after {refused} READONLY: {e}\n{}", log()),
+        }
+        assert!(
+            failed_over.elapsed() < RECOVERY,
+            "still on the demoted master after {RECOVERY:?} ({refused} checks refused READONLY)\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        decision.is_allowed() && decision.remaining() == 96,
+        "the new master's count, 3 replicated then this one: {decision:?}\n{}",
+        log()
+    );
+    // Every check from now on goes to the new master.
+    for remaining in (90..96).rev() {
+        let d = limiter
+            .check("k", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", log()));
+        assert_eq!(d.remaining(), remaining, "{d:?}\n{}", log());
+    }
+    new.assert_every_key_has_ttl().await;
+}
+
+#[tokio::test]
+async fn the_connection_manager_leaves_a_demoted_master() {
+    leaves_the_demoted_master(async |url| RedisStore::connect(url).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn a_lazy_connection_manager_leaves_a_demoted_master() {
+    leaves_the_demoted_master(async |url| RedisStore::connect_lazy(url).unwrap()).await;
+}
+
+#[tokio::test]
+async fn the_pool_leaves_a_demoted_master() {
+    leaves_the_demoted_master(async |url| support::pool_store(&url, 4, String::new).await).await;
+}
