@@ -295,11 +295,13 @@ async fn oom_gcra_over_http_follows_the_policy() {
 
 /// A concurrency limit of 2 on `store`, with leases long enough to outlive
 /// the test unrenewed.
+/// A limiter that sends every acquire to `store`: no breaker.
 fn concurrency(store: RedisStore) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(2)
         .store(store)
         .timeout(TEST_TIMEOUT)
         .lease(Duration::from_secs(60))
+        .breaker(Breaker::disabled())
         .build()
         .unwrap()
 }

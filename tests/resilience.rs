@@ -188,3 +188,54 @@ async fn over_http_a_cached_denial_has_the_status_and_headers_redis_would_give()
     );
     assert_eq!(local.body, redis.body);
 }
+
+/// The concurrency limiter has a breaker too: with Redis frozen, after 3
+/// acquires that timed out, acquires fail at once (`CircuitOpen`) instead
+/// of each waiting for the timeout; once Redis thaws, acquires are granted
+/// again within seconds, and no key is left without a TTL.
+#[tokio::test]
+async fn the_concurrency_breaker_opens_when_redis_hangs_and_closes_after() {
+    use redis_ratelimit::concurrency::{Acquired, ConcurrencyLimiter};
+    let server = RedisServer::start();
+    let limiter = ConcurrencyLimiter::builder(2)
+        .store(server.store().await)
+        .timeout(Duration::from_millis(200))
+        .breaker(
+            Breaker::new()
+                .failures(3)
+                .cooldown(Duration::from_millis(500)),
+        )
+        .build()
+        .unwrap();
+    let held = limiter.acquire("k").await.unwrap();
+    assert!(held.is_acquired(), "{held:?}\n{}", server.log());
+
+    server.freeze(true);
+    for _ in 0..3 {
+        let err = limiter.acquire("k").await.unwrap_err();
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+    }
+    let started = Instant::now();
+    for _ in 0..1000 {
+        let err = limiter.acquire("k").await.unwrap_err();
+        assert!(matches!(err, Error::CircuitOpen), "breaker not open: {err}");
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "1000 acquires took {took:?}");
+
+    server.freeze(false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.acquire("k").await {
+            Ok(Acquired::Lease(_)) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "no lease 5 s after Redis thawed: {other:?}\n{}",
+                server.log()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(held);
+    server.assert_every_key_has_ttl().await;
+}

@@ -10,7 +10,9 @@ use super::{
     lease::{Acquired, Busy, Lease, next_token, release_quietly},
 };
 use crate::{
-    ConfigError, DEFAULT_TIMEOUT, Error, MemoryStore, keyspace,
+    Breaker, ConfigError, DEFAULT_TIMEOUT, Error, MemoryStore,
+    breaker::{self, Pass},
+    keyspace,
     quota::{MAX_LIMIT, MAX_WINDOW},
     store::{BoxFuture, LeaseState, LeaseStore},
 };
@@ -33,6 +35,11 @@ const MIN_LEASE: Duration = Duration::from_millis(3);
 /// renewed, and a lease renews itself in the background every third of that
 /// time for as long as it is held, so a crashed holder frees its slot within
 /// one lease time while a long-running holder keeps it.
+///
+/// After repeated store failures a [circuit breaker](crate::Breaker), as the
+/// rate limiter's, stops calling the store for a while: acquires fail at
+/// once with [`Error::CircuitOpen`] instead of each waiting for the timeout.
+/// Renewals and releases are always sent.
 ///
 /// Clones are cheap and share one `Arc` of state. Needs a Tokio runtime (for
 /// the timeout, renewals and releases on drop).
@@ -68,6 +75,7 @@ pub(super) struct Inner {
     pub(super) lease: Duration,
     pub(super) timeout: Duration,
     retry_after: Duration,
+    breaker: breaker::State,
 }
 
 impl Inner {
@@ -87,6 +95,7 @@ impl fmt::Debug for ConcurrencyLimiter {
             .field("lease", &inner.lease)
             .field("timeout", &inner.timeout)
             .field("retry_after", &inner.retry_after)
+            .field("breaker", &inner.breaker)
             .finish()
     }
 }
@@ -115,6 +124,7 @@ impl ConcurrencyLimiter {
             lease: DEFAULT_LEASE,
             timeout: DEFAULT_TIMEOUT,
             retry_after: DEFAULT_RETRY_AFTER,
+            breaker: Breaker::default(),
         }
     }
 
@@ -128,6 +138,9 @@ impl ConcurrencyLimiter {
     /// granted. Dropping the future before it finishes (a client that went
     /// away, a `select!` that took another branch) leaks nothing either: its
     /// token is released the same way.
+    ///
+    /// While the [circuit breaker](crate::Breaker) is open, the store is not
+    /// called: [`Error::CircuitOpen`] at once.
     pub async fn acquire<K: AsRef<[u8]> + ?Sized>(&self, key: &K) -> Result<Acquired, Error> {
         self.start(key.as_ref()).await
     }
@@ -136,59 +149,89 @@ impl ConcurrencyLimiter {
     pub(crate) fn start(&self, key: &[u8]) -> BoxFuture<'static, Result<Acquired, Error>> {
         let inner = &self.inner;
         let key: Arc<str> = self.store_key_bytes(key).into();
+        let domain = breaker::domain(inner.store.fault_domain(&key));
+        let pass = inner.breaker.pass(domain);
+        if pass == Pass::Open {
+            return Box::pin(std::future::ready(Err(Error::CircuitOpen)));
+        }
         let token = next_token();
         let limit = inner.policy.limit();
-        let call = inner.store.acquire(&key, &token, limit, inner.lease_ms());
-        let limiter = self.clone();
-        Box::pin(async move { limiter.finish(key, token, call).await })
-    }
-
-    async fn finish(
-        self,
-        key: Arc<str>,
-        token: Arc<str>,
-        call: BoxFuture<'static, Result<LeaseState, Error>>,
-    ) -> Result<Acquired, Error> {
-        let timeout = self.inner.timeout;
-        let mut pending = Pending {
-            limiter: self,
-            key,
-            token,
-            call,
+        // Made now, so that dropping the future unpolled releases the token
+        // (a store may act before it is polled) and frees a probe's slot.
+        let pending = Pending {
+            limiter: self.clone(),
+            key: key.clone(),
+            token: token.clone(),
+            call: inner.store.acquire(&key, &token, limit, inner.lease_ms()),
+            domain,
+            pass,
             settled: false,
         };
-        let outcome = tokio::time::timeout(timeout, &mut pending.call).await;
-        pending.settled = true;
-        let (key, token) = (pending.key.clone(), pending.token.clone());
-        let limiter = &pending.limiter;
-        match outcome {
-            Ok(Ok(LeaseState {
-                acquired: true,
-                held,
-            })) => Ok(Acquired::Lease(Lease::new(
+        Box::pin(finish(pending))
+    }
+
+    /// Records an acquire's outcome with the breaker: `failed` or not.
+    fn record(&self, domain: u8, pass: Pass, failed: Option<&Error>) {
+        let breaker = &self.inner.breaker;
+        let Some(e) = failed else {
+            breaker.record(domain, pass, true);
+            return;
+        };
+        if breaker.record(domain, pass, false)
+            && let Some(unlogged) = breaker.log_opening()
+        {
+            tracing::warn!(error = %e, domain, unlogged, "concurrency store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
+        }
+    }
+}
+
+/// Waits for `pending`'s acquire within the timeout and settles it,
+/// recording its outcome with the breaker.
+async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
+    let timeout = pending.limiter.inner.timeout;
+    let outcome = tokio::time::timeout(timeout, &mut pending.call).await;
+    pending.settled = true;
+    let (key, token) = (pending.key.clone(), pending.token.clone());
+    let (domain, pass) = (pending.domain, pending.pass);
+    let limiter = &pending.limiter;
+    match outcome {
+        Ok(Ok(LeaseState {
+            acquired: true,
+            held,
+        })) => {
+            limiter.record(domain, pass, None);
+            Ok(Acquired::Lease(Lease::new(
                 limiter.clone(),
                 key,
                 token,
                 held,
-            ))),
-            Ok(Ok(LeaseState { held, .. })) => Ok(Acquired::Busy(Busy::new(
+            )))
+        }
+        Ok(Ok(LeaseState { held, .. })) => {
+            limiter.record(domain, pass, None);
+            Ok(Acquired::Busy(Busy::new(
                 held,
                 limiter.inner.retry_after,
                 limiter.inner.policy.clone(),
-            ))),
-            Ok(Err(e)) => {
-                // The reply may have been lost after the script ran.
-                limiter.release_later(key, token, None);
-                Err(e)
-            }
-            Err(_) => {
-                let call = mem::replace(&mut pending.call, Box::pin(std::future::pending()));
-                limiter.release_later(key, token, Some(call));
-                Err(Error::Timeout(timeout))
-            }
+            )))
+        }
+        Ok(Err(e)) => {
+            limiter.record(domain, pass, Some(&e));
+            // The reply may have been lost after the script ran.
+            limiter.release_later(key, token, None);
+            Err(e)
+        }
+        Err(_) => {
+            let e = Error::Timeout(timeout);
+            limiter.record(domain, pass, Some(&e));
+            let limiter = limiter.clone();
+            limiter.release_later(key, token, Some(pending.take_call()));
+            Err(e)
         }
     }
+}
 
+impl ConcurrencyLimiter {
     /// Releases `token` in the background, after `pending` (a timed-out or
     /// abandoned acquire) has finished, unless it is known to have granted
     /// nothing. Outside a Tokio runtime nothing can run: the lease expires
@@ -260,6 +303,10 @@ struct Pending {
     key: Arc<str>,
     token: Arc<str>,
     call: BoxFuture<'static, Result<LeaseState, Error>>,
+    /// The breaker's fault domain of the key, and what the breaker let the
+    /// acquire do.
+    domain: u8,
+    pass: Pass,
     /// The outcome is known and handled: nothing to do on drop.
     settled: bool,
 }
@@ -276,6 +323,7 @@ impl Drop for Pending {
             let call = self.take_call();
             let (key, token) = (self.key.clone(), self.token.clone());
             self.limiter.release_later(key, token, Some(call));
+            self.limiter.inner.breaker.abandon(self.domain, self.pass);
         }
     }
 }
@@ -291,6 +339,7 @@ pub struct ConcurrencyLimiterBuilder {
     lease: Duration,
     timeout: Duration,
     retry_after: Duration,
+    breaker: Breaker,
 }
 
 impl ConcurrencyLimiterBuilder {
@@ -340,6 +389,24 @@ impl ConcurrencyLimiterBuilder {
         self
     }
 
+    /// The circuit breaker in front of the store's acquires (default:
+    /// [`Breaker::new`]; [`Breaker::disabled`] turns it off).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redis_ratelimit::{Breaker, concurrency::ConcurrencyLimiter};
+    ///
+    /// let limiter = ConcurrencyLimiter::builder(4)
+    ///     .breaker(Breaker::new().failures(3).cooldown(Duration::from_millis(500)))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = limiter;
+    /// ```
+    pub fn breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
     /// Builds the limiter, checking the limit, name, prefix, timeout and lease.
     pub fn build(self) -> Result<ConcurrencyLimiter, ConfigError> {
         if self.limit == 0 || self.limit > MAX_LIMIT {
@@ -365,6 +432,7 @@ impl ConcurrencyLimiterBuilder {
                 lease: self.lease,
                 timeout: self.timeout,
                 retry_after: self.retry_after,
+                breaker: breaker::State::new(self.breaker),
             }),
         })
     }

@@ -53,4 +53,13 @@ pub trait LeaseStore: fmt::Debug + Send + Sync + 'static {
     /// Removes `token`'s lease. `false`: it held no live lease. Never touches
     /// another token's lease.
     fn release(&self, key: &str, token: &str) -> BoxFuture<'static, Result<bool, Error>>;
+
+    /// The fault domain of `key`, as [`Store::fault_domain`](crate::Store::fault_domain)
+    /// gives it: the [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)'s
+    /// [circuit breaker](crate::Breaker) keeps one state per domain. The
+    /// default, 0, puts every key in one.
+    fn fault_domain(&self, key: &str) -> usize {
+        let _ = key;
+        0
+    }
 }

@@ -60,4 +60,10 @@ impl LeaseStore for RedisStore {
         let reply = self.run::<i64>(call);
         Box::pin(async move { flag("concurrency_release", reply.await?) })
     }
+
+    /// The same domains as the rate limits': a range of hash slots on a
+    /// cluster, one for the rest.
+    fn fault_domain(&self, key: &str) -> usize {
+        crate::Store::fault_domain(self, key)
+    }
 }
