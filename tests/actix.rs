@@ -312,17 +312,8 @@ support::for_every_store!(actix_tiers, actix_skip, actix_refunds);
 #[test]
 #[should_panic(expected = "RateLimitMiddleware::tiered: the extractor gives 2 keys per request")]
 fn actix_keys_per_limit_must_fit_every_tier() {
-    use redis_ratelimit::{Limiter, Quota};
-    let two_limits = Limiter::builder(Quota::per_second(1))
-        .limit("global", Quota::per_second(100))
-        .build()
-        .unwrap();
-    let pro = Limiter::builder(Quota::per_second(5))
-        .name("pro")
-        .build()
-        .unwrap();
     let _ = RateLimitMiddleware::tiered(
-        Tiers::new(two_limits).tier(pro),
+        support::limits::tiers_of_two_limits_and_one(),
         key::Header::new("x-plan"),
         key::each((key::Header::new("x-api-key"), key::Global)),
     );

@@ -22,7 +22,7 @@ use redis_ratelimit::{
 use support::{
     RedisServer, TEST_TIMEOUT,
     http::Caller,
-    lease,
+    lease, limits,
     servers::{app, spawn_axum},
 };
 
@@ -56,14 +56,10 @@ impl Algo {
 
 /// A limiter that sends every check to `store`: no deny cache, no breaker.
 fn limiter(algo: Algo, store: RedisStore) -> Limiter {
-    Limiter::builder(algo.quota())
+    limits::every_check(algo.quota(), store)
         .name("l")
         // The servers of one test are one service's replicas on purpose.
         .share_counters()
-        .store(store)
-        .timeout(TEST_TIMEOUT)
-        .deny_cache(0)
-        .breaker(Breaker::disabled())
         .build()
         .unwrap()
 }

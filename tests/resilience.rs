@@ -15,15 +15,18 @@ use support::{
     servers::{app, spawn_axum},
 };
 
+/// Opens after 3 failures, probes after 500 ms.
+fn breaker() -> Breaker {
+    Breaker::new()
+        .failures(3)
+        .cooldown(Duration::from_millis(500))
+}
+
 fn breaker_limiter(store: redis_ratelimit::RedisStore) -> Limiter {
     Limiter::builder("1000/1m".parse().unwrap())
         .store(store)
         .timeout(Duration::from_millis(200))
-        .breaker(
-            Breaker::new()
-                .failures(3)
-                .cooldown(Duration::from_millis(500)),
-        )
+        .breaker(breaker())
         .build()
         .unwrap()
 }
@@ -200,11 +203,7 @@ async fn the_concurrency_breaker_opens_when_redis_hangs_and_closes_after() {
     let limiter = ConcurrencyLimiter::builder(2)
         .store(server.store().await)
         .timeout(Duration::from_millis(200))
-        .breaker(
-            Breaker::new()
-                .failures(3)
-                .cooldown(Duration::from_millis(500)),
-        )
+        .breaker(breaker())
         .build()
         .unwrap();
     let held = limiter.acquire("k").await.unwrap();

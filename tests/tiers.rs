@@ -11,7 +11,7 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 use redis_ratelimit::{
-    Limiter, Quota, RateLimitLayer, Tiers,
+    Limiter, RateLimitLayer, Tiers,
     key::{self, Global, Header},
 };
 use support::{
@@ -153,16 +153,8 @@ fn a_tier_named_twice_is_refused() {
 #[test]
 #[should_panic(expected = "gives 2 keys per request, and limiter \"pro\" has 1 limits")]
 fn keys_per_limit_must_fit_every_tier() {
-    let two_limits = Limiter::builder(Quota::per_second(1))
-        .limit("global", Quota::per_second(100))
-        .build()
-        .unwrap();
-    let pro = Limiter::builder(Quota::per_second(5))
-        .name("pro")
-        .build()
-        .unwrap();
     let _ = RateLimitLayer::tiered(
-        Tiers::new(two_limits).tier(pro),
+        support::limits::tiers_of_two_limits_and_one(),
         Header::new("x-plan"),
         key::each((Header::new("x-api-key"), Global)),
     );

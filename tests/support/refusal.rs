@@ -38,8 +38,11 @@ impl RedisServer {
     }
 
     /// A second server, a read-only replica (`--replicaof`) of this one,
-    /// returned once its link to this one is up and it has the data.
+    /// returned once its link to this one is up and it has the data. This
+    /// server sends its data at once (`repl-diskless-sync-delay 0`; Redis
+    /// waits 5 s for more replicas by default).
     pub async fn start_replica(&self) -> RedisServer {
+        self.config_set("repl-diskless-sync-delay", "0").await;
         let port = self.port().to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -63,14 +66,46 @@ impl RedisServer {
         replica
     }
 
-    /// Waits (`WAIT 1`) until one replica has every write made so far.
+    /// Waits until a replica has acknowledged every write made so far, on
+    /// any connection: its acknowledged offset (`INFO replication`'s
+    /// `slave0:...,offset=`) reaches the master's `master_repl_offset`.
+    /// (`WAIT` would not do: it waits only for the asking connection's own
+    /// writes, and the harness asks on a connection of its own.)
     pub async fn sync_replicas(&self) {
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(1)
-            .arg(10_000)
-            .query_async(&mut self.conn().await)
-            .await
-            .unwrap();
-        assert_eq!(acked, 1, "no replica acknowledged in 10 s\n{}", self.log());
+        let field = |info: &str, name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.trim().parse().ok())
+        };
+        let acked = |info: &str| -> Option<u64> {
+            let replica = info.lines().find_map(|l| l.strip_prefix("slave0:"))?;
+            replica
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("offset="))
+                .and_then(|v| v.parse().ok())
+        };
+        let mut conn = self.conn().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut target = None;
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let offset = field(&info, "master_repl_offset:");
+            let target = *target.get_or_insert(offset);
+            if let (Some(target), Some(acked)) = (target, acked(&info))
+                && acked >= target
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replica acknowledged offset {target:?} in 10 s:\n{info}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
