@@ -8,51 +8,50 @@
 //! every check would fail with it. So a call answered `READONLY` asks Redis
 //! to close the connection (`QUIT`, which any client may send, on the same
 //! manager, then a `PING` that fails on the closed connection), and the
-//! manager reconnects, to whatever node the address names by then. The call itself fails (a script's first write is refused on a
-//! replica, so it wrote nothing) and the limiter applies its
+//! manager reconnects, to whatever node the address names by then. The
+//! call itself fails (a script's first write is refused on a replica, so it
+//! wrote nothing) and the limiter applies its
 //! [`OnStoreError`](crate::OnStoreError) policy; the calls after the
 //! reconnection go to the new node. Calls already in flight on the old
-//! connection answer `READONLY` too: one `QUIT` per [`LEAVE_EVERY`] is
-//! sent, so that they do not close the new connection as well.
+//! connection answer `READONLY` too: at most one `QUIT` a second is sent
+//! (the crate's log [`Throttle`]), so that they do not close the new
+//! connection as well, and a node still read-only after the reconnection
+//! (the address not yet moved) is left again a second later.
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::sync::Arc;
 
 use super::super::pool;
+use crate::core::Throttle;
 use redis::{
     Cmd, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
     aio::{ConnectionLike, ConnectionManager},
 };
 
-/// The least time between two `QUIT`s: a node still read-only after the
-/// reconnection (the address not yet moved to the new master) is left
-/// again after this long.
-pub(super) const LEAVE_EVERY: Duration = Duration::from_millis(250);
-
 /// A `ConnectionManager` that leaves a read-only node; clones share it.
 #[derive(Clone)]
 pub(crate) struct Standalone {
     manager: ConnectionManager,
-    /// When the last `QUIT` was sent.
-    left: Arc<Mutex<Option<Instant>>>,
+    /// One `QUIT` a second, and its warning.
+    leaving: Arc<Throttle>,
 }
 
 impl Standalone {
     pub(super) fn new(manager: ConnectionManager) -> Self {
         Self {
             manager,
-            left: Arc::default(),
+            leaving: Arc::default(),
         }
     }
 
     /// After a call's `result`: leaves the node if it answered `READONLY`.
     async fn after<T>(&mut self, result: RedisResult<T>, read_only: bool) -> RedisResult<T> {
-        if read_only && self.may_leave() {
-            tracing::warn!("Redis answered READONLY: its node is a replica now; reconnecting");
+        if read_only && let Some(unlogged) = self.leaving.admit() {
+            tracing::warn!(
+                unlogged,
+                "Redis answered READONLY: its node is a replica now; reconnecting"
+            );
             // Their replies do not matter. Redis answers QUIT, then closes
             // the connection; the manager reconnects once a command fails on
             // the closed connection, which the PING does, so that the next
@@ -61,20 +60,6 @@ impl Standalone {
             let _: RedisResult<Value> = self.manager.req_packed_command(&redis::cmd("PING")).await;
         }
         result
-    }
-
-    /// Whether no `QUIT` was sent in the last [`LEAVE_EVERY`]; notes one
-    /// now if so.
-    fn may_leave(&self) -> bool {
-        let mut left = self
-            .left
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if left.is_some_and(|at| at.elapsed() < LEAVE_EVERY) {
-            return false;
-        }
-        *left = Some(Instant::now());
-        true
     }
 }
 
