@@ -6,9 +6,7 @@ mod support;
 
 use std::{
     collections::HashSet,
-    io,
     net::{IpAddr, SocketAddr},
-    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -24,7 +22,7 @@ use redis_ratelimit::{
     RAW_KEY_MAX, RateLimitLayer,
     key::{ClientIp, Header, KeyError, KeyExtractor, MAX_HEADER_KEY_LEN, PeerIp},
 };
-use support::RedisServer;
+use support::{RedisServer, logs::Captured};
 use tokio::net::TcpListener;
 
 /// Request parts from `peer` with `headers`, as the tower layer sees them.
@@ -267,39 +265,6 @@ async fn hostile_key_material_makes_bounded_distinct_redis_keys() {
         .collect();
     assert_eq!(in_redis, store_keys, "{}", redis.log());
     redis.assert_every_key_has_ttl().await;
-}
-
-/// A `tracing` subscriber that records what it prints.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// Runs `f` with this capture as the thread's subscriber; returns the
-    /// WARN lines printed.
-    fn warnings(&self, f: impl FnOnce()) -> Vec<String> {
-        let out = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || out.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .filter(|l| l.contains("WARN"))
-            .map(str::to_owned)
-            .collect()
-    }
 }
 
 #[test]

@@ -725,3 +725,34 @@ async fn a_pool_of_cluster_connections_recovers_after_a_master_restarts() {
     assert!(!limiter.check(&key, 1).await.unwrap().is_allowed());
     cluster.assert_every_key_has_ttl();
 }
+
+/// On a cluster, `INFO memory` goes to every master: one that may evict
+/// the limiter's keys is named in a warning at startup even when the node
+/// the seed list starts with may not.
+#[tokio::test]
+async fn a_node_that_may_evict_the_counters_is_named_at_startup() {
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seed_urls();
+    let port: u16 = seeds
+        .last()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for (name, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "allkeys-lfu")] {
+        let _: () = cluster.query(port, redis::cmd("CONFIG").arg("SET").arg(name).arg(value));
+    }
+    let captured = support::logs::Captured::default();
+    let guard = captured.install();
+    let store = cluster.store().await;
+    drop(guard);
+    drop(store);
+    let warnings = captured.warning_lines();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(
+        warnings[0].contains("maxmemory-policy is allkeys-lfu"),
+        "{warnings:#?}"
+    );
+}

@@ -6,7 +6,7 @@
 mod support;
 
 use redis_ratelimit::{Error, RedisStore};
-use support::RedisServer;
+use support::{RedisServer, logs::Captured};
 
 /// `connect`'s error on `url`, which must be `Error::Startup`.
 async fn startup_error(url: &str, server: Option<&RedisServer>) -> String {
@@ -81,4 +81,44 @@ async fn a_healthy_server_passes_and_keeps_no_key() {
         [],
         "the startup check wrote keys"
     );
+}
+
+/// A Redis that may evict keys (a `maxmemory`, and a policy other than
+/// `noeviction`: `volatile-lru` is some managed services' default, and
+/// every key of the limiter has a TTL) is named in a warning at startup,
+/// once; one that may not, or has no `maxmemory`, is not.
+#[tokio::test]
+async fn a_redis_that_may_evict_the_counters_is_named_at_startup() {
+    for (args, warned) in [
+        (
+            ["--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru"],
+            true,
+        ),
+        (
+            ["--maxmemory", "100mb", "--maxmemory-policy", "noeviction"],
+            false,
+        ),
+        (
+            ["--maxmemory", "0", "--maxmemory-policy", "allkeys-lru"],
+            false,
+        ),
+    ] {
+        let server = RedisServer::start_with(&args);
+        let captured = Captured::default();
+        let guard = captured.install();
+        let store = RedisStore::connect(server.url()).await;
+        drop(guard);
+        store.unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+        let warnings = captured.warning_lines();
+        if warned {
+            assert_eq!(warnings.len(), 1, "{args:?}: {warnings:#?}");
+            assert!(
+                warnings[0].contains("maxmemory-policy is volatile-lru")
+                    && warnings[0].contains("noeviction"),
+                "{warnings:#?}"
+            );
+        } else {
+            assert!(warnings.is_empty(), "{args:?}: {warnings:#?}");
+        }
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, Value};
 
 use super::{Call, RedisStore};
 use crate::{Error, Quota, store::LimitCheck, store::scripts};
@@ -35,6 +35,14 @@ impl RedisStore {
     /// Fails with [`Error::Startup`], whose message names the cause, after
     /// 5 s at most.
     ///
+    /// It also reads `INFO memory`, and logs a warning (`tracing`) if Redis
+    /// may evict the limiter's keys: a `maxmemory` set, with a
+    /// `maxmemory-policy` other than `noeviction`. Every key the limiter
+    /// writes has a TTL, so `volatile-*` policies evict them as `allkeys-*`
+    /// ones do, and an evicted counter forgets what its client spent: the
+    /// limit is lifted for the rest of that window. A Redis that refuses
+    /// `INFO` is not checked for it.
+    ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -48,7 +56,12 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn self_test(&self) -> Result<(), Error> {
-        match tokio::time::timeout(DEADLINE, self.check_scripts()).await {
+        let check = async {
+            self.check_scripts().await?;
+            self.warn_if_evicting().await;
+            Ok(())
+        };
+        match tokio::time::timeout(DEADLINE, check).await {
             Ok(result) => result.map_err(|e| startup(e, Stage::Scripts)),
             Err(_) => Err(Error::Startup(format!(
                 "Redis did not answer the startup check within {DEADLINE:?}"
@@ -93,6 +106,66 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+impl RedisStore {
+    /// Logs a warning for each eviction policy [`evicting`] finds in `INFO
+    /// memory` (on a cluster, redis-rs asks every master).
+    async fn warn_if_evicting(&self) {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        match self.run::<Value>(Call::command(info)).await {
+            Ok(reply) => {
+                for policy in evicting(&reply) {
+                    tracing::warn!(
+                        maxmemory_policy = %policy,
+                        "Redis may evict the limiter's keys (maxmemory is set, and \
+                         maxmemory-policy is {policy}): an evicted counter forgets what its \
+                         client spent, which lifts that client's limit until its window ends. \
+                         Set maxmemory-policy noeviction on the limiter's Redis (a full Redis \
+                         then fails checks into the OnStoreError policy), or give the limiter \
+                         a Redis of its own"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "INFO memory: the eviction policy is not checked")
+            }
+        }
+    }
+}
+
+/// The eviction policies in an `INFO memory` reply (one node's text, or a
+/// cluster's map of them) of nodes that may evict keys: `maxmemory` above 0
+/// and `maxmemory_policy` other than `noeviction`; each policy once.
+fn evicting(reply: &Value) -> Vec<String> {
+    fn node(text: &str, found: &mut Vec<String>) {
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let limited = field("maxmemory").is_some_and(|m| m != "0");
+        if let Some(policy) = field("maxmemory_policy")
+            && limited
+            && policy != "noeviction"
+            && !found.iter().any(|p| p == policy)
+        {
+            found.push(policy.to_owned());
+        }
+    }
+    fn walk(reply: &Value, found: &mut Vec<String>) {
+        match reply {
+            Value::BulkString(bytes) => node(&String::from_utf8_lossy(bytes), found),
+            Value::SimpleString(text) | Value::VerbatimString { text, .. } => node(text, found),
+            Value::Map(pairs) => pairs.iter().for_each(|(_, v)| walk(v, found)),
+            Value::Array(items) => items.iter().for_each(|v| walk(v, found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(reply, &mut found);
+    found
 }
 
 /// What the check was doing when it failed.
@@ -161,4 +234,40 @@ pub(super) fn startup(e: Error, stage: Stage) -> Error {
 
 fn is_auth(e: &RedisError) -> bool {
     e.kind() == ErrorKind::AuthenticationFailed || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::evicting;
+
+    fn info(maxmemory: u64, policy: &str) -> String {
+        format!(
+            "# Memory\r\nused_memory:1000\r\nmaxmemory:{maxmemory}\r\nmaxmemory_human:0B\r\nmaxmemory_policy:{policy}\r\n"
+        )
+    }
+
+    #[test]
+    fn an_eviction_policy_counts_only_with_a_maxmemory() {
+        let bulk = |text: String| Value::BulkString(text.into_bytes());
+        assert_eq!(
+            evicting(&bulk(info(1 << 30, "volatile-lru"))),
+            ["volatile-lru"]
+        );
+        assert_eq!(
+            evicting(&bulk(info(1 << 30, "allkeys-lfu"))),
+            ["allkeys-lfu"]
+        );
+        assert!(evicting(&bulk(info(1 << 30, "noeviction"))).is_empty());
+        assert!(evicting(&bulk(info(0, "allkeys-lru"))).is_empty());
+        assert!(evicting(&Value::Nil).is_empty());
+        // A cluster's reply, a map of nodes: each policy once.
+        let cluster = Value::Map(vec![
+            (bulk("a:1".into()), bulk(info(1 << 30, "allkeys-lru"))),
+            (bulk("b:2".into()), bulk(info(1 << 30, "noeviction"))),
+            (bulk("c:3".into()), bulk(info(1 << 30, "allkeys-lru"))),
+        ]);
+        assert_eq!(evicting(&cluster), ["allkeys-lru"]);
+    }
 }

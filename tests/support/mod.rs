@@ -14,6 +14,7 @@ pub mod http;
 pub mod inproc;
 pub mod lease;
 pub mod limits;
+pub mod logs;
 pub mod lossy;
 pub mod refusal;
 pub mod scenarios;
