@@ -122,3 +122,25 @@ async fn a_redis_that_may_evict_the_counters_is_named_at_startup() {
         }
     }
 }
+
+/// A URL that names a read-only replica (a failover's old master, or the
+/// wrong host) fails `connect` naming it: the decisions the check runs only
+/// read, which a replica allows, and every later check would be refused.
+/// The check writes nothing on a master (the keyspace stays empty).
+#[tokio::test]
+async fn a_read_only_replica_fails_connect_naming_it() {
+    let master = RedisServer::start();
+    let replica = master.start_replica().await;
+    let message = startup_error(&replica.url(), Some(&replica)).await;
+    assert!(message.contains("read-only replica"), "{message}");
+    // Its master passes, and keeps no key.
+    let store = RedisStore::connect(master.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", master.log()));
+    drop(store);
+    let size: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut master.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(size, 0, "the startup check wrote keys");
+}

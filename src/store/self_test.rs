@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Value};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::{Call, RedisStore};
 use crate::{Error, Quota, store::LimitCheck, store::scripts};
@@ -17,6 +17,9 @@ const DEADLINE: Duration = Duration::from_secs(5);
 /// The decisions cost 0, which only looks: nothing is written.
 const KEY: &str = "redis-ratelimit:self-test:{self-test}";
 
+/// The key the check deletes to see that Redis takes writes: never set.
+const WRITE_PROBE: &str = "redis-ratelimit:self-test:{self-test}:write";
+
 impl RedisStore {
     /// Checks that this store's Redis can run the limiter: it loads every
     /// script the store uses (`SCRIPT LOAD`, on a cluster on every node) and
@@ -27,9 +30,11 @@ impl RedisStore {
     /// built from a pool you made ([`from_pool`](Self::from_pool),
     /// `from_cluster_pool`) cannot be checked in its constructor: call this
     /// once at startup, so that a Redis that is unreachable, refuses the
-    /// password or cannot run the scripts (scripting disabled or renamed, a
-    /// Redis-protocol server without Lua's `cmsgpack`) stops the service with
-    /// a message, instead of failing every request into the
+    /// password, cannot run the scripts (scripting disabled or renamed, a
+    /// Redis-protocol server without Lua's `cmsgpack`) or refuses writes (a
+    /// read-only replica, `MISCONF`; it deletes a key that is never set,
+    /// `redis-ratelimit:self-test:{self-test}:write`, to see) stops the
+    /// service with a message, instead of failing every request into the
     /// [`OnStoreError`](crate::OnStoreError) policy.
     ///
     /// Fails with [`Error::Startup`], whose message names the cause, after
@@ -74,6 +79,19 @@ impl RedisStore {
         // missing password reads as such (Redis cuts an unauthenticated
         // client off at a large argument, such as a script's source).
         let _: String = self.run(Call::command(redis::cmd("PING"))).await?;
+        // A write that writes nothing (a key that is never set), so that a
+        // Redis that refuses every check's write says so now: a read-only
+        // replica (`READONLY`), or one that cannot save to disk (`MISCONF`).
+        // The decisions below cost 0 and only read, which a replica allows.
+        // A user whose ACL denies `DEL` is not held to it.
+        let mut probe = redis::cmd("DEL");
+        probe.arg(WRITE_PROBE);
+        match self.run::<i64>(Call::command(probe)).await {
+            Err(Error::Redis(e)) if e.code() == Some("NOPERM") => {}
+            result => {
+                result?;
+            }
+        }
         for (script, source) in scripts::all() {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(source);
@@ -219,6 +237,14 @@ pub(super) fn startup(e: Error, stage: Stage) -> Error {
             "connection refused: nothing listens at that address; is Redis running there?"
         }
         (Error::Redis(e), _) if e.is_io_error() || e.is_timeout() => "Redis is unreachable",
+        (Error::Redis(e), _) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+            "this Redis is a read-only replica, which would refuse every check: point the \
+             store at the master (RedisStore::sentinel and RedisStore::cluster find it)"
+        }
+        (Error::Redis(e), _) if e.code() == Some("MISCONF") => {
+            "Redis refuses writes because it cannot save to disk (MISCONF): every check \
+             would fail; see its log"
+        }
         (Error::Redis(e), _) if e.code() == Some("NOPERM") => {
             "this user may not run the limiter's scripts: allow EVALSHA and SCRIPT LOAD \
              in its ACL"
