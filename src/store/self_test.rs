@@ -45,7 +45,7 @@ impl RedisStore {
     /// `maxmemory-policy` other than `noeviction`. Every key the limiter
     /// writes has a TTL, so `volatile-*` policies evict them as `allkeys-*`
     /// ones do, and an evicted counter forgets what its client spent: the
-    /// limit is lifted for the rest of that window. A Redis that refuses
+    /// client starts over with a whole quota. A Redis that refuses
     /// `INFO` is not checked for it.
     ///
     /// ```no_run
@@ -139,7 +139,7 @@ impl RedisStore {
                         maxmemory_policy = %policy,
                         "Redis may evict the limiter's keys (maxmemory is set, and \
                          maxmemory-policy is {policy}): an evicted counter forgets what its \
-                         client spent, which lifts that client's limit until its window ends. \
+                         client spent, and the client starts over with a whole quota. \
                          Set maxmemory-policy noeviction on the limiter's Redis (a full Redis \
                          then fails checks into the OnStoreError policy), or give the limiter \
                          a Redis of its own"
