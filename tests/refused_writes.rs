@@ -197,7 +197,9 @@ async fn read_only_replica_is_a_store_error(algo: Algo) {
         "replica out of sync"
     );
 
-    let on_replica = limiter(algo, replica.store().await);
+    // connect would refuse a replica at startup (tests/startup.rs); this
+    // is a store that finds itself on one later.
+    let on_replica = limiter(algo, replica.lazy_store());
     checks_refused(algo, &on_replica, "read only replica", &replica.log()).await;
 
     assert_eq!(dumps(&replica, &on_primary).await, before, "{algo:?}");
@@ -373,7 +375,7 @@ async fn read_only_replica_concurrency_acquire_is_a_store_error() {
     let replica = primary.start_replica().await;
     let before = lease_dumps(&primary, &limiter).await;
 
-    let on_replica = concurrency(replica.store().await);
+    let on_replica = concurrency(replica.lazy_store());
     // Acquiring always writes (expired leases are dropped), so even the full
     // key fails on a replica.
     acquires_refused(&on_replica, "read only replica", true, &replica.log()).await;

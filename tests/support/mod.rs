@@ -384,6 +384,14 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("RedisStore::connect: {e}\n{}", self.log()))
     }
 
+    /// A new `RedisStore` on this server without the startup check
+    /// (`connect_lazy`): for a server the check refuses, such as a
+    /// read-only replica, where a test wants the refusals of later calls.
+    pub fn lazy_store(&self) -> RedisStore {
+        RedisStore::connect_lazy(self.url())
+            .unwrap_or_else(|e| panic!("RedisStore::connect_lazy: {e}\n{}", self.log()))
+    }
+
     /// A limiter for `quota` on a new `RedisStore` of this server.
     pub async fn limiter(&self, quota: &str) -> Limiter {
         Limiter::builder(quota.parse().unwrap())
