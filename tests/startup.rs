@@ -144,3 +144,27 @@ async fn a_read_only_replica_fails_connect_naming_it() {
         .unwrap();
     assert_eq!(size, 0, "the startup check wrote keys");
 }
+
+/// A user whose ACL denies `DEL` (the write probe) but allows the scripts
+/// still connects: the probe is not held against it.
+#[tokio::test]
+async fn a_user_denied_del_still_connects() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limiter", "on", ">secret", "~*", "+@all", "-del"])
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    let url = format!("redis://limiter:secret@127.0.0.1:{}", server.port());
+    let store = RedisStore::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    drop(store);
+    // The probe was refused, not run.
+    let denied: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    assert!(!denied.is_empty(), "DEL was not denied");
+}
