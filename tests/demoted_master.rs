@@ -62,17 +62,7 @@ async fn leaves_the_demoted_master_as(
         None => address.url(),
         Some((name, password)) => {
             for server in [&old, &new] {
-                let _: () = redis::cmd("ACL")
-                    .arg("SETUSER")
-                    .arg(name)
-                    .arg("on")
-                    .arg(format!(">{password}"))
-                    .arg("~*")
-                    .arg("+@all")
-                    .arg("-quit")
-                    .query_async(&mut server.conn().await)
-                    .await
-                    .unwrap_or_else(|e| panic!("ACL SETUSER: {e}\n{}", log()));
+                server.acl_user_without(name, password, "quit").await;
             }
             address
                 .url()

@@ -150,12 +150,7 @@ async fn a_read_only_replica_fails_connect_naming_it() {
 #[tokio::test]
 async fn a_user_denied_del_still_connects() {
     let server = RedisServer::start();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "limiter", "on", ">secret", "~*", "+@all", "-del"])
-        .query_async(&mut server.conn().await)
-        .await
-        .unwrap();
-    let url = format!("redis://limiter:secret@127.0.0.1:{}", server.port());
+    let url = server.acl_user_without("limiter", "secret", "del").await;
     let store = RedisStore::connect(url)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));

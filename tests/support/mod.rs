@@ -384,6 +384,23 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("RedisStore::connect: {e}\n{}", self.log()))
     }
 
+    /// Adds the ACL user `name` with `password`, every key and every command
+    /// but `denied` (e.g. `"quit"`); returns this server's URL as that user.
+    pub async fn acl_user_without(&self, name: &str, password: &str, denied: &str) -> String {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(name)
+            .arg("on")
+            .arg(format!(">{password}"))
+            .arg("~*")
+            .arg("+@all")
+            .arg(format!("-{denied}"))
+            .query_async(&mut self.conn().await)
+            .await
+            .unwrap_or_else(|e| panic!("ACL SETUSER: {e}\n{}", self.log()));
+        format!("redis://{name}:{password}@127.0.0.1:{}", self.port())
+    }
+
     /// A new `RedisStore` on this server without the startup check
     /// (`connect_lazy`): for a server the check refuses, such as a
     /// read-only replica, where a test wants the refusals of later calls.
