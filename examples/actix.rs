@@ -35,9 +35,7 @@ fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup {
-        listener, layer, ..
-    } = support::setup().await?;
+    let support::Setup { listener, layer } = support::setup().await?;
     let listener = listener.into_std()?;
     // actix-web stops on ctrl-c by itself, finishing open requests.
     // The tower layer's configuration, served as actix middleware.

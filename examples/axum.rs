@@ -29,9 +29,7 @@ async fn main() -> ExitCode {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup {
-        listener, layer, ..
-    } = support::setup().await?;
+    let support::Setup { listener, layer } = support::setup().await?;
     let app = Router::new().route("/", get(|| async { "ok" })).route(
         "/status/{code}",
         get(|Path(code): Path<String>| async move { support::status(&code) }),

@@ -38,9 +38,7 @@ async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallib
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup {
-        listener, layer, ..
-    } = support::setup().await?;
+    let support::Setup { listener, layer } = support::setup().await?;
     // One service for every connection; without a layer it is `hello` alone.
     let app = ServiceBuilder::new().option_layer(layer).service_fn(hello);
     let graceful = GracefulShutdown::new();

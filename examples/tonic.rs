@@ -4,7 +4,9 @@
 //!
 //! A rejected call is answered with gRPC status `RESOURCE_EXHAUSTED` and a
 //! `retry-after` metadata value, not an HTTP 429; `key::PeerIp` reads the
-//! peer address tonic's server records (the `tonic` feature).
+//! peer address tonic's server records (the `tonic` feature). With
+//! `RATE_LIMIT_REFUND`, `refund::TrailersLayer` refunds by the `grpc-status`
+//! a served call sends in its trailers.
 //!
 //! ```text
 //! cargo run --example tonic --features tonic                 # in memory, 100/1s per IP
@@ -17,6 +19,7 @@ mod support;
 
 use std::process::ExitCode;
 
+use redis_ratelimit::refund::TrailersLayer;
 use tonic::transport::{Server, server::TcpIncoming};
 use tower::util::option_layer;
 
@@ -27,21 +30,12 @@ async fn main() -> ExitCode {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup {
-        listener,
-        layer,
-        refund,
-    } = support::setup().await?;
-    if refund.as_deref() == Some("successes") {
-        return Err(support::Error::usage(
-            "RATE_LIMIT_REFUND=successes cannot work here: a served gRPC call's status \
-             comes in its trailers, after the middleware; refunds go by a `grpc-status` \
-             at the head (failed calls), so use server-errors or client-errors"
-                .into(),
-        ));
-    }
+    let support::Setup { listener, layer } = support::setup().await?;
     let (_reporter, health) = tonic_health::server::health_reporter();
+    // Outside the limit: refunds by a served call's `grpc-status`, which
+    // comes in its trailers (RATE_LIMIT_REFUND); otherwise it only forwards.
     Server::builder()
+        .layer(TrailersLayer::new())
         .layer(option_layer(layer))
         .add_service(health)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), support::shutdown_signal())

@@ -14,7 +14,7 @@ use crate::{
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
-    refund::{Charged, Outcome, Refund, ResponseHead},
+    refund::{Charged, Deferred, Outcome, Refund, ResponseHead},
     respond::Format,
 };
 use smallvec::SmallVec;
@@ -236,9 +236,10 @@ impl<K, R> Core<K, R> {
     /// After a passed request's response head `res`: gives `spent` back
     /// if the response's status is one to refund. A gRPC response whose
     /// `grpc-status` is not at its head (it comes in the trailers, after
-    /// the middleware has let the response go) is never refunded: the
-    /// request stays charged.
-    pub(crate) fn settle(&self, res: &impl ResponseHead, decision: &Decision, spent: Charged) {
+    /// the middleware has let the response go) gets the refund in its
+    /// extensions, for a [`TrailersLayer`](crate::refund::TrailersLayer)
+    /// outside to settle by the trailers; without one it stays charged.
+    pub(crate) fn settle(&self, res: &mut impl ResponseHead, decision: &Decision, spent: Charged) {
         // A decision that spent nothing (a shadow denial) needs no task.
         let Some(refund) = self.refund.as_ref().filter(|_| decision.spent().is_some()) else {
             return;
@@ -246,7 +247,15 @@ impl<K, R> Core<K, R> {
         match Outcome::of(res) {
             Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
             Outcome::Known(_) => {}
-            Outcome::InTrailers => self.logs.status_in_trailers(),
+            Outcome::InTrailers => {
+                let logged = self.logs.untaken_logged.clone();
+                res.defer(Deferred::new(
+                    refund.clone(),
+                    spent,
+                    decision.clone(),
+                    logged,
+                ));
+            }
         }
     }
 
@@ -288,7 +297,8 @@ impl<K, R> Core<K, R> {
 #[derive(Debug, Default)]
 struct Logs {
     no_peer_logged: AtomicBool,
-    trailers_logged: AtomicBool,
+    /// Set once a refund left for a `TrailersLayer` found none.
+    untaken_logged: Arc<AtomicBool>,
     store: Throttle,
 }
 
@@ -335,15 +345,6 @@ impl Logs {
             tracing::debug!(error = %e, "rate limit: no key for request");
         } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500 (logged once)");
-        }
-    }
-
-    /// A gRPC response's status came in its trailers: no refund.
-    fn status_in_trailers(&self) {
-        if !self.trailers_logged.swap(true, Ordering::Relaxed) {
-            tracing::info!(
-                "rate limit: a gRPC response's grpc-status is in its trailers, which the middleware does not read: such calls are never refunded, only trailers-only answers (logged once)"
-            );
         }
     }
 

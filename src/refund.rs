@@ -27,8 +27,11 @@
 //!   404, 13 `INTERNAL` 500, 14 `UNAVAILABLE` 503, ...), when that status
 //!   is at its head (a trailers-only answer, as tonic answers a failed
 //!   call). A `grpc-status` in the trailers (every served call) comes after
-//!   the middleware has let the response go: that call is never refunded,
-//!   so [`Successes`](Refund::Successes) refunds nothing on gRPC.
+//!   the middleware has let the response go: such a call is refunded by its
+//!   trailers only with a [`TrailersLayer`] outside the rate-limit layer
+//!   (tonic: `Server::builder().layer(TrailersLayer::new()).layer(limit)`),
+//!   and never without one, which a warning says once per layer. So
+//!   [`Successes`](Refund::Successes) on gRPC needs that layer.
 //!
 //! ```
 //! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};
@@ -43,7 +46,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod deferred;
 mod status;
+mod trailers;
 
 use std::{fmt, str::FromStr, sync::Arc};
 
@@ -52,7 +57,11 @@ use smallvec::SmallVec;
 
 use crate::{Decision, Error, Limiter, core::Throttle, key::Key};
 
-pub(crate) use self::status::{Outcome, ResponseHead};
+pub use self::trailers::{Trailers, TrailersBody, TrailersFuture, TrailersLayer};
+pub(crate) use self::{
+    deferred::{Deferred, Pending},
+    status::{GRPC_STATUS, Outcome, ResponseHead, http_status_of_grpc},
+};
 
 /// Which responses give the request's cost back.
 #[derive(Clone)]

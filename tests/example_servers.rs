@@ -1,7 +1,8 @@
-//! The example servers (`examples/axum.rs`, `hyper.rs`, `actix.rs`) driven
-//! through their variables: `RATE_LIMIT_TIERS` with `RATE_LIMIT_TIER_HEADER`,
-//! `RATE_LIMIT_SKIP` and `RATE_LIMIT_REFUND`, on the memory store; and bad
-//! values stopping them with exit status 2 and the variable's name.
+//! The example servers (`examples/axum.rs`, `hyper.rs`, `actix.rs`, and
+//! `tonic.rs` with the `tonic` feature) driven through their variables:
+//! `RATE_LIMIT_TIERS` with `RATE_LIMIT_TIER_HEADER`, `RATE_LIMIT_SKIP` and
+//! `RATE_LIMIT_REFUND`, on the memory store; and bad values stopping them
+//! with exit status 2 and the variable's name.
 //!
 //! The binaries are built first, with this test's own features, by the
 //! `cargo` that runs the test.
@@ -46,6 +47,9 @@ fn examples_dir() -> &'static PathBuf {
         ]);
         for name in EXAMPLES {
             cmd.args(["--example", name]);
+        }
+        if cfg!(feature = "tonic") {
+            cmd.args(["--example", "tonic"]);
         }
         let out = cmd.output().expect("run cargo build");
         assert!(
@@ -303,6 +307,45 @@ async fn rate_limit_reserve_admits_exactly_the_quota_in_few_calls() {
             "{name}: {scripts} script calls\n{stats}"
         );
     }
+}
+
+/// `RATE_LIMIT_REFUND=successes` on the tonic example: a served call's
+/// `grpc-status` comes in its trailers, which the example's
+/// `refund::TrailersLayer` reads, so served calls are all refunded and
+/// only failed ones count.
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn rate_limit_refund_successes_on_the_tonic_example() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+
+    let ex = start(
+        "tonic",
+        &[("RATE_LIMIT", "2/60s"), ("RATE_LIMIT_REFUND", "successes")],
+    );
+    let channel = tonic::transport::Channel::from_shared(ex.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for i in 0..6 {
+        let res = health.check(HealthCheckRequest::default()).await;
+        let status = res.map(|r| r.into_inner().status()).map_err(|s| s.code());
+        assert_eq!(status, Ok(ServingStatus::Serving), "call {i}");
+        // The refund runs as a task once the trailers pass: far quicker.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let unknown = || HealthCheckRequest {
+        service: "no.such.Service".into(),
+    };
+    for i in 0..2 {
+        let status = health.check(unknown()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::NotFound, "call {i}");
+    }
+    let status = health.check(unknown()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use redis_ratelimit::{
     Limiter, OnStoreError, Quota, RateLimitLayer,
     key::{Global, KeyExtractor, PeerIp},
-    refund::Refund,
+    refund::{Refund, TrailersLayer},
 };
 use support::RedisServer;
 use tokio::net::TcpListener;
@@ -196,7 +196,8 @@ async fn settled(limiter: &Limiter, remaining: u64) {
 /// A gRPC answer is HTTP 200 whatever its outcome: refunds go by its
 /// `grpc-status` when it is at the head (a trailers-only answer, as errors
 /// are). A served call's status comes in the trailers, after the response
-/// has left the middleware: it is never refunded.
+/// has left the middleware: without a `TrailersLayer` it is never refunded
+/// (with one: `served_calls_are_refunded_by_their_trailers`).
 #[tokio::test]
 async fn grpc_refunds_go_by_the_grpc_status() {
     let unknown = || HealthCheckRequest {
@@ -247,6 +248,55 @@ async fn grpc_refunds_go_by_the_grpc_status() {
         for i in 0..3 {
             let status = check(&mut calls).await.map_err(|s| s.code());
             assert_eq!(status, Ok(ServingStatus::Serving), "{backend}: call {i}");
+        }
+        let status = check(&mut calls).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::ResourceExhausted,
+            "{backend}: {status:?}"
+        );
+        if backend == "redis" {
+            redis.assert_every_key_has_ttl().await;
+        }
+    }
+}
+
+/// With `refund::TrailersLayer` outside the rate-limit layer, a served
+/// call (its `grpc-status` 0 in the trailers) is refunded by `Successes`:
+/// twice the quota of served calls all pass, and only failures count.
+#[tokio::test]
+async fn served_calls_are_refunded_by_their_trailers() {
+    for backend in ["memory", "redis"] {
+        let redis = RedisServer::start();
+        let builder = Limiter::builder(Quota::per_minute(3)).name("failures");
+        let limiter = match backend {
+            "redis" => builder.store(redis.store().await),
+            _ => builder,
+        }
+        .build()
+        .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let limit = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::Successes);
+        let server = Server::builder()
+            .layer(TrailersLayer::new())
+            .layer(limit)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener));
+        tokio::spawn(server);
+        let mut calls = client(&url).await;
+        for i in 0..6 {
+            let status = check(&mut calls).await.map_err(|s| s.code());
+            assert_eq!(status, Ok(ServingStatus::Serving), "{backend}: call {i}");
+            settled(&limiter, 3).await;
+        }
+        let unknown = || HealthCheckRequest {
+            service: "no.such.Service".into(),
+        };
+        for i in 0..3 {
+            let status = calls.check(unknown()).await.unwrap_err();
+            assert_eq!(status.code(), Code::NotFound, "{backend}: call {i}");
         }
         let status = check(&mut calls).await.unwrap_err();
         assert_eq!(

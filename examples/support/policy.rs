@@ -139,11 +139,6 @@ impl Policy {
         };
         Ok(layer.skip_networks(skip))
     }
-
-    /// `RATE_LIMIT_REFUND`'s preset, if it is set.
-    pub(super) fn refund_name(&self) -> Option<String> {
-        self.refund.as_ref().map(|(_, name)| name.clone())
-    }
 }
 
 impl std::fmt::Display for Policy {

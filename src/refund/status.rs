@@ -4,6 +4,8 @@
 
 use http::{HeaderName, StatusCode, header::CONTENT_TYPE};
 
+use super::{Deferred, Pending};
+
 /// `grpc-status`, with a `'static` borrow for [`ResponseHead::header`].
 pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
@@ -14,6 +16,12 @@ pub(crate) trait ResponseHead {
     fn status(&self) -> StatusCode;
     /// The first value of the header `name`.
     fn header(&self, name: &'static HeaderName) -> Option<&[u8]>;
+    /// Leaves a refund that waits for the trailers where a
+    /// [`TrailersLayer`](super::TrailersLayer) finds it. A response kind
+    /// without trailers (actix-web's) drops it: no refund.
+    fn defer(&mut self, deferred: Deferred) {
+        drop(deferred);
+    }
 }
 
 impl<B> ResponseHead for http::Response<B> {
@@ -23,6 +31,10 @@ impl<B> ResponseHead for http::Response<B> {
 
     fn header(&self, name: &'static HeaderName) -> Option<&[u8]> {
         self.headers().get(name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn defer(&mut self, deferred: Deferred) {
+        Pending::defer(self.extensions_mut(), deferred);
     }
 }
 

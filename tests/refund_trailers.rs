@@ -1,0 +1,201 @@
+//! Refunds by a `grpc-status` in the trailers, with
+//! `refund::TrailersLayer` outside the rate-limit layer: the status in the
+//! trailers decides, a body that never reaches them stays charged, and
+//! without the layer nothing is refunded and a warning says so. On the
+//! memory store and on Redis. (Served tonic calls: `tests/grpc.rs`.)
+
+mod support;
+
+use std::{convert::Infallible, time::Duration};
+
+use bytes::Bytes;
+use futures_util::stream;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
+use redis_ratelimit::{
+    Limiter, RateLimitLayer,
+    key::Global,
+    refund::{Refund, TrailersLayer},
+};
+use support::{Backend, logs::Captured};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A gRPC answer (HTTP 200, `application/grpc`) of one message, then by
+/// the path: `/trailers/<code>` trailers with that `grpc-status`,
+/// `/trailers/none` trailers without one, `/end` no trailers at all.
+async fn grpc_app(req: Request<()>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let mut frames = vec![Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\0")))];
+    if let Some(code) = path.strip_prefix("/trailers/") {
+        let mut trailers = HeaderMap::new();
+        if code != "none" {
+            trailers.insert("grpc-status", HeaderValue::from_str(code).unwrap());
+        }
+        trailers.insert("grpc-message", HeaderValue::from_static("x"));
+        frames.push(Ok(Frame::trailers(trailers)));
+    }
+    let res = Response::builder()
+        .header("content-type", "application/grpc")
+        .body(StreamBody::new(stream::iter(frames)).boxed_unsync())
+        .unwrap();
+    Ok(res)
+}
+
+fn call(path: &str) -> Request<()> {
+    Request::builder().uri(path).body(()).unwrap()
+}
+
+/// The units left of the global key, once nothing changes it for 200 ms
+/// (refunds run as tasks; a refund that should not come has time to land).
+async fn remaining_after_refunds(limiter: &Limiter, expected: u64) -> u64 {
+    let wait = async {
+        while limiter.peek("global", 1).await.unwrap().remaining() != expected {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    limiter.peek("global", 1).await.unwrap().remaining()
+}
+
+async fn refunds_by_the_trailers(b: Backend) {
+    let limiter = b.limiter("10/1m");
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
+    let mut svc = ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(layer)
+        .service(service_fn(grpc_app));
+    let mut left = 10;
+    // (path, read the body to its end, refunded)
+    let cases = [
+        ("/trailers/0", true, false),
+        ("/trailers/13", true, true),
+        ("/trailers/5", true, false),
+        ("/trailers/14", true, true),
+        ("/trailers/none", true, true),
+        ("/end", true, false),
+        // Dropped after its first frame: the trailers never came.
+        ("/trailers/13", false, false),
+    ];
+    for (path, to_the_end, refunded) in cases {
+        let res = svc.ready().await.unwrap().call(call(path)).await.unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        assert!(res.body().holds_a_refund(), "{path}");
+        let mut body = res.into_body();
+        if to_the_end {
+            body.collect().await.unwrap();
+        } else {
+            body.frame().await.unwrap().unwrap();
+            drop(body);
+        }
+        if !refunded {
+            left -= 1;
+        }
+        let now = remaining_after_refunds(&limiter, left).await;
+        assert_eq!(now, left, "{path}: refunded {refunded}");
+    }
+
+    // A non-gRPC response, and a gRPC answer with its status at the head,
+    // are settled by the rate-limit layer itself: nothing for the body.
+    let mut head_only = ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors))
+        .service(service_fn(|_: Request<()>| async {
+            let res = Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "13")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
+            Ok::<_, Infallible>(res)
+        }));
+    let res = head_only
+        .ready()
+        .await
+        .unwrap()
+        .call(call("/"))
+        .await
+        .unwrap();
+    assert!(!res.body().holds_a_refund());
+    assert_eq!(remaining_after_refunds(&limiter, left).await, left);
+
+    // Two rate-limit layers with refunds, one inside the other: the
+    // trailers settle both.
+    let outer = b.builder("10/1m").name("outer").build().unwrap();
+    let mut nested = ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(RateLimitLayer::new(outer.clone(), Global).refund_when(Refund::ServerErrors))
+        .layer(RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors))
+        .service(service_fn(grpc_app));
+    for (path, refunded) in [("/trailers/13", true), ("/trailers/0", false)] {
+        let res = nested
+            .ready()
+            .await
+            .unwrap()
+            .call(call(path))
+            .await
+            .unwrap();
+        res.into_body().collect().await.unwrap();
+        if !refunded {
+            left -= 1;
+        }
+        let outer_left = if refunded { 10 } else { 9 };
+        assert_eq!(
+            remaining_after_refunds(&outer, outer_left).await,
+            outer_left,
+            "{path}"
+        );
+        assert_eq!(
+            remaining_after_refunds(&limiter, left).await,
+            left,
+            "{path}"
+        );
+    }
+    if let Backend::Redis(server, _) = &b {
+        server.assert_every_key_has_ttl().await;
+    }
+}
+
+#[tokio::test]
+async fn a_grpc_status_in_the_trailers_decides_the_refund_memory() {
+    refunds_by_the_trailers(Backend::memory()).await;
+}
+
+#[tokio::test]
+async fn a_grpc_status_in_the_trailers_decides_the_refund_redis() {
+    refunds_by_the_trailers(Backend::redis().await).await;
+}
+
+/// Without the trailers layer, a status in the trailers is never read: the
+/// call stays charged, and a warning names the layer, once.
+#[tokio::test]
+async fn without_the_trailers_layer_nothing_is_refunded_and_a_warning_says_so() {
+    let b = Backend::redis().await;
+    let limiter = b.limiter("10/1m");
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(grpc_app));
+    let captured = Captured::default();
+    let guard = captured.install();
+    for _ in 0..3 {
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(call("/trailers/13"))
+            .await
+            .unwrap();
+        res.into_body().collect().await.unwrap();
+    }
+    drop(guard);
+    assert_eq!(remaining_after_refunds(&limiter, 7).await, 7);
+    let warnings = captured.warning_lines();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("refund::TrailersLayer"),
+        "{warnings:?}"
+    );
+}
