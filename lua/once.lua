@@ -29,9 +29,9 @@
 -- waits, and redis-rs's cluster connection drops a request whose caller has
 -- gone. A call sent again more than 10 s after its first run would run
 -- again (a late refund may credit a later window: a fixed window's key
--- looks the same a whole window later), so a limiter's timeout should stay
--- under 10 s. At a refund per request, markers cost 10 s of the refund rate
--- times about 100 bytes.
+-- looks the same a whole window later), so a limiter's build refuses a
+-- timeout of 10 s or more (ConfigError::TimeoutTooLong). At a refund per
+-- request, markers cost 10 s of the refund rate times about 100 bytes.
 
 -- The call's marker key, checked against KEYS[1] and the id, or nil.
 local function call_marker(kind)

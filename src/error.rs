@@ -119,6 +119,14 @@ pub enum ConfigError {
     /// The store timeout was zero.
     #[error("store timeout must be above zero (it bounds every Redis call); try 200ms")]
     ZeroTimeout,
+    /// The store timeout was 10 s or more: a refund or reset resent that
+    /// late would take effect twice (see
+    /// [`LimiterBuilder::timeout`](crate::LimiterBuilder::timeout)).
+    #[error(
+        "store timeout {0:?} is 10 s or more: a refund or reset sent again that late \
+         would take effect twice; keep it under 10 s (try 200ms)"
+    )]
+    TimeoutTooLong(std::time::Duration),
     /// [`local_reservation`](crate::LimiterBuilder::local_reservation) was
     /// asked of a limiter it cannot serve exactly: a limit that is not a
     /// fixed window, several limits, or a store without

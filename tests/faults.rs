@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_ratelimit::{Breaker, Error, Limiter};
+use redis_ratelimit::{Breaker, ConfigError, Error, Limiter};
 use support::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -255,14 +255,23 @@ async fn late_applied(breaker: Breaker) -> Applied {
     Applied { sent, late }
 }
 
-/// A timeout too long to add to the clock (the batching task cannot hold a
-/// deadline for it) still decides, on a timer of the limiter's own.
+/// A timeout too long to add to the clock is refused when the limiter is
+/// built, as is any of 10 s or more (a resent refund would outlive its
+/// marker); the longest allowed still decides.
 #[tokio::test]
-async fn a_timeout_past_the_clocks_range_still_decides() {
+async fn a_timeout_of_ten_seconds_or_more_is_refused_and_the_longest_allowed_decides() {
     let server = RedisServer::start();
-    let limiter = Limiter::builder("2/1m".parse().unwrap())
-        .store(server.store().await)
-        .timeout(Duration::MAX)
+    let store = server.store().await;
+    let builder = || Limiter::builder("2/1m".parse().unwrap()).store(store.clone());
+    for refused in [Duration::MAX, Duration::from_secs(10)] {
+        let built = builder().timeout(refused).build();
+        assert!(
+            matches!(built, Err(ConfigError::TimeoutTooLong(t)) if t == refused),
+            "{refused:?}: {built:?}"
+        );
+    }
+    let limiter = builder()
+        .timeout(Duration::from_secs(10) - Duration::from_millis(1))
         .build()
         .unwrap();
     assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 1);

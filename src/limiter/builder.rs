@@ -3,6 +3,10 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{Backend, DEFAULT_TIMEOUT, Inner, Limiter};
+
+/// How long `lua/once.lua` keeps a refund's or reset's marker: a resend
+/// within it takes effect once. Every resend comes within the timeout.
+const ONCE_MARKER_TTL: Duration = Duration::from_secs(10);
 use crate::{
     Breaker, ConfigError, MemoryStore, Quota, breaker, deny_cache::DenyCache, headers::Policies,
     keyspace, store::Store,
@@ -324,10 +328,12 @@ impl LimiterBuilder {
     /// [`Error::Timeout`](crate::Error::Timeout), which the layers answer by
     /// their [`OnStoreError`](crate::OnStoreError) policy. Limiters that
     /// share a store keep each their own timeout. A call that timed out may
-    /// still be applied by Redis (its units spent, never more). Keep it under
-    /// 10 s: a [refund](Limiter::refund) or [reset](Limiter::reset) sent
-    /// again within it takes effect once, and one sent again later than 10 s
-    /// after it ran would take effect again.
+    /// still be applied by Redis (its units spent, never more). It must be
+    /// under 10 s, else [`build`](Self::build) fails with
+    /// [`ConfigError::TimeoutTooLong`]: a [refund](Limiter::refund) or
+    /// [reset](Limiter::reset) whose reply was lost may be sent again while
+    /// its caller waits, and takes effect once only when that is within 10 s
+    /// of its first run (`lua/once.lua`'s marker lives 10 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -344,6 +350,9 @@ impl LimiterBuilder {
         }
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
+        }
+        if self.timeout >= ONCE_MARKER_TTL {
+            return Err(ConfigError::TimeoutTooLong(self.timeout));
         }
         if let Some(unknown) = self
             .shadow

@@ -452,6 +452,11 @@ mod tests {
         assert!(Limiter::builder(q).prefix("a{b").build().is_err());
         assert!(Limiter::builder(q).name("x y").build().is_err());
         assert!(Limiter::builder(q).timeout(Duration::ZERO).build().is_err());
+        // A resend must find the 10 s marker of lua/once.lua.
+        let late = Limiter::builder(q).timeout(Duration::from_secs(10)).build();
+        assert!(matches!(late, Err(ConfigError::TimeoutTooLong(_))));
+        let just = Duration::from_secs(10) - Duration::from_millis(1);
+        assert!(Limiter::builder(q).timeout(just).build().is_ok());
         let twice = Limiter::builder(q).name("a").limit("a", q).build();
         assert!(matches!(twice, Err(ConfigError::DuplicateName(_))));
     }
