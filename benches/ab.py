@@ -60,6 +60,11 @@ if across a network, where loopback's round trip of microseconds hides
 what a client's waits for acknowledgements (Nagle's algorithm) cost. Redis's
 CPU is still read off redis-server; the proxy's own CPU is the machine's
 and shows in no cell.
+With --unix (and --redis), Redis listens on a Unix socket too, and every
+cell on Redis (but `raw-` batch floors, which speak TCP) runs a second time
+in each round over it (REDIS_URL=unix://..., the cell's name + " unix"):
+what TCP loopback costs the Redis path, both sides, where Redis runs
+beside the server.
 
 Needs git, cargo, wrk (apt-get install -y wrk) and python3; redis-server
 for --redis; for --floor, the peers built (cargo build --release in
@@ -204,6 +209,8 @@ def main():
                    help="the limited cells' algorithm (RATE_LIMIT_ALGORITHM)")
     p.add_argument("--rtt", type=float, metavar="MS",
                    help="with --redis: Redis behind a proxy that adds this round trip")
+    p.add_argument("--unix", action="store_true",
+                   help="with --redis: each Redis cell also over a Unix socket, beside TCP")
     args = p.parse_args()
     procs.require("git", "cargo", "wrk", *(["redis-server"] if args.redis else []),
                   *(["perf"] if args.syscalls else []))
@@ -231,6 +238,8 @@ def main():
         if len(parts) == 4:
             env["FLOOR_MAX_BATCH"] = parts[3]
         batch_floors[f"bf {spec}"] = env
+    if args.unix and (not args.redis or args.rtt is not None):
+        sys.exit("ab.py: --unix needs --redis, and no --rtt (its proxy is a TCP hop)")
     if args.rtt is not None and not args.redis:
         sys.exit("ab.py: --rtt needs --redis (it delays the way to Redis)")
     if args.rtt is not None and not args.rtt > 0:
@@ -254,7 +263,7 @@ def main():
     target = os.path.join(ROOT, "target", "ab")
     builds = {rev: build(rev, target) for rev in args.revs}
     log = os.path.join(target, "server.log")
-    redis = procs.Redis() if args.redis else None
+    redis = procs.Redis(unix=args.unix) if args.redis else None
     proxy = DelayProxy(redis.port, args.rtt) if args.rtt else None
     if proxy:
         print(f"Redis behind a proxy adding {args.rtt:g} ms: a PING through it takes "
@@ -268,6 +277,12 @@ def main():
         cells[floor] = (FLOOR, False, route, None)
     for name, env in batch_floors.items():
         cells[name] = (BATCH_FLOOR, False, route, env)
+    if args.unix:
+        # The same cells over the socket; raw- batch floors speak TCP only.
+        unix = redis.over_unix()
+        cells.update({f"{name} unix": (binary, limited, unix, extra)
+                      for name, (binary, limited, _, extra) in list(cells.items())
+                      if (extra or {}).get("FLOOR_CLIENT") != "raw"})
     if args.headers_floor:
         cells[headers_floor] = (HEADERS_FLOOR, FLOOR_OF_HEADERS, None, None)
     rows = {name: [] for name in [plain, *cells]}

@@ -3,6 +3,7 @@ redis-server, building and starting the servers, the warm-up requests that set
 a workload up, CPU seconds from /proc and getrusage, and the machine and commit
 a report names."""
 
+import copy
 import http.client
 import os
 import platform
@@ -105,15 +106,27 @@ class Redis:
     `config`: more redis-server arguments (`"--name", "value"` pairs), after
     the defaults so that they override them (e.g. `"--appendonly", "yes"`);
     `port`: this port instead of a free one (a cluster node's must be below
-    55535). `start` starts it again after a kill: same port, same
-    directory, so the same data files."""
+    55535); `unix`: it listens on a Unix socket in its directory too, which
+    the copy `over_unix()` names as its `url`. `start` starts it again
+    after a kill: same port, same directory, so the same data files."""
 
-    def __init__(self, *config, port=None):
+    def __init__(self, *config, port=None, unix=False):
         self.dir = tempfile.mkdtemp(prefix="load-redis-")
         self.log = os.path.join(self.dir, "redis.log")
         self.port = port or free_port()
+        self.socket = os.path.join(self.dir, "redis.sock") if unix else None
+        self.via_socket = False
+        if self.socket:
+            config = ("--unixsocket", self.socket, "--unixsocketperm", "700", *config)
         self.config = config
         self.start()
+
+    def over_unix(self):
+        """This server, with `url` its Unix socket (`cli` still goes by TCP)."""
+        assert self.socket, "started without unix=True"
+        other = copy.copy(self)
+        other.via_socket = True
+        return other
 
     def start(self, interval=0.05):
         self.proc = subprocess.Popen(
@@ -124,6 +137,8 @@ class Redis:
 
     @property
     def url(self):
+        if self.via_socket:
+            return f"unix://{self.socket}"
         return f"redis://127.0.0.1:{self.port}"
 
     def cli(self, *args):
