@@ -56,7 +56,11 @@ async fn a_store_on_the_unix_socket_decides_and_recovers_after_a_restart() {
     server.restart();
     let start = Instant::now();
     while limiter.check("r", 1).await.is_err() {
-        assert!(start.elapsed() < Duration::from_secs(15), "{}", server.log());
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{}",
+            server.log()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(limiter.check("r", 1).await.unwrap().remaining(), 0);
