@@ -16,7 +16,7 @@ use redis_ratelimit::{
     key::{Global, KeyExtractor, PeerIp},
     refund::{Refund, TrailersLayer},
 };
-use support::RedisServer;
+use support::{Backend, RedisServer};
 use tokio::net::TcpListener;
 use tonic::{
     Code, Status,
@@ -53,6 +53,43 @@ async fn client(url: &str) -> HealthClient<Channel> {
 async fn check(client: &mut HealthClient<Channel>) -> Result<ServingStatus, Status> {
     let res = client.check(HealthCheckRequest::default()).await?;
     Ok(res.into_inner().status())
+}
+
+/// A check of a service the health server does not know: `NOT_FOUND`, a
+/// trailers-only failure.
+fn unknown() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: "no.such.Service".into(),
+    }
+}
+
+/// `n` calls that fail with `NOT_FOUND`, then one that is over the limit.
+async fn failures_until_exhausted(calls: &mut HealthClient<Channel>, n: usize, backend: &str) {
+    for i in 0..n {
+        let status = calls.check(unknown()).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{backend}: call {i}");
+    }
+    let status = calls.check(unknown()).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::ResourceExhausted,
+        "{backend}: {status:?}"
+    );
+}
+
+/// The two backends, named: the memory store, and a Redis of the test's own.
+async fn backends() -> [(&'static str, Backend); 2] {
+    [
+        ("memory", Backend::memory()),
+        ("redis", Backend::redis().await),
+    ]
+}
+
+/// Every key in `b`'s Redis, if it has one, has a TTL.
+async fn assert_ttls(b: &Backend) {
+    if let Some(server) = b.server() {
+        server.assert_every_key_has_ttl().await;
+    }
 }
 
 fn metadata_u64(status: &Status, name: &str) -> u64 {
@@ -200,40 +237,15 @@ async fn settled(limiter: &Limiter, remaining: u64) {
 /// (with one: `served_calls_are_refunded_by_their_trailers`).
 #[tokio::test]
 async fn grpc_refunds_go_by_the_grpc_status() {
-    let unknown = || HealthCheckRequest {
-        service: "no.such.Service".into(),
-    };
-    for backend in ["memory", "redis"] {
-        let redis = RedisServer::start();
-        let store = match backend {
-            "redis" => Some(redis.store().await),
-            _ => None,
-        };
-        let limiter = |name: &str| {
-            let builder = Limiter::builder(Quota::per_minute(3)).name(name);
-            match &store {
-                Some(store) => builder.store(store.clone()),
-                None => builder,
-            }
-            .build()
-            .unwrap()
-        };
+    for (backend, b) in backends().await {
+        let limiter = |name: &str| b.builder("3/1m").name(name).build().unwrap();
 
         // Count only failures: a failed call (NOT_FOUND) is never taken
         // for a success, so the failures reach the limit.
         let failures = limiter("failures");
         let layer = RateLimitLayer::new(failures.clone(), Global).refund_when(Refund::Successes);
         let mut calls = client(&spawn(layer).await).await;
-        for i in 0..3 {
-            let status = calls.check(unknown()).await.unwrap_err();
-            assert_eq!(status.code(), Code::NotFound, "{backend}: call {i}");
-        }
-        let status = calls.check(unknown()).await.unwrap_err();
-        assert_eq!(
-            status.code(),
-            Code::ResourceExhausted,
-            "{backend}: {status:?}"
-        );
+        failures_until_exhausted(&mut calls, 3, backend).await;
 
         // Refund client errors: NOT_FOUND is a 404, and is refunded; a
         // served call is charged.
@@ -255,9 +267,7 @@ async fn grpc_refunds_go_by_the_grpc_status() {
             Code::ResourceExhausted,
             "{backend}: {status:?}"
         );
-        if backend == "redis" {
-            redis.assert_every_key_has_ttl().await;
-        }
+        assert_ttls(&b).await;
     }
 }
 
@@ -266,15 +276,8 @@ async fn grpc_refunds_go_by_the_grpc_status() {
 /// twice the quota of served calls all pass, and only failures count.
 #[tokio::test]
 async fn served_calls_are_refunded_by_their_trailers() {
-    for backend in ["memory", "redis"] {
-        let redis = RedisServer::start();
-        let builder = Limiter::builder(Quota::per_minute(3)).name("failures");
-        let limiter = match backend {
-            "redis" => builder.store(redis.store().await),
-            _ => builder,
-        }
-        .build()
-        .unwrap();
+    for (backend, b) in backends().await {
+        let limiter = b.builder("3/1m").name("failures").build().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (_reporter, health) = tonic_health::server::health_reporter();
@@ -291,21 +294,7 @@ async fn served_calls_are_refunded_by_their_trailers() {
             assert_eq!(status, Ok(ServingStatus::Serving), "{backend}: call {i}");
             settled(&limiter, 3).await;
         }
-        let unknown = || HealthCheckRequest {
-            service: "no.such.Service".into(),
-        };
-        for i in 0..3 {
-            let status = calls.check(unknown()).await.unwrap_err();
-            assert_eq!(status.code(), Code::NotFound, "{backend}: call {i}");
-        }
-        let status = check(&mut calls).await.unwrap_err();
-        assert_eq!(
-            status.code(),
-            Code::ResourceExhausted,
-            "{backend}: {status:?}"
-        );
-        if backend == "redis" {
-            redis.assert_every_key_has_ttl().await;
-        }
+        failures_until_exhausted(&mut calls, 3, backend).await;
+        assert_ttls(&b).await;
     }
 }

@@ -44,8 +44,14 @@ async fn grpc_app(req: Request<()>) -> Result<Response<Body>, Infallible> {
     Ok(res)
 }
 
-fn call(path: &str) -> Request<()> {
-    Request::builder().uri(path).body(()).unwrap()
+/// `svc`'s response to `GET path`, once it is ready.
+async fn send<S, B>(svc: &mut S, path: &str) -> Response<B>
+where
+    S: Service<Request<()>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    let req = Request::builder().uri(path).body(()).unwrap();
+    svc.ready().await.unwrap().call(req).await.unwrap()
 }
 
 /// The units left of the global key, once nothing changes it for 200 ms
@@ -81,7 +87,7 @@ async fn refunds_by_the_trailers(b: Backend) {
         ("/trailers/13", false, false),
     ];
     for (path, to_the_end, refunded) in cases {
-        let res = svc.ready().await.unwrap().call(call(path)).await.unwrap();
+        let res = send(&mut svc, path).await;
         assert_eq!(res.status(), 200, "{path}");
         assert!(res.body().holds_a_refund(), "{path}");
         let mut body = res.into_body();
@@ -111,13 +117,7 @@ async fn refunds_by_the_trailers(b: Backend) {
                 .unwrap();
             Ok::<_, Infallible>(res)
         }));
-    let res = head_only
-        .ready()
-        .await
-        .unwrap()
-        .call(call("/"))
-        .await
-        .unwrap();
+    let res = send(&mut head_only, "/").await;
     assert!(!res.body().holds_a_refund());
     assert_eq!(remaining_after_refunds(&limiter, left).await, left);
 
@@ -130,13 +130,7 @@ async fn refunds_by_the_trailers(b: Backend) {
         .layer(RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors))
         .service(service_fn(grpc_app));
     for (path, refunded) in [("/trailers/13", true), ("/trailers/0", false)] {
-        let res = nested
-            .ready()
-            .await
-            .unwrap()
-            .call(call(path))
-            .await
-            .unwrap();
+        let res = send(&mut nested, path).await;
         res.into_body().collect().await.unwrap();
         if !refunded {
             left -= 1;
@@ -181,13 +175,7 @@ async fn without_the_trailers_layer_nothing_is_refunded_and_a_warning_says_so() 
     let captured = Captured::default();
     let guard = captured.install();
     for _ in 0..3 {
-        let res = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(call("/trailers/13"))
-            .await
-            .unwrap();
+        let res = send(&mut svc, "/trailers/13").await;
         res.into_body().collect().await.unwrap();
     }
     drop(guard);
