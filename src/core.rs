@@ -234,7 +234,8 @@ impl<K, R> Core<K, R> {
     }
 
     /// After a passed request's response head `res`: gives `spent` back
-    /// if the response's status is one to refund. A gRPC response whose
+    /// if the response's status is one to refund. A gRPC-Web response whose
+    /// status is not at its head is never refunded. A gRPC response whose
     /// `grpc-status` is not at its head (it comes in the trailers, after
     /// the middleware has let the response go) gets the refund in its
     /// extensions, for a [`TrailersLayer`](crate::refund::TrailersLayer)
@@ -247,6 +248,7 @@ impl<K, R> Core<K, R> {
         match Outcome::of(res) {
             Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
             Outcome::Known(_) => {}
+            Outcome::InBody => self.logs.status_in_body(),
             Outcome::InTrailers => {
                 let logged = self.logs.untaken_logged.clone();
                 res.defer(Deferred::new(
@@ -299,6 +301,7 @@ struct Logs {
     no_peer_logged: AtomicBool,
     /// Set once a refund left for a `TrailersLayer` found none.
     untaken_logged: Arc<AtomicBool>,
+    web_logged: AtomicBool,
     store: Throttle,
 }
 
@@ -345,6 +348,15 @@ impl Logs {
             tracing::debug!(error = %e, "rate limit: no key for request");
         } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500 (logged once)");
+        }
+    }
+
+    /// A gRPC-Web response's status came in its body: no refund.
+    fn status_in_body(&self) {
+        if !self.web_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "rate limit: a gRPC-Web response's grpc-status is in its body, which the middleware does not read: such calls are never refunded (put the limit inside the gRPC-Web translation, where calls are gRPC, to refund them; logged once)"
+            );
         }
     }
 

@@ -32,6 +32,13 @@
 //!   (tonic: `Server::builder().layer(TrailersLayer::new()).layer(limit)`),
 //!   and never without one, which a warning says once per layer. So
 //!   [`Successes`](Refund::Successes) on gRPC needs that layer.
+//! * A gRPC-Web response (`content-type: application/grpc-web...`) is
+//!   judged by a `grpc-status` at its head the same way. gRPC-Web sends the
+//!   trailers as the body's last frame, which no layer here reads: without
+//!   a status at the head it is never refunded (a warning says so once),
+//!   and never taken for a success by its 200. To refund such calls by
+//!   their outcome, put the rate limit inside the gRPC-Web translation
+//!   (tonic-web's layer), where they are gRPC calls.
 //!
 //! ```
 //! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};

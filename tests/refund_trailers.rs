@@ -1,8 +1,10 @@
 //! Refunds by a `grpc-status` in the trailers, with
 //! `refund::TrailersLayer` outside the rate-limit layer: the status in the
 //! trailers decides, a body that never reaches them stays charged, and
-//! without the layer nothing is refunded and a warning says so. On the
-//! memory store and on Redis. (Served tonic calls: `tests/grpc.rs`.)
+//! without the layer nothing is refunded and a warning says so. gRPC-Web
+//! answers are judged by the `grpc-status` at their head, never by their
+//! HTTP 200. On the memory store and on Redis. (Served tonic calls:
+//! `tests/grpc.rs`.)
 
 mod support;
 
@@ -186,4 +188,53 @@ async fn without_the_trailers_layer_nothing_is_refunded_and_a_warning_says_so() 
         warnings[0].contains("refund::TrailersLayer"),
         "{warnings:?}"
     );
+}
+
+/// A gRPC-Web answer is HTTP 200 whatever the call's outcome, as a gRPC
+/// one is: "count only failures" (`Successes`) must not refund a failed
+/// call for its 200. Its `grpc-status` at the head decides; without one
+/// there (gRPC-Web sends it in the body) it is never refunded.
+async fn grpc_web_by_its_status(b: Backend) {
+    let limiter = b.limiter("10/1m");
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::Successes);
+    let mut svc = ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(layer)
+        .service(service_fn(|req: Request<()>| async move {
+            let mut res = Response::builder().header("content-type", "application/grpc-web+proto");
+            if let Some(code) = req.uri().path().strip_prefix("/status/") {
+                res = res.header("grpc-status", code);
+            }
+            let res = res.body(http_body_util::Empty::<Bytes>::new()).unwrap();
+            Ok::<_, Infallible>(res)
+        }));
+    let mut left = 10;
+    // (path, refunded): a failure at the head (16 UNAUTHENTICATED), a
+    // success at the head, a status left for the body.
+    for (path, refunded) in [
+        ("/status/16", false),
+        ("/status/0", true),
+        ("/in-body", false),
+    ] {
+        let res = send(&mut svc, path).await;
+        assert_eq!(res.status(), 200, "{path}");
+        if !refunded {
+            left -= 1;
+        }
+        assert_eq!(
+            remaining_after_refunds(&limiter, left).await,
+            left,
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn grpc_web_answers_are_judged_by_their_grpc_status_not_their_200_memory() {
+    grpc_web_by_its_status(Backend::memory()).await;
+}
+
+#[tokio::test]
+async fn grpc_web_answers_are_judged_by_their_grpc_status_not_their_200_redis() {
+    grpc_web_by_its_status(Backend::redis().await).await;
 }

@@ -45,26 +45,49 @@ pub(crate) enum Outcome {
     Known(StatusCode),
     /// A gRPC response whose `grpc-status` comes in its trailers.
     InTrailers,
+    /// A gRPC-Web response whose `grpc-status` comes in its body (gRPC-Web
+    /// sends the trailers as the body's last frame): never refunded.
+    InBody,
 }
 
 impl Outcome {
     /// The outcome of the response with head `res`. A gRPC response (its
-    /// `content-type` is `application/grpc...`) is always HTTP 200: its
-    /// `grpc-status` decides, mapped to HTTP by [`http_status_of_grpc`].
+    /// `content-type` is `application/grpc...`) or gRPC-Web response
+    /// (`application/grpc-web...`) is HTTP 200 whatever the call's outcome:
+    /// its `grpc-status` decides, mapped to HTTP by [`http_status_of_grpc`],
+    /// and never the 200.
     pub(crate) fn of(res: &impl ResponseHead) -> Outcome {
         let status = res.status();
-        if status != StatusCode::OK
-            || !res
-                .header(&CONTENT_TYPE_NAME)
-                .is_some_and(crate::respond::is_grpc_content_type)
-        {
+        let content_type = res.header(&CONTENT_TYPE_NAME);
+        let grpc = content_type.is_some_and(crate::respond::is_grpc_content_type);
+        if status != StatusCode::OK || !(grpc || content_type.is_some_and(is_grpc_web)) {
             return Outcome::Known(status);
         }
         match res.header(&GRPC_STATUS) {
             Some(code) => Outcome::Known(http_status_of_grpc(code)),
-            None => Outcome::InTrailers,
+            None if grpc => Outcome::InTrailers,
+            None => Outcome::InBody,
         }
     }
+}
+
+/// Whether a `content-type` value marks a gRPC-Web response:
+/// `application/grpc-web` or `application/grpc-web-text`, each with an
+/// optional `+<codec>` and parameters (ASCII case ignored).
+fn is_grpc_web(ct: &[u8]) -> bool {
+    const WEB: &[u8] = b"application/grpc-web";
+    let Some(rest) = ct
+        .get(..WEB.len())
+        .filter(|p| p.eq_ignore_ascii_case(WEB))
+        .map(|_| &ct[WEB.len()..])
+    else {
+        return false;
+    };
+    let rest = match rest.get(..5) {
+        Some(text) if text.eq_ignore_ascii_case(b"-text") => &rest[5..],
+        _ => rest,
+    };
+    matches!(rest.first(), None | Some(b'+' | b';'))
 }
 
 /// The HTTP status of a `grpc-status` value, by the mapping of
@@ -157,6 +180,21 @@ mod tests {
         // Not gRPC: the HTTP status, whatever the headers.
         let http = response(200, &[("grpc-status", "13")]);
         assert_eq!(Outcome::of(&http), Outcome::Known(StatusCode::OK));
+        // gRPC-Web: the same at the head; without a status there, the
+        // status is in the body, and a 200 is never taken for a success.
+        let web = ("content-type", "application/grpc-web+proto");
+        let denied = response(200, &[web, ("grpc-status", "16")]);
+        assert_eq!(
+            Outcome::of(&denied),
+            Outcome::Known(StatusCode::UNAUTHORIZED)
+        );
+        assert_eq!(Outcome::of(&response(200, &[web])), Outcome::InBody);
+        let text = ("content-type", "application/grpc-web-text");
+        assert_eq!(Outcome::of(&response(200, &[text])), Outcome::InBody);
+        for not_web in ["application/grpc-webx", "application/grpc-web-textual"] {
+            let other = response(200, &[("content-type", not_web)]);
+            assert_eq!(Outcome::of(&other), Outcome::Known(StatusCode::OK));
+        }
         // An HTTP error from a gRPC server (a proxy, a 404 route) is what it says.
         let unavailable = response(503, &[grpc]);
         assert_eq!(
