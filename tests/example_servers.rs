@@ -331,11 +331,23 @@ async fn rate_limit_refund_successes_on_the_tonic_example() {
         .unwrap();
     let mut health = HealthClient::new(channel);
     for i in 0..6 {
-        let res = health.check(HealthCheckRequest::default()).await;
-        let status = res.map(|r| r.into_inner().status()).map_err(|s| s.code());
-        assert_eq!(status, Ok(ServingStatus::Serving), "call {i}");
-        // The refund runs as a task once the trailers pass: far quicker.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The refund runs as a task once the trailers pass, so the next
+        // call may come first and find the quota spent: such a denial spends
+        // nothing, and the call is tried again until its refund has landed
+        // (10 s at most; without refunds the third call never passes).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let res = health.check(HealthCheckRequest::default()).await;
+            match res.map(|r| r.into_inner().status()).map_err(|s| s.code()) {
+                Err(tonic::Code::ResourceExhausted) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                status => {
+                    assert_eq!(status, Ok(ServingStatus::Serving), "call {i}");
+                    break;
+                }
+            }
+        }
     }
     let unknown = || HealthCheckRequest {
         service: "no.such.Service".into(),

@@ -94,7 +94,11 @@ struct Slot(Mutex<Vec<Deferred>>);
 /// rate-limit layer.
 impl Drop for Slot {
     fn drop(&mut self) {
-        let untaken = self.0.get_mut().map(std::mem::take).unwrap_or_default();
+        // As in `lock`: a poisoned list is still whole, and still untaken.
+        let untaken = self
+            .0
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let first = |d: &Deferred| !d.logged.swap(true, Ordering::Relaxed);
         if untaken.iter().any(first) {
             tracing::warn!(
