@@ -4,7 +4,11 @@
 //!   many keys) and denied (one spent key);
 //! * `layer`: a bare `tower::service_fn` next to the same service behind
 //!   [`RateLimitLayer`] (memory store, `key::Header`), so their ratio is the
-//!   layer's overhead.
+//!   layer's overhead;
+//! * `two_threads`: the same, with two threads sending through one layer at
+//!   once, as a server's two workers do: what the layer's shared state
+//!   (reference counts, the store's lock and lines) costs when cores take
+//!   turns writing it. A time is one thread's per request (both run at once).
 //!
 //! Header writing is in `headers.rs`, key extraction in `keys.rs` and a
 //! decision against a real Redis in `redis.rs`.
@@ -119,11 +123,64 @@ fn layer(c: &mut Criterion) {
     group.finish();
 }
 
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("two_threads");
+    let bare = service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(String::from("ok")))
+    });
+    let api_key = HeaderName::from_static("x-api-key");
+    let allowing = RateLimitLayer::new(
+        Limiter::new(roomy()),
+        key::Header::from_name(api_key.clone()),
+    )
+    .layer(bare);
+    let values: Vec<HeaderValue> = (0..KEYS)
+        .map(|i| HeaderValue::try_from(format!("key-{i}")).expect("a header value"))
+        .collect();
+    // Each thread sends `iters` requests through its clone of `svc` (a
+    // clone a request, as hyper makes), on keys of its own turn; the time
+    // is the slower thread's.
+    fn both<S>(svc: &S, values: &[HeaderValue], api_key: &HeaderName, iters: u64) -> Duration
+    where
+        S: tower::Service<Request<()>> + Clone + Send + 'static,
+        S::Future: Send,
+    {
+        std::thread::scope(|scope| {
+            let run = |first: usize| {
+                let svc = svc.clone();
+                scope.spawn(move || {
+                    runtime().block_on(async {
+                        let start = std::time::Instant::now();
+                        for n in 0..iters as usize {
+                            let mut req = Request::new(());
+                            let value = values[(first + n) % values.len()].clone();
+                            req.headers_mut().insert(api_key.clone(), value);
+                            let _ = svc.clone().oneshot(req).await;
+                        }
+                        start.elapsed()
+                    })
+                })
+            };
+            let (a, b) = (run(0), run(values.len() / 2));
+            let a = a.join().expect("a thread of the benchmark");
+            let b = b.join().expect("a thread of the benchmark");
+            a.max(b)
+        })
+    }
+    group.bench_function("bare_service", |b| {
+        b.iter_custom(|iters| both(&bare, &values, &api_key, iters))
+    });
+    group.bench_function("rate_limited_allowed_10k_keys", |b| {
+        b.iter_custom(|iters| both(&allowing, &values, &api_key, iters))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = check, layer
+    targets = check, layer, two_threads
 }
 criterion_main!(benches);

@@ -14,6 +14,7 @@ use crate::{
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
+    per_thread::PerThread,
     refund::{Charged, Deferred, Outcome, Refund, ResponseHead},
     respond::Format,
 };
@@ -38,7 +39,11 @@ pub(crate) enum Verdict {
 /// The extractor and the responder sit behind their own `Arc`s, so a layer
 /// can be reconfigured (its by-value builder methods) without `K: Clone` or
 /// `R: Clone`, even when it has been cloned already.
+///
+/// A request's future holds this thread's copy of the core
+/// ([`here`](Self::here)), so aligned as a value kept per thread.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct Core<K, R, L = Limiter> {
     pub(crate) limiter: L,
     pub(crate) extractor: Arc<K>,
@@ -49,7 +54,11 @@ pub(crate) struct Core<K, R, L = Limiter> {
     pub(crate) partition_keys: Option<PartitionKeys>,
     /// Which responses give their request's cost back.
     pub(crate) refund: Option<Refund>,
-    logs: Logs,
+    /// Shared by the core's thread copies, so a warning given once is
+    /// given once per layer.
+    logs: Arc<Logs>,
+    /// The core's copy for each thread (none in a copy).
+    copies: PerThread<Self>,
 }
 
 /// Panics unless an extractor of `key_count` keys per request fits every
@@ -82,8 +91,21 @@ impl<K, R, L: Clone> Clone for Core<K, R, L> {
             legacy_headers: self.legacy_headers,
             partition_keys: self.partition_keys.clone(),
             refund: self.refund.clone(),
-            logs: Logs::default(),
+            logs: Arc::default(),
+            copies: PerThread::new(),
         }
+    }
+}
+
+impl<K, R, L: Clone> Core<K, R, L> {
+    /// This thread's copy of the core, for a request's future to hold:
+    /// cloning it writes a count that no other thread's requests write
+    /// ([`PerThread`]). The copies share the logs.
+    pub(crate) fn here(&self) -> &Arc<Self> {
+        self.copies.get(|| Self {
+            logs: self.logs.clone(),
+            ..self.clone()
+        })
     }
 }
 
@@ -97,7 +119,8 @@ impl<K, R, L> Core<K, R, L> {
             legacy_headers: false,
             partition_keys: None,
             refund: None,
-            logs: Logs::default(),
+            logs: Arc::default(),
+            copies: PerThread::new(),
         }
     }
 
@@ -135,6 +158,7 @@ impl<K, R, L> Core<K, R, L> {
             partition_keys: self.partition_keys,
             refund: self.refund,
             logs: self.logs,
+            copies: PerThread::new(),
         }
     }
 
@@ -149,6 +173,7 @@ impl<K, R, L> Core<K, R, L> {
             partition_keys: self.partition_keys,
             refund: self.refund,
             logs: self.logs,
+            copies: PerThread::new(),
         }
     }
 
@@ -364,5 +389,28 @@ impl Logs {
         if let Some(unlogged) = self.store.admit() {
             tracing::warn!(error = %e, ?policy, unlogged, "rate limit store failed; applying the store-error policy");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Core;
+    use crate::{DefaultResponse, Limiter, Quota, key::Global};
+
+    #[test]
+    fn a_threads_copy_of_the_core_shares_its_logs() {
+        let limiter = Limiter::new(Quota::per_minute(1));
+        let core = Arc::new(Core::new(limiter, Global, DefaultResponse));
+        let here = core.here();
+        assert!(!Arc::ptr_eq(here, &core), "a copy, with a count of its own");
+        assert!(
+            Arc::ptr_eq(core.here(), here),
+            "the same copy on one thread"
+        );
+        // A warning given once per layer stays once across its copies.
+        assert!(Arc::ptr_eq(&here.logs, &core.logs));
+        assert!(Arc::ptr_eq(&here.extractor, &core.extractor));
     }
 }

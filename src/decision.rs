@@ -246,9 +246,10 @@ impl Decision {
         &self.states[i]
     }
 
-    /// Whether the decision was made under `policies` (by that limiter).
-    pub(crate) fn is_from(&self, policies: &Arc<Policies>) -> bool {
-        Arc::ptr_eq(&self.policies, policies)
+    /// The policies it was made under: which limiter made it (a copy of
+    /// that limiter's, for a decision of the hot path).
+    pub(crate) fn policies_arc(&self) -> &Arc<Policies> {
+        &self.policies
     }
 
     /// The number of limits.

@@ -111,7 +111,7 @@ where
                 fut: svc.call(req),
                 held,
             },
-            core: core.clone(),
+            core: core.here().clone(),
         }
     }
 
@@ -125,7 +125,7 @@ where
                 rejection: Some(rejection),
                 format,
             },
-            core: core.clone(),
+            core: core.here().clone(),
         }
     }
 }

@@ -60,7 +60,7 @@ pub(crate) enum Start<P> {
 pub(crate) type Started<P> = Result<Start<P>, Rejection>;
 
 /// A gate's two choices, shared by the tower and actix adapters.
-pub(crate) trait Admit: Gate + Sized {
+pub(crate) trait Admit: Gate + Clone + Sized {
     /// A check on its way.
     type Pending: 'static;
     /// What a passed request holds while the inner service runs.

@@ -109,6 +109,17 @@ where
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static(""))
 }
 
+/// Bytes whose `Bytes::from_owner` allocation (the bytes' count, then
+/// this) is aligned as [`Policies`], so no other value shares its lines.
+#[repr(align(128))]
+struct Aligned(Box<[u8]>);
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// A one-item sf-list: the string `name` with `params`, e.g.
 /// `"concurrency";q=5;qu="concurrent-requests"`.
 pub(crate) fn sf_item<'b>(
@@ -129,7 +140,11 @@ fn list<'a>(items: impl IntoIterator<Item = (&'a str, [(&'static str, u64); 2])>
 }
 
 /// A limiter's named quotas and their `RateLimit-Policy` value, built once.
+///
+/// Aligned to keep a copy per thread ([`PerThread`](crate::per_thread)):
+/// a decision holds them, and each response clones `header`.
 #[derive(Debug, PartialEq, Eq)]
+#[repr(align(128))]
 pub(crate) struct Policies {
     limits: Box<[(Box<str>, Quota)]>,
     /// Per limit: whether it is a shadow (dry-run) limit.
@@ -165,6 +180,20 @@ impl Policies {
                 .collect(),
             shadow: vec![false; limits.len()].into(),
             metric_keys: limits.iter().map(|(n, _)| metrics::Keys::new(n)).collect(),
+        }
+    }
+
+    /// An equal copy for another thread (see [`PerThread`](crate::per_thread)):
+    /// its `RateLimit-Policy` value gets bytes of its own, whose count a
+    /// response's clone writes, on a cache line that no other copy shares.
+    pub(crate) fn thread_copy(&self) -> Self {
+        let bytes = Bytes::from_owner(Aligned(self.header.as_bytes().into()));
+        Self {
+            limits: self.limits.clone(),
+            shadow: self.shadow.clone(),
+            header: HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| self.header.clone()),
+            ratelimit_prefix: self.ratelimit_prefix.clone(),
+            metric_keys: self.metric_keys.clone(),
         }
     }
 
@@ -308,6 +337,20 @@ mod tests {
             retry_ms: if allowed { 0 } else { reset_ms },
         };
         Decision::new(vec![state], policies)
+    }
+
+    #[test]
+    fn a_thread_copy_is_equal_with_bytes_of_its_own() {
+        let limits = [("second".to_owned(), "5/1s".parse().unwrap())];
+        let p = Policies::new(&limits).with_shadow(vec![true]);
+        let copy = p.thread_copy();
+        assert_eq!(copy, p);
+        assert_ne!(
+            copy.header.as_bytes().as_ptr(),
+            p.header.as_bytes().as_ptr()
+        );
+        let clone = copy.header.clone();
+        assert_eq!(clone.as_bytes().as_ptr(), copy.header.as_bytes().as_ptr());
     }
 
     #[test]

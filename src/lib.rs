@@ -21,6 +21,7 @@ mod keyspace;
 mod layer;
 mod limiter;
 mod metrics;
+mod per_thread;
 pub mod quota;
 mod random;
 pub mod refund;

@@ -93,7 +93,7 @@ where
                 // The ready service goes to the future; a fresh clone stays.
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::checking(check, inner, req, self.core.clone())
+                ResponseFuture::checking(check, inner, req, self.core.here().clone())
             }
         }
     }

@@ -88,6 +88,21 @@ async fn every_limit_gets_its_refund(b: Backend) {
     }
 }
 
+/// A decision holds the policies of the thread it was made on (each thread
+/// has its own copy): one made on another thread is still the limiter's.
+async fn a_decision_made_on_another_thread_is_refunded(b: Backend) {
+    let l = limiter(&b, "threads", Quota::per_minute(2));
+    let there = l.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let d = tokio::task::spawn_blocking(move || runtime.block_on(there.check("k", 2)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.is_allowed());
+    l.refund("k", &d).await.unwrap();
+    assert_eq!(l.peek("k", 1).await.unwrap().remaining(), 2);
+}
+
 async fn an_ended_window_is_not_credited(b: Backend) {
     for (name, quota) in algorithms(2, "300ms") {
         let l = limiter(&b, name, quota);
@@ -134,6 +149,7 @@ for_every_store!(
     refunds_never_go_below_zero,
     what_spent_nothing_refunds_nothing,
     every_limit_gets_its_refund,
+    a_decision_made_on_another_thread_is_refunded,
     an_ended_window_is_not_credited,
     concurrent_spends_and_refunds_never_pass_the_limit,
 );

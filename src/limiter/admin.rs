@@ -239,7 +239,7 @@ impl Limiter {
             return Ok(RefundWork::Nothing);
         };
         let inner = &self.inner;
-        if !decision.is_from(&inner.policies) || decision.len() != inner.limits.len() {
+        if !inner.owns(decision.policies_arc()) || decision.len() != inner.limits.len() {
             return Err(Error::ForeignDecision);
         }
         self.key_count(keys)?;

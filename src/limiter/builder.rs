@@ -9,7 +9,7 @@ use super::{Backend, DEFAULT_TIMEOUT, Inner, Limiter};
 const ONCE_MARKER_TTL: Duration = Duration::from_secs(10);
 use crate::{
     Breaker, ConfigError, MemoryStore, Quota, breaker, deny_cache::DenyCache, headers::Policies,
-    keyspace, store::Store,
+    keyspace, per_thread::PerThread, store::Store,
 };
 
 /// The deny cache's default capacity, in denied keys.
@@ -408,6 +408,7 @@ impl LimiterBuilder {
         let inner = Arc::new(Inner {
             limits: limits.into(),
             policies: Arc::new(Policies::new(&self.limits).with_shadow(shadow.collect())),
+            thread_policies: PerThread::new(),
             shared_tag,
             store,
             timeout: self.timeout,

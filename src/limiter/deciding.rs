@@ -16,6 +16,7 @@ use crate::{
     Decision, Error, Key,
     breaker::Pass,
     decision::{Answered, Partition, Stamp, States},
+    headers::Policies,
     metrics,
     store::{BoxFuture, StoreReply},
 };
@@ -185,6 +186,19 @@ impl<T, F: Future<Output = Result<T, Error>> + Unpin> Timed<F> {
 }
 
 impl Inner {
+    /// This thread's copy of the policies, for a decision to hold: its
+    /// clone writes a count no other thread's decisions write.
+    pub(super) fn policies_here(&self) -> Arc<Policies> {
+        self.thread_policies
+            .get(|| self.policies.thread_copy())
+            .clone()
+    }
+
+    /// Whether `policies` are this limiter's (its decision's).
+    pub(super) fn owns(&self, policies: &Arc<Policies>) -> bool {
+        Arc::ptr_eq(policies, &self.policies) || self.thread_policies.holds(policies)
+    }
+
     /// What is left of the timeout of a request asked at `asked`.
     pub(super) fn time_left(&self, asked: Instant) -> Duration {
         self.timeout.saturating_sub(asked.elapsed())
@@ -206,7 +220,7 @@ impl Inner {
             let reply = format!("{} states for {limits} limits", states.len());
             return Err(Error::UnexpectedReply(reply));
         }
-        let mut decision = Decision::new(states, self.policies.clone());
+        let mut decision = Decision::new(states, self.policies_here());
         let Some(at) = at else {
             // A peek: not a decision to count in the metrics.
             tracing::trace!(

@@ -11,6 +11,7 @@ use crate::{
     deny_cache::DenyCache,
     headers::Policies,
     keyspace, metrics,
+    per_thread::PerThread,
     store::{Checks, Deadline, LimitCheck, Store, StoreReply},
 };
 
@@ -123,6 +124,8 @@ struct Inner {
     /// Per limit: its quota and `{prefix}:{algo}:{name}:`, built once.
     limits: Box<[(Quota, String)]>,
     policies: Arc<Policies>,
+    /// Per thread, a copy of `policies` for the decisions made there.
+    thread_policies: PerThread<Policies>,
     /// With several limits: `{<prefix>:<first name>}:`, the shared hash tag.
     shared_tag: Option<String>,
     store: Backend,

@@ -245,7 +245,7 @@ impl Reservations {
 impl Inner {
     /// The decision of a request admitted from a reservation.
     pub(super) fn reserved_decision(&self, state: LimitState, cost: u64) -> Decision {
-        let d = Decision::new([state], self.policies.clone())
+        let d = Decision::new([state], self.policies_here())
             .with_spent(cost, Stamp::Local(Instant::now()));
         metrics::decision(&d, true);
         tracing::trace!(
@@ -484,7 +484,7 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
             reset_ms: r.window_left_ms,
             retry_ms: r.window_left_ms,
         };
-        let d = Decision::new([state], inner.policies.clone()).with_spent(1, Stamp::Local(sent));
+        let d = Decision::new([state], inner.policies_here()).with_spent(1, Stamp::Local(sent));
         // `key` is the check's store key: the deny cache's for one limit.
         cache.insert(key, 1, &d);
     }
