@@ -99,7 +99,9 @@ where
 
     /// The future of a request that passed (or was skipped, with no
     /// `held`): the inner service, which the caller has polled ready, is
-    /// called now.
+    /// called now. Inlined, so the inner future is built in place rather
+    /// than moved through this function's frame.
+    #[inline(always)]
     pub(crate) fn calling(
         svc: &mut S,
         req: Request<ReqBody>,

@@ -77,9 +77,14 @@ impl Key {
     /// IPv4, the common case, is written without `Display`'s formatting
     /// machinery, which cost more than the rest of a memory-store decision.
     pub(crate) fn from_ip(ip: IpAddr) -> Self {
-        let mut text = [0u8; INLINE_KEY];
-        match write_ip(ip, &mut text) {
-            Some(len) => Self::copy_from(&text[..len]),
+        // Written straight into the key's own buffer: no second copy.
+        let mut buf = [0u8; INLINE_KEY];
+        match write_ip(ip, &mut buf) {
+            // At most INLINE_KEY, so it fits in a u8.
+            Some(len) => Self(Repr::Inline {
+                len: len as u8,
+                buf,
+            }),
             None => Self::from(ip.to_string()),
         }
     }
@@ -107,15 +112,23 @@ fn write_ip(ip: IpAddr, text: &mut [u8; INLINE_KEY]) -> Option<usize> {
     let mut len = 0;
     match ip {
         IpAddr::V4(v4) => {
-            let mut digits = itoa::Buffer::new();
+            // By hand, a digit at a time: a formatter and a copy per octet
+            // cost a decision on the memory store more than its lookup.
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
                     text[len] = b'.';
                     len += 1;
                 }
-                let octet = digits.format(octet).as_bytes();
-                text[len..len + octet.len()].copy_from_slice(octet);
-                len += octet.len();
+                if octet >= 100 {
+                    text[len] = b'0' + octet / 100;
+                    len += 1;
+                }
+                if octet >= 10 {
+                    text[len] = b'0' + octet / 10 % 10;
+                    len += 1;
+                }
+                text[len] = b'0' + octet % 10;
+                len += 1;
             }
         }
         IpAddr::V6(v6) => {
@@ -184,6 +197,17 @@ mod tests {
                 Key::from_ip(parsed).as_bytes(),
                 parsed.to_string().as_bytes()
             );
+        }
+        // Every octet, in every place, as std writes it.
+        for octet in 0..=u8::MAX {
+            for at in 0..4 {
+                let mut octets = [7, 70, 170, 1];
+                octets[at] = octet;
+                let ip = IpAddr::from(octets);
+                let key = Key::from_ip(ip);
+                assert!(key.is_inline());
+                assert_eq!(key.as_bytes(), ip.to_string().as_bytes());
+            }
         }
     }
 

@@ -405,7 +405,12 @@ impl LimiterBuilder {
             Backend::Memory(memory) => memory.instance(),
             Backend::Other(store, _) => store.instance(),
         };
+        let memory_prefix = match (&store, &limits[..]) {
+            (Backend::Memory(memory), [(_, prefix)]) => Some(memory.key_hasher(prefix)),
+            _ => None,
+        };
         let inner = Arc::new(Inner {
+            memory_prefix,
             limits: limits.into(),
             policies: Arc::new(Policies::new(&self.limits).with_shadow(shadow.collect())),
             thread_policies: PerThread::new(),

@@ -12,7 +12,7 @@ use crate::{
     headers::Policies,
     keyspace, metrics,
     per_thread::PerThread,
-    store::{Checks, Deadline, LimitCheck, Store, StoreReply},
+    store::{Checks, Deadline, KeyHasher, LimitCheck, Store, StoreReply},
 };
 
 pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
@@ -129,6 +129,10 @@ struct Inner {
     /// With several limits: `{<prefix>:<first name>}:`, the shared hash tag.
     shared_tag: Option<String>,
     store: Backend,
+    /// With the in-memory store and a lone limit: that limit's prefix,
+    /// hashed under the store's secret, which a decision copies and feeds
+    /// its client part ([`MemoryStore::key_hasher`]).
+    memory_prefix: Option<KeyHasher>,
     timeout: Duration,
     breaker: breaker::State,
     deny_cache: Option<DenyCache>,
@@ -376,11 +380,14 @@ impl Limiter {
         let started = metrics::clock();
         let (states, ends): (States, Ends) = if inner.limits.len() == 1 {
             // The key on the stack: a decision on a known key allocates nothing.
+            // The key hashed as it is written, after its prefix, which was
+            // hashed once: a decision on a known key allocates nothing.
             let quota = self.limit_check_quota(0, cost)?;
-            let mut key = keyspace::StackKey::new();
-            self.write_key(0, keys[0], &mut key);
-            let (state, end) = match key.get() {
-                Some(key) => memory.decide_one(key, quota, cost),
+            let (state, end) = match inner.memory_prefix {
+                Some(mut key) => {
+                    keyspace::push_client(&mut key, keys[0]);
+                    memory.decide_id(key.id(), quota, cost)
+                }
                 None => memory.decide_one(self.key_of(0, keys[0]).as_bytes(), quota, cost),
             };
             (smallvec::smallvec![state], Ends::One(end))
@@ -501,6 +508,37 @@ mod tests {
             let mut key = keyspace::StackKey::new();
             l.write_key(0, client, &mut key);
             assert_eq!(key.get(), Some(l.store_key(client).as_bytes()));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memory_stores_hot_path_counts_under_the_store_key() {
+        // A check hashes the key as it writes it, after a prefix hashed
+        // once; peek and reset hash the written key. They must agree.
+        let long = "x".repeat(64);
+        let l = Limiter::builder(Quota::per_minute(3))
+            .prefix(&long)
+            .name(&long)
+            .build()
+            .unwrap();
+        let huge = vec![b'y'; 1 << 16];
+        let clients = [
+            &b"1.2.3.4"[..],
+            b"",
+            b"a}b",
+            b"\xff\xfe",
+            b"1234567",
+            b"12345678",
+            &[b'k'; RAW_KEY_MAX],
+            &[b'k'; RAW_KEY_MAX + 1],
+            &huge,
+        ];
+        for client in clients {
+            assert_eq!(l.check(client, 1).await.unwrap().remaining(), 2);
+            assert_eq!(l.peek(client, 1).await.unwrap().remaining(), 2);
+            l.reset(client).await.unwrap();
+            assert_eq!(l.peek(client, 1).await.unwrap().remaining(), 3);
+            assert_eq!(l.check(client, 2).await.unwrap().remaining(), 1);
         }
     }
 

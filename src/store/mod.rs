@@ -19,8 +19,8 @@ pub(crate) mod scripts;
 
 pub(crate) use self::batch::Deadline;
 pub use self::lease::{LeaseState, LeaseStore};
-pub(crate) use self::memory::Credit;
 pub use self::memory::MemoryStore;
+pub(crate) use self::memory::{Credit, KeyHasher};
 pub use self::redis::RedisStore;
 pub(crate) use self::redis::StoreReply;
 pub use self::scripts::{

@@ -30,10 +30,12 @@ use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
+use crate::keyspace::KeyBuf;
+
 /// A key's identity: its 128-bit SipHash-1-3 under the store's secret. Its
 /// first half is never [`EMPTY`] or [`REMOVED`] (see [`Secret::id`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct KeyId(u64, u64);
+pub(crate) struct KeyId(u64, u64);
 
 /// The first half of a free slot's id: never used.
 const EMPTY: u64 = 0;
@@ -307,14 +309,48 @@ impl Secret {
         Self(n as u64, (n >> 64) as u64)
     }
 
+    /// A hasher for a key's identity, empty.
+    pub(super) fn hasher(&self) -> KeyHasher {
+        KeyHasher(SipHasher13::new_with_keys(self.0, self.1))
+    }
+
     /// The identity of `key`.
     pub(super) fn id(&self, key: &[u8]) -> KeyId {
-        let mut h = SipHasher13::new_with_keys(self.0, self.1);
-        h.write(key);
-        let hash = h.finish128();
+        let mut h = self.hasher();
+        h.push_safe(key);
+        h.id()
+    }
+}
+
+/// A key's identity on its way: the store's keyed hash, fed the store key
+/// piece by piece as a [`KeyBuf`], so the key is never written out. Copied
+/// once it has taken a limit's prefix, it names each key of that limit
+/// without hashing the prefix again
+/// ([`MemoryStore::key_hasher`](super::MemoryStore::key_hasher)). Whatever
+/// the pieces, the identity is that of their bytes end to end
+/// ([`Secret::id`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyHasher(SipHasher13);
+
+impl KeyHasher {
+    /// The identity of the bytes taken so far.
+    pub(crate) fn id(self) -> KeyId {
+        let hash = self.0.finish128();
         // The tables mark free slots and tombstones by the first half: a
         // key whose first half is one of those takes the next value up.
         KeyId(hash.h1.max(REMOVED + 1), hash.h2)
+    }
+}
+
+impl KeyBuf for KeyHasher {
+    fn push_str(&mut self, s: &str) {
+        self.0.write(s.as_bytes());
+    }
+
+    /// Bytes, as they are, as a [`StackKey`](crate::keyspace::StackKey)
+    /// takes them.
+    fn push_safe(&mut self, safe: &[u8]) {
+        self.0.write(safe);
     }
 }
 

@@ -7,11 +7,13 @@ use tokio::time::Instant;
 pub(crate) use self::admin::Credit;
 use self::{
     algorithms::{Checked, Entry, Now, Packed},
-    ids::{KeyId, Secret, Table},
+    ids::{Secret, Table},
     shards::Shards,
 };
 use super::{LimitCheck, LimitState};
 use crate::{Algorithm, Quota, decision::Ends};
+
+pub(crate) use self::ids::{KeyHasher, KeyId};
 
 mod admin;
 mod algorithms;
@@ -161,10 +163,25 @@ impl MemoryStore {
     /// returns when its state resets on the store's clock, in µs (what a
     /// refund is bounded by: see [`Ends`]).
     pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> (LimitState, u64) {
-        let id = self.secret.id(key);
+        self.decide_id(self.secret.id(key), quota, cost)
+    }
+
+    /// [`decide_one`](Self::decide_one) for the key of identity `id`,
+    /// hashed by a [`key_hasher`](Self::key_hasher) of this store's.
+    pub(crate) fn decide_id(&self, id: KeyId, quota: Quota, cost: u64) -> (LimitState, u64) {
         let now = self.now();
         let (state, after_us) = self.lock().decide_one(id, quota, cost, now);
         (state, now.us.saturating_add(after_us))
+    }
+
+    /// A hasher that has taken `prefix`, the start of a limit's store keys:
+    /// a copy of it, fed the rest of a key, gives that key's identity here
+    /// ([`KeyHasher::id`]), as [`decide_one`](Self::decide_one) would hash
+    /// the whole key.
+    pub(crate) fn key_hasher(&self, prefix: &str) -> KeyHasher {
+        let mut hasher = self.secret.hasher();
+        crate::keyspace::KeyBuf::push_str(&mut hasher, prefix);
+        hasher
     }
 
     /// Several limits, all or nothing.
