@@ -46,7 +46,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::Duration;
+use std::{
+    cell::RefCell,
+    sync::{Arc, Weak},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
@@ -269,6 +273,49 @@ pub(crate) fn ratelimit_value(d: &Decision) -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(value)).unwrap_or(HeaderValue::from_static(""))
 }
 
+/// The `RateLimit` and `Retry-After` values a denial writes, the last ones
+/// this thread built, with what they were built from.
+struct LastDenial {
+    /// The decision's policies: held weakly, so they are never freed while
+    /// the memo compares their address (and never kept alive by it).
+    policies: Weak<Policies>,
+    /// The binding limit, what remained of it, `t` and `Retry-After`.
+    of: (usize, u64, u64, u64),
+    values: (HeaderValue, HeaderValue),
+}
+
+thread_local! {
+    static LAST_DENIAL: RefCell<Option<LastDenial>> = const { RefCell::new(None) };
+}
+
+/// `RateLimit` and `Retry-After` (`retry` seconds) for a denial. A client
+/// hammering a spent key gets the same values for a second at a time, so
+/// each thread keeps the last ones it built and clones them while nothing
+/// they are built from changes: a count to raise instead of two
+/// allocations and three numbers to format.
+fn denial_values(d: &Decision, retry: u64) -> (HeaderValue, HeaderValue) {
+    if d.partition_key().is_some() {
+        return (ratelimit_value(d), retry.into());
+    }
+    let of = (d.binding(), d.remaining(), t_secs(d), retry);
+    let policies = d.policies_arc();
+    LAST_DENIAL.with_borrow_mut(|last| {
+        if let Some(last) = last
+            && last.of == of
+            && std::ptr::eq(last.policies.as_ptr(), Arc::as_ptr(policies))
+        {
+            return last.values.clone();
+        }
+        let values = (ratelimit_value(d), HeaderValue::from(retry));
+        *last = Some(LastDenial {
+            policies: Arc::downgrade(policies),
+            of,
+            values: values.clone(),
+        });
+        values
+    })
+}
+
 /// Where [`write()`] puts headers: an `http` 1 header map or response, or an
 /// actix-web response (which uses `http` 0.2 types, converted through bytes).
 pub(crate) trait HeaderSink {
@@ -301,9 +348,13 @@ impl<B> HeaderSink for http::Response<B> {
 /// Writes the IETF headers, and `Retry-After` when denied.
 pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
     headers.append(RATELIMIT_POLICY, d.policies().header.clone());
-    headers.append(RATELIMIT, ratelimit_value(d));
-    if let Some(wait) = d.retry_after() {
-        headers.insert(RETRY_AFTER, retry_after_secs(wait).into());
+    match d.retry_after() {
+        None => headers.append(RATELIMIT, ratelimit_value(d)),
+        Some(wait) => {
+            let (ratelimit, retry_after) = denial_values(d, retry_after_secs(wait));
+            headers.append(RATELIMIT, ratelimit);
+            headers.insert(RETRY_AFTER, retry_after);
+        }
     }
     if legacy {
         headers.insert(X_RATELIMIT_LIMIT, d.limit().into());
@@ -337,6 +388,53 @@ mod tests {
             retry_ms: if allowed { 0 } else { reset_ms },
         };
         Decision::new(vec![state], policies)
+    }
+
+    #[test]
+    fn a_denials_values_are_its_own_whatever_was_denied_before() {
+        let policies =
+            |name: &str| Arc::new(Policies::new(&[(name.into(), "5/60s".parse().unwrap())]));
+        let denied = |policies: &Arc<Policies>, remaining, reset_ms| {
+            let state = LimitState {
+                allowed: false,
+                remaining,
+                reset_ms,
+                retry_ms: reset_ms,
+            };
+            Decision::new(vec![state], policies.clone())
+        };
+        let written = |d: &Decision| {
+            let mut h = HeaderMap::new();
+            write(d, &mut h, false);
+            (h["ratelimit"].clone(), h["retry-after"].clone())
+        };
+        let (default, other) = (policies("default"), policies("other"));
+        let first = written(&denied(&default, 0, 5_000));
+        assert_eq!(first.0, r#""default";r=0;t=5"#);
+        assert_eq!(first.1, "5");
+        // The same denial again: the values built the first time.
+        let again = written(&denied(&default, 0, 5_000));
+        assert_eq!(again, first);
+        assert_eq!(again.0.as_bytes().as_ptr(), first.0.as_bytes().as_ptr());
+        // Anything they are built from changes: values of its own.
+        let cases = [
+            (&default, 0, 6_000, r#""default";r=0;t=6"#, "6"),
+            (&default, 0, 5_000, r#""default";r=0;t=5"#, "5"),
+            (&other, 0, 5_000, r#""other";r=0;t=5"#, "5"),
+            (&other, 2, 5_000, r#""other";r=2;t=5"#, "5"),
+            (&other, 2, 4_001, r#""other";r=2;t=5"#, "5"),
+            (&other, 2, 59_000, r#""other";r=2;t=59"#, "59"),
+            (&default, 2, 59_000, r#""default";r=2;t=59"#, "59"),
+        ];
+        for (p, remaining, reset_ms, ratelimit, retry_after) in cases {
+            let want = (ratelimit.parse().unwrap(), retry_after.parse().unwrap());
+            assert_eq!(written(&denied(p, remaining, reset_ms)), want);
+        }
+        // Policies gone, and new ones of another name: never the old values.
+        drop(default);
+        let renamed = policies("renamed");
+        let (ratelimit, _) = written(&denied(&renamed, 2, 59_000));
+        assert_eq!(ratelimit, r#""renamed";r=2;t=59"#);
     }
 
     #[test]
