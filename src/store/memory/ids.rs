@@ -359,6 +359,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_key_in_pieces_has_the_id_of_its_bytes() {
+        let s = Secret::new();
+        let key: Vec<u8> = (0..200u8).collect();
+        for cut in [0, 1, 7, 8, 9, 40, 100, 200] {
+            for second in [0, 1, 2, 7, 8, 60] {
+                let (head, rest) = key.split_at(cut);
+                let (middle, tail) = rest.split_at(second.min(rest.len()));
+                let mut h = s.hasher();
+                h.push_safe(head);
+                h.push_safe(middle);
+                h.push_str("{");
+                h.push_safe(tail);
+                let whole = [head, middle, b"{", tail].concat();
+                assert_eq!(h.id(), s.id(&whole), "cut at {cut} and {second}");
+            }
+        }
+    }
+
+    #[test]
     fn ids_are_stable_per_secret_distinct_per_key_and_secret() {
         let (s, t) = (Secret::new(), Secret::new());
         assert_eq!(s.id(b"rl:fw:default:{a}"), s.id(b"rl:fw:default:{a}"));
