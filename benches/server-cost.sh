@@ -17,6 +17,8 @@
 #   memory, 100k keys   the memory store keyed by x-api-key, every request
 #                       allowed (a quota no run exhausts)
 #   plain, 1 key        RATE_LIMIT=off, plain GET /
+#   memory, 1 key       the memory store keyed by peer IP, every request
+#                       allowed (one hot counter)
 #   memory, denied      the memory store keyed by peer IP, quota 1/1h, spent
 #                       by the warm-up: every measured request is a 429
 #   redis, 100k keys    as "memory, 100k keys", on a redis-server of its own
@@ -93,6 +95,7 @@ huge=1000000000/1h
 case_cost "plain, 100k keys" "$server" "" off "header:x-api-key" cycle 100000
 case_cost "memory, 100k keys" "$server" "" $huge "header:x-api-key" cycle 100000
 case_cost "plain, 1 key" "$server" "" off ip
+case_cost "memory, 1 key" "$server" "" $huge ip
 case_cost "memory, denied" "$server" "" 1/1h ip
 
 # With Redis: a redis-server of our own on a free port.

@@ -59,8 +59,9 @@ pub(crate) fn validate(what: &'static str, value: &str) -> Result<(), ConfigErro
     Ok(())
 }
 
-/// Where a store key is written: a `String`, or a [`StackKey`] on the hot
-/// path of the in-memory store. Every piece written is ASCII.
+/// Where a store key is written: a `String`, a [`StackKey`] on the hot path
+/// of local reservations, or the in-memory store's keyed hash, which takes
+/// the key without keeping it. Every piece written is ASCII.
 pub(crate) trait KeyBuf {
     fn push_str(&mut self, s: &str);
 
@@ -86,8 +87,9 @@ impl KeyBuf for String {
     }
 }
 
-/// A store key built on the stack, for the in-memory store's hot path: a
-/// decision on a key it already holds allocates nothing.
+/// A store key built on the stack, for the local reservations' hot path: a
+/// request spending a reserved unit allocates nothing. (The in-memory store
+/// hashes the key as it is written instead: its `KeyHasher`.)
 #[derive(Debug)]
 pub(crate) struct StackKey {
     buf: [u8; STACK_KEY_MAX],
