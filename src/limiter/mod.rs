@@ -495,14 +495,17 @@ mod tests {
         );
     }
 
+    /// A limiter whose prefix and name are as long as they may be: the
+    /// longest store keys.
+    fn longest_names(quota: Quota) -> Limiter {
+        let long = "x".repeat(64);
+        let builder = Limiter::builder(quota).prefix(&long).name(&long);
+        builder.build().unwrap()
+    }
+
     #[test]
     fn stack_keys_are_the_store_keys() {
-        let long = "x".repeat(64);
-        let l = Limiter::builder(Quota::per_second(1))
-            .prefix(&long)
-            .name(&long)
-            .build()
-            .unwrap();
+        let l = longest_names(Quota::per_second(1));
         let huge = vec![b'y'; 1 << 16];
         for client in [&b"1.2.3.4"[..], b"a}b", &[b'k'; RAW_KEY_MAX], &huge] {
             let mut key = keyspace::StackKey::new();
@@ -515,12 +518,7 @@ mod tests {
     async fn the_memory_stores_hot_path_counts_under_the_store_key() {
         // A check hashes the key as it writes it, after a prefix hashed
         // once; peek and reset hash the written key. They must agree.
-        let long = "x".repeat(64);
-        let l = Limiter::builder(Quota::per_minute(3))
-            .prefix(&long)
-            .name(&long)
-            .build()
-            .unwrap();
+        let l = longest_names(Quota::per_minute(3));
         let huge = vec![b'y'; 1 << 16];
         let clients = [
             &b"1.2.3.4"[..],
