@@ -379,7 +379,6 @@ impl Limiter {
         let _entered = span.enter();
         let started = metrics::clock();
         let (states, ends): (States, Ends) = if inner.limits.len() == 1 {
-            // The key on the stack: a decision on a known key allocates nothing.
             // The key hashed as it is written, after its prefix, which was
             // hashed once: a decision on a known key allocates nothing.
             let quota = self.limit_check_quota(0, cost)?;
