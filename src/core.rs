@@ -133,7 +133,13 @@ impl<K, R, L> Core<K, R, L> {
     where
         L: Clone,
     {
-        Arc::new(f(Arc::unwrap_or_clone(core)))
+        // A core taken back whole keeps no copy made before the step,
+        // which would still hold the old settings.
+        let core = Self {
+            copies: PerThread::new(),
+            ..Arc::unwrap_or_clone(core)
+        };
+        Arc::new(f(core))
     }
 
     /// [`rebuild`](Self::rebuild), changing settings only.
@@ -412,5 +418,16 @@ mod tests {
         // A warning given once per layer stays once across its copies.
         assert!(Arc::ptr_eq(&here.logs, &core.logs));
         assert!(Arc::ptr_eq(&here.extractor, &core.extractor));
+    }
+
+    #[test]
+    fn a_rebuilt_core_keeps_no_copy_of_its_old_settings() {
+        let limiter = Limiter::new(Quota::per_minute(1));
+        let core = Arc::new(Core::new(limiter, Global, DefaultResponse));
+        assert!(!core.here().legacy_headers);
+        // The layer's core alone again (every service dropped), then a
+        // builder step: this thread's copy has the new settings.
+        let core = Core::with(core, |c| c.legacy_headers = true);
+        assert!(core.here().legacy_headers);
     }
 }

@@ -135,3 +135,24 @@ fn a_call_made_outside_a_runtime_decides_when_polled_in_one() {
     assert_eq!(statuses, [ok, ok, denied]);
     rt.block_on(server.assert_every_key_has_ttl());
 }
+
+/// A layer reconfigured after it served requests (its services dropped)
+/// answers with its new settings: the copies of its core made for those
+/// requests are not kept (they once were, with the old settings).
+#[tokio::test]
+async fn a_layer_reconfigured_after_serving_answers_with_its_new_settings() {
+    let ok = || service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+    let layer = RateLimitLayer::new(Backend::memory().limiter("10/1h"), Global);
+    let res = layer.layer(ok()).oneshot(Request::new(())).await.unwrap();
+    assert!(
+        res.headers().get("x-ratelimit-limit").is_none(),
+        "off by default"
+    );
+    let layer = layer.legacy_headers(true);
+    let res = layer.layer(ok()).oneshot(Request::new(())).await.unwrap();
+    assert_eq!(
+        res.headers().get("x-ratelimit-limit").map(|v| v.as_bytes()),
+        Some(&b"10"[..]),
+        "{res:?}"
+    );
+}
