@@ -446,7 +446,7 @@ where
     forward_ready!(service);
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
-        let core = self.core.here().clone();
+        let core = Core::local(&self.core);
         let service = self.service.clone();
         let start = L::start(&core, &req);
         Box::pin(async move {

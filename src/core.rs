@@ -2,7 +2,7 @@
 //! adapters: derive a key, start the check, turn its result into a verdict.
 
 use std::sync::{
-    Arc,
+    Arc, OnceLock, Weak,
     atomic::{AtomicBool, AtomicU64, Ordering},
 };
 
@@ -14,7 +14,7 @@ use crate::{
     headers::{self, HeaderSink, PartitionKeys},
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
-    per_thread::PerThread,
+    per_thread::{self, PerThread},
     refund::{Charged, Deferred, Outcome, Refund, ResponseHead},
     respond::Format,
 };
@@ -40,8 +40,9 @@ pub(crate) enum Verdict {
 /// can be reconfigured (its by-value builder methods) without `K: Clone` or
 /// `R: Clone`, even when it has been cloned already.
 ///
-/// A request's future holds this thread's copy of the core
-/// ([`here`](Self::here)), so aligned as a value kept per thread.
+/// A request's future, and a clone of the service, hold this thread's copy
+/// of the core ([`local`](Self::local)), so aligned as a value kept per
+/// thread.
 #[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct Core<K, R, L = Limiter> {
@@ -59,6 +60,13 @@ pub(crate) struct Core<K, R, L = Limiter> {
     logs: Arc<Logs>,
     /// The core's copy for each thread (none in a copy).
     copies: PerThread<Self>,
+    /// The copies again, by [`per_thread::index`], shared by the core and
+    /// its copies: how a copy finds another thread's copy without writing
+    /// the core's count. Weak, as a copy holds them.
+    siblings: Arc<[OnceLock<Weak<Self>>]>,
+    /// In a thread's copy: the core it copies, and the copy's index. Weak,
+    /// as the core holds its copies.
+    home: Option<(Weak<Self>, usize)>,
 }
 
 /// Panics unless an extractor of `key_count` keys per request fits every
@@ -93,19 +101,62 @@ impl<K, R, L: Clone> Clone for Core<K, R, L> {
             refund: self.refund.clone(),
             logs: Arc::default(),
             copies: PerThread::new(),
+            siblings: per_thread::weak_slots(),
+            home: None,
         }
     }
 }
 
 impl<K, R, L: Clone> Core<K, R, L> {
-    /// This thread's copy of the core, for a request's future to hold:
-    /// cloning it writes a count that no other thread's requests write
-    /// ([`PerThread`]). The copies share the logs.
-    pub(crate) fn here(&self) -> &Arc<Self> {
-        self.copies.get(|| Self {
-            logs: self.logs.clone(),
-            ..self.clone()
-        })
+    /// This thread's copy of `core`, for a request's future or a clone of
+    /// the service to hold: cloning it writes a count that no other
+    /// thread's requests write ([`PerThread`]). The copies share the logs.
+    ///
+    /// `core` may itself be a copy (a clone of a service holds one, and
+    /// hyper, tonic and axum's routes clone the service for every request):
+    /// this thread's is cloned as it is, and another thread's leads to this
+    /// thread's through the copies' shared table (or, the first time, the
+    /// layer's core), so neither writes a count that other threads write.
+    /// Once the layer's core is gone (every service holding it dropped), a
+    /// thread without a copy clones the one it has.
+    #[inline]
+    pub(crate) fn local(core: &Arc<Self>) -> Arc<Self> {
+        let index = per_thread::index();
+        match &core.home {
+            Some((_, own)) if *own == index => Arc::clone(core),
+            _ => match core.siblings[index].get().and_then(Weak::upgrade) {
+                Some(copy) => copy,
+                None => Self::first_local(core, index),
+            },
+        }
+    }
+
+    /// [`local`](Self::local) on a thread that has no copy yet: the core
+    /// makes one; a copy leads to the core, if it lives.
+    #[cold]
+    fn first_local(core: &Arc<Self>, index: usize) -> Arc<Self> {
+        let Some((home, _)) = &core.home else {
+            let copy = core.copies.get(|| Self {
+                logs: core.logs.clone(),
+                siblings: core.siblings.clone(),
+                home: Some((Arc::downgrade(core), index)),
+                ..(**core).clone()
+            });
+            core.siblings[index].get_or_init(|| Arc::downgrade(copy));
+            return Arc::clone(copy);
+        };
+        home.upgrade()
+            .map_or_else(|| Arc::clone(core), |home| Self::local(&home))
+    }
+
+    /// Makes `core` this thread's copy, if it is not already: a service
+    /// does at each call, so that a connection's service, made on the
+    /// thread that accepted it, takes its worker's copy once, not at every
+    /// request.
+    pub(crate) fn localize(core: &mut Arc<Self>) {
+        if !matches!(core.home, Some((_, index)) if index == per_thread::index()) {
+            *core = Self::local(core);
+        }
     }
 }
 
@@ -121,6 +172,8 @@ impl<K, R, L> Core<K, R, L> {
             refund: None,
             logs: Arc::default(),
             copies: PerThread::new(),
+            siblings: per_thread::weak_slots(),
+            home: None,
         }
     }
 
@@ -137,6 +190,8 @@ impl<K, R, L> Core<K, R, L> {
         // which would still hold the old settings.
         let core = Self {
             copies: PerThread::new(),
+            siblings: per_thread::weak_slots(),
+            home: None,
             ..Arc::unwrap_or_clone(core)
         };
         Arc::new(f(core))
@@ -165,6 +220,8 @@ impl<K, R, L> Core<K, R, L> {
             refund: self.refund,
             logs: self.logs,
             copies: PerThread::new(),
+            siblings: per_thread::weak_slots(),
+            home: None,
         }
     }
 
@@ -180,6 +237,8 @@ impl<K, R, L> Core<K, R, L> {
             refund: self.refund,
             logs: self.logs,
             copies: PerThread::new(),
+            siblings: per_thread::weak_slots(),
+            home: None,
         }
     }
 
@@ -409,11 +468,18 @@ mod tests {
     fn a_threads_copy_of_the_core_shares_its_logs() {
         let limiter = Limiter::new(Quota::per_minute(1));
         let core = Arc::new(Core::new(limiter, Global, DefaultResponse));
-        let here = core.here();
-        assert!(!Arc::ptr_eq(here, &core), "a copy, with a count of its own");
+        let here = Core::local(&core);
         assert!(
-            Arc::ptr_eq(core.here(), here),
+            !Arc::ptr_eq(&here, &core),
+            "a copy, with a count of its own"
+        );
+        assert!(
+            Arc::ptr_eq(&Core::local(&core), &here),
             "the same copy on one thread"
+        );
+        assert!(
+            Arc::ptr_eq(&Core::local(&here), &here),
+            "a copy is this thread's own, not copied again"
         );
         // A warning given once per layer stays once across its copies.
         assert!(Arc::ptr_eq(&here.logs, &core.logs));
@@ -421,13 +487,39 @@ mod tests {
     }
 
     #[test]
+    fn another_threads_copy_leads_to_this_threads() {
+        let limiter = Limiter::new(Quota::per_minute(1));
+        let core = Arc::new(Core::new(limiter, Global, DefaultResponse));
+        let mine = Core::local(&core);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // This thread's first: through the layer's core.
+                let theirs = Core::local(&mine);
+                assert!(Arc::ptr_eq(&theirs, &Core::local(&core)));
+                assert!(Arc::ptr_eq(&Core::local(&theirs), &theirs));
+            });
+        });
+        // With the layer's core gone, a thread finds its copy through the
+        // copies' table, and a thread without one clones the copy it has.
+        let mine_too = Arc::clone(&mine);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let theirs = Core::local(&core);
+                drop(core);
+                assert!(Arc::ptr_eq(&Core::local(&mine_too), &theirs));
+            });
+        });
+        assert!(Arc::ptr_eq(&Core::local(&mine), &mine));
+    }
+
+    #[test]
     fn a_rebuilt_core_keeps_no_copy_of_its_old_settings() {
         let limiter = Limiter::new(Quota::per_minute(1));
         let core = Arc::new(Core::new(limiter, Global, DefaultResponse));
-        assert!(!core.here().legacy_headers);
+        assert!(!Core::local(&core).legacy_headers);
         // The layer's core alone again (every service dropped), then a
         // builder step: this thread's copy has the new settings.
         let core = Core::with(core, |c| c.legacy_headers = true);
-        assert!(core.here().legacy_headers);
+        assert!(Core::local(&core).legacy_headers);
     }
 }

@@ -100,7 +100,9 @@ where
     /// The future of a request that passed (or was skipped, with no
     /// `held`): the inner service, which the caller has polled ready, is
     /// called now. Inlined, so the inner future is built in place rather
-    /// than moved through this function's frame.
+    /// than moved through this function's frame. `core`, as for every
+    /// constructor here, is the calling service's, already this thread's
+    /// copy ([`Core::localize`]).
     #[inline(always)]
     pub(crate) fn calling(
         svc: &mut S,
@@ -113,7 +115,7 @@ where
                 fut: svc.call(req),
                 held,
             },
-            core: core.here().clone(),
+            core: Arc::clone(core),
         }
     }
 
@@ -127,7 +129,7 @@ where
                 rejection: Some(rejection),
                 format,
             },
-            core: core.here().clone(),
+            core: Arc::clone(core),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! [`PerThread`]: a copy of a shared, read-only value for each thread, so
 //! that what a request clones of it counts on its own thread's copy.
 //!
-//! A request clones the layer's core (its future holds it) and the
-//! limiter's policies (its decision holds them, and its `RateLimit-Policy`
+//! A request clones the layer's core (its future holds it, and hyper,
+//! tonic and axum's routes clone the service, which holds it, for every
+//! request: see `Core::local`) and the limiter's policies (its decision holds them, and its `RateLimit-Policy`
 //! header is a clone of theirs). Cloning an `Arc` or a shared `Bytes`
 //! writes its reference count; when every worker thread clones the same
 //! one, that count's cache line moves between cores at each request, which
@@ -27,7 +28,7 @@ use std::{
     cell::Cell,
     fmt,
     sync::{
-        Arc, OnceLock,
+        Arc, OnceLock, Weak,
         atomic::{AtomicUsize, Ordering},
     },
     thread,
@@ -57,8 +58,7 @@ impl<T> PerThread<T> {
         let copies = self
             .copies
             .get_or_init(|| (0..slots()).map(|_| OnceLock::new()).collect());
-        // `slots()` is a power of two: a mask, not a division, per request.
-        copies[slot() & (copies.len() - 1)].get_or_init(|| Arc::new(copy()))
+        copies[index()].get_or_init(|| Arc::new(copy()))
     }
 
     /// Whether `arc` is one of the copies.
@@ -100,6 +100,18 @@ fn slots() -> usize {
         let cores = thread::available_parallelism().map_or(4, |n| n.get());
         (2 * cores).next_power_of_two().clamp(2, 64)
     })
+}
+
+/// One empty place per slot, for weak references to a value's copies,
+/// by [`index`].
+pub(crate) fn weak_slots<T>() -> Arc<[OnceLock<Weak<T>>]> {
+    (0..slots()).map(|_| OnceLock::new()).collect()
+}
+
+/// The index of this thread's copy in every [`PerThread`].
+pub(crate) fn index() -> usize {
+    // `slots()` is a power of two: a mask, not a division, per request.
+    slot() & (slots() - 1)
 }
 
 /// This thread's slot: threads are numbered in the order they first ask.

@@ -36,11 +36,15 @@ pub struct LimitService<S, K, R, L> {
 /// never backpressure, and errors are the inner service's own.
 pub type RateLimitService<S, K, R> = LimitService<S, K, R, Limiter>;
 
-impl<S: Clone, K, R, L> Clone for LimitService<S, K, R, L> {
+/// A clone holds this thread's copy of the layer's core (see
+/// [`Core::local`]): hyper, tonic and axum's routes clone the service for
+/// every request, and a clone of the one shared core would write its count
+/// from every worker.
+impl<S: Clone, K, R, L: Clone> Clone for LimitService<S, K, R, L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            core: self.core.clone(),
+            core: Core::local(&self.core),
         }
     }
 }
@@ -67,6 +71,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        Core::localize(&mut self.core);
         let (parts, body) = req.into_parts();
         let mut check = match L::start(&self.core, &parts) {
             Ok(Start::Check(check)) => check,
@@ -93,8 +98,65 @@ where
                 // The ready service goes to the future; a fresh clone stays.
                 let clone = self.inner.clone();
                 let inner = mem::replace(&mut self.inner, clone);
-                ResponseFuture::checking(check, inner, req, self.core.here().clone())
+                ResponseFuture::checking(check, inner, req, Arc::clone(&self.core))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{convert::Infallible, sync::Arc};
+
+    use http::{Request, Response};
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    use crate::{Limiter, Quota, RateLimitLayer, core::Core, key::Global};
+
+    /// hyper, tonic and axum's routes clone the service for every request:
+    /// a clone holds this thread's copy of the core, so the clones of one
+    /// thread never write the count of the core the layer shares.
+    #[test]
+    fn a_clone_of_the_service_holds_this_threads_copy_of_the_core() {
+        let bare = service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+        let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(1)), Global);
+        let svc = layer.layer(bare);
+        let shared = Arc::clone(&svc.core);
+        let count = Arc::strong_count(&shared);
+        let clones: Vec<_> = (0..16).map(|_| svc.clone()).collect();
+        let again: Vec<_> = clones.iter().map(Clone::clone).collect();
+        assert_eq!(
+            Arc::strong_count(&shared),
+            count,
+            "the shared core is not cloned"
+        );
+        let here = &clones[0].core;
+        assert!(!Arc::ptr_eq(here, &shared));
+        assert!(
+            clones
+                .iter()
+                .chain(&again)
+                .all(|c| Arc::ptr_eq(&c.core, here))
+        );
+    }
+
+    /// A connection's service is made on the thread that accepted it and
+    /// called on a worker: a call takes the worker's copy for good.
+    #[tokio::test]
+    async fn a_call_makes_the_service_hold_this_threads_copy() {
+        let bare = service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+        let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(5)), Global);
+        let mut svc = layer.layer(bare);
+        let shared = Arc::clone(&svc.core);
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert!(!Arc::ptr_eq(&svc.core, &shared));
+        assert!(Arc::ptr_eq(&svc.core, &Core::local(&shared)));
     }
 }
