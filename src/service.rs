@@ -36,10 +36,9 @@ pub struct LimitService<S, K, R, L> {
 /// never backpressure, and errors are the inner service's own.
 pub type RateLimitService<S, K, R> = LimitService<S, K, R, Limiter>;
 
-/// A clone holds this thread's copy of the layer's core (see
-/// [`Core::local`]): hyper, tonic and axum's routes clone the service for
-/// every request, and a clone of the one shared core would write its count
-/// from every worker.
+// A clone holds this thread's copy of the layer's core (`Core::local`):
+// hyper, tonic and axum's routes clone the service for every request, and
+// a clone of the one shared core would write its count from every worker.
 impl<S: Clone, K, R, L: Clone> Clone for LimitService<S, K, R, L> {
     fn clone(&self) -> Self {
         Self {
@@ -113,14 +112,20 @@ mod tests {
 
     use crate::{Limiter, Quota, RateLimitLayer, core::Core, key::Global};
 
+    async fn ok(_: Request<()>) -> Result<Response<()>, Infallible> {
+        Ok(Response::new(()))
+    }
+
+    fn layer() -> RateLimitLayer<Global> {
+        RateLimitLayer::new(Limiter::new(Quota::per_minute(5)), Global)
+    }
+
     /// hyper, tonic and axum's routes clone the service for every request:
     /// a clone holds this thread's copy of the core, so the clones of one
     /// thread never write the count of the core the layer shares.
     #[test]
     fn a_clone_of_the_service_holds_this_threads_copy_of_the_core() {
-        let bare = service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
-        let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(1)), Global);
-        let svc = layer.layer(bare);
+        let svc = layer().layer(service_fn(ok));
         let shared = Arc::clone(&svc.core);
         let count = Arc::strong_count(&shared);
         let clones: Vec<_> = (0..16).map(|_| svc.clone()).collect();
@@ -132,29 +137,18 @@ mod tests {
         );
         let here = &clones[0].core;
         assert!(!Arc::ptr_eq(here, &shared));
-        assert!(
-            clones
-                .iter()
-                .chain(&again)
-                .all(|c| Arc::ptr_eq(&c.core, here))
-        );
+        let all = clones.iter().chain(&again);
+        assert!(all.into_iter().all(|c| Arc::ptr_eq(&c.core, here)));
     }
 
     /// A connection's service is made on the thread that accepted it and
     /// called on a worker: a call takes the worker's copy for good.
     #[tokio::test]
     async fn a_call_makes_the_service_hold_this_threads_copy() {
-        let bare = service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
-        let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(5)), Global);
-        let mut svc = layer.layer(bare);
+        let mut svc = layer().layer(service_fn(ok));
         let shared = Arc::clone(&svc.core);
-        let res = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(()))
-            .await
-            .unwrap();
+        svc.ready().await.unwrap();
+        let res = svc.call(Request::new(())).await.unwrap();
         assert_eq!(res.status(), 200);
         assert!(!Arc::ptr_eq(&svc.core, &shared));
         assert!(Arc::ptr_eq(&svc.core, &Core::local(&shared)));
