@@ -3,9 +3,8 @@
 //! `lua/reset.lua`, in Rust.
 
 use super::{
-    Counters, MemoryStore,
+    MemoryStore,
     algorithms::{Entry, Now, Packed},
-    ids::KeyId,
 };
 use crate::{
     Algorithm, Error, Quota,
@@ -88,42 +87,28 @@ impl MemoryStore {
     pub(crate) fn refund_now(&self, credits: &[Credit<'_>]) {
         let ids: Vec<_> = credits.iter().map(|c| self.secret.id(c.key)).collect();
         let now = self.now();
-        let mut counters = self.lock();
         for (c, id) in credits.iter().zip(ids) {
-            counters.refund(id, c, now);
+            let mut shard = self.inner.lock(self.inner.index(id));
+            match c.quota.algorithm() {
+                Algorithm::SlidingWindow => refund_in(shard.long.get_mut(id), c, now),
+                _ => refund_in(shard.short.get_mut(id), c, now),
+            }
         }
     }
 
     /// Forgets `keys`' counters.
     pub(crate) fn reset_now<K: AsRef<[u8]>>(&self, keys: &[K]) {
-        let ids: Vec<_> = keys.iter().map(|k| self.secret.id(k.as_ref())).collect();
-        let mut counters = self.lock();
-        for id in ids {
-            counters.reset(id);
-        }
-    }
-}
-
-impl Counters {
-    fn refund(&mut self, id: KeyId, c: &Credit<'_>, now: Now) {
-        let i = self.shards.index(id);
-        let shard = self.shards.get_mut(i);
-        match c.quota.algorithm() {
-            Algorithm::SlidingWindow => refund_in(shard.long.get_mut(id), c, now),
-            _ => refund_in(shard.short.get_mut(id), c, now),
-        }
-    }
-
-    /// Marks `id`'s entries expired: they read as absent, and are reclaimed
-    /// as expired ones are.
-    fn reset(&mut self, id: KeyId) {
-        let i = self.shards.index(id);
-        let shard = self.shards.get_mut(i);
-        if let Some(e) = shard.short.get_mut(id) {
-            e.expire();
-        }
-        if let Some(e) = shard.long.get_mut(id) {
-            e.expire();
+        for key in keys {
+            let id = self.secret.id(key.as_ref());
+            let mut shard = self.inner.lock(self.inner.index(id));
+            // Marked expired: they read as absent, and are reclaimed as
+            // expired entries are.
+            if let Some(e) = shard.short.get_mut(id) {
+                e.expire();
+            }
+            if let Some(e) = shard.long.get_mut(id) {
+                e.expire();
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: counters in this process, with the Redis store's semantics.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, MutexGuard};
 
 use tokio::time::Instant;
 
@@ -8,7 +8,7 @@ pub(crate) use self::admin::Credit;
 use self::{
     algorithms::{Checked, Entry, Now, Packed},
     ids::{Secret, Table},
-    shards::Shards,
+    shards::{Shard, Shards},
 };
 use super::{LimitCheck, LimitState};
 use crate::{Algorithm, Quota, decision::Ends};
@@ -93,7 +93,7 @@ mod shards;
 /// ```
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    inner: Arc<Mutex<Counters>>,
+    inner: Arc<Shards>,
     secret: Secret,
     epoch: Instant,
     leases: lease::Leases,
@@ -103,12 +103,6 @@ impl Default for MemoryStore {
     fn default() -> Self {
         Self::with_max_keys(Self::DEFAULT_MAX_KEYS)
     }
-}
-
-/// Every key's entry, by shard: see [`shards`].
-#[derive(Debug)]
-struct Counters {
-    shards: Shards,
 }
 
 impl MemoryStore {
@@ -125,9 +119,7 @@ impl MemoryStore {
     /// is full" above). It takes memory as keys arrive, not up front.
     pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
-            inner: Arc::new(Mutex::new(Counters {
-                shards: Shards::new(max_keys),
-            })),
+            inner: Arc::new(Shards::new(max_keys)),
             secret: Secret::new(),
             epoch: Instant::now(),
             leases: lease::Leases::default(),
@@ -136,22 +128,17 @@ impl MemoryStore {
 
     /// The most keys the store holds.
     pub fn max_keys(&self) -> usize {
-        self.lock().shards.max_keys()
+        self.inner.max_keys()
     }
 
     /// The number of keys held, live or not yet reclaimed.
     pub fn len(&self) -> usize {
-        self.lock().shards.len()
+        self.inner.len()
     }
 
     /// Whether no keys are held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
-        // A panic while holding the lock cannot leave an entry half-written.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn now(&self) -> Now {
@@ -170,8 +157,21 @@ impl MemoryStore {
     /// hashed by a [`key_hasher`](Self::key_hasher) of this store's.
     pub(crate) fn decide_id(&self, id: KeyId, quota: Quota, cost: u64) -> (LimitState, u64) {
         let now = self.now();
-        let (state, after_us) = self.lock().decide_one(id, quota, cost, now);
-        (state, now.us.saturating_add(after_us))
+        let shards = &*self.inner;
+        let i = shards.index(id);
+        let mut reclaimed = false;
+        let c = loop {
+            let mut shard = shards.lock(i);
+            let pick = Pick::new(shards, &mut shard, i, reclaimed);
+            if let Some((c, _)) = pick.check(id, quota, cost, now, true, 0) {
+                break c;
+            }
+            drop(shard);
+            shards.reclaim_step(now);
+            reclaimed = true;
+        };
+        // A lone limit spends when it admits, shadow or not.
+        (c.state(c.allowed), now.us.saturating_add(c.reset_after_us))
     }
 
     /// A hasher that has taken `prefix`, the start of a limit's store keys:
@@ -219,22 +219,41 @@ impl MemoryStore {
             .iter()
             .map(|c| self.secret.id(c.key.as_bytes()))
             .collect();
+        let shards = &*self.inner;
+        let at: Vec<_> = ids.iter().map(|id| shards.index(*id)).collect();
+        let mut indices = at.clone();
+        indices.sort_unstable();
+        indices.dedup();
         let now = self.now();
-        let mut counters = self.lock();
-        // The shards of the new keys this decision would store, so that two
-        // of them cannot both take a shard's last place.
-        let mut placed = Vec::new();
-        let checked: Vec<_> = checks
-            .iter()
-            .zip(&ids)
-            .map(|(c, id)| {
-                let (checked, new) = counters.check(*id, c.quota, cost, now, false, &placed);
-                if let Some(shard) = new {
-                    placed.push(shard);
-                }
-                checked
-            })
-            .collect();
+        let mut reclaimed = false;
+        let (mut locked, checked) = loop {
+            let mut locked = shards.lock_all(&indices);
+            // The shards of the new keys this decision would store, so that
+            // two of them cannot both take a shard's last place.
+            let mut placed: Vec<usize> = Vec::new();
+            let checked: Option<Vec<_>> = checks
+                .iter()
+                .zip(&ids)
+                .zip(&at)
+                .map(|((c, id), &i)| {
+                    let pending = placed.iter().filter(|&&p| p == i).count();
+                    let shard = locked_shard(&mut locked, &indices, i);
+                    let pick = Pick::new(shards, shard, i, reclaimed);
+                    let (checked, new) = pick.check(*id, c.quota, cost, now, false, pending)?;
+                    // A new key that fits (a refused one is denied).
+                    if new && checked.allowed {
+                        placed.push(i);
+                    }
+                    Some(checked)
+                })
+                .collect();
+            if let Some(checked) = checked {
+                break (locked, checked);
+            }
+            drop(locked);
+            shards.reclaim_step(now);
+            reclaimed = true;
+        };
         let all = spend
             && checks
                 .iter()
@@ -243,85 +262,105 @@ impl MemoryStore {
         let mut states = Vec::with_capacity(checked.len());
         // Ends only for a spend (a refund's); a peek allocates none.
         let mut ends = Vec::with_capacity(if spend { checked.len() } else { 0 });
-        for (id, c) in ids.into_iter().zip(checked) {
+        for ((id, c), &i) in ids.into_iter().zip(checked).zip(&at) {
             let spends = all && c.allowed;
             states.push(c.state(spends));
             if spend {
                 ends.push(now.us.saturating_add(c.reset_after_us));
             }
             if let (true, Some(entry)) = (spends, c.spent) {
-                counters.spend(id, entry);
+                spend_in(locked_shard(&mut locked, &indices, i), id, entry);
             }
         }
         (states, Ends::Each(ends.into()))
     }
 }
 
-impl Counters {
-    /// One limit, the common case: no intermediate vector, and one lookup
-    /// for a held key. A lone limit spends when it admits, shadow or not.
-    /// Also returns µs from now until the state resets.
-    fn decide_one(&mut self, id: KeyId, quota: Quota, cost: u64, now: Now) -> (LimitState, u64) {
-        let (c, _) = self.check(id, quota, cost, now, true, &[]);
-        (c.state(c.allowed), c.reset_after_us)
+/// A key's shard, locked, and the bound it answers to: where a decision
+/// looks the key up.
+struct Pick<'a> {
+    shards: &'a Shards,
+    shard: &'a mut Shard,
+    i: usize,
+    /// Whether this decision has moved the reclaiming cursor.
+    reclaimed: bool,
+}
+
+impl<'a> Pick<'a> {
+    fn new(shards: &'a Shards, shard: &'a mut Shard, i: usize, reclaimed: bool) -> Self {
+        Self {
+            shards,
+            shard,
+            i,
+            reclaimed,
+        }
     }
 
     /// Checks `cost` against the key's live entry, if any, healing that
     /// entry in place where the scripts would. A new key that would be
-    /// stored needs room in its shard (besides the new keys this decision
-    /// `placed` already), or it is refused. With `spend`, an admitted cost
-    /// is stored at once; without, says which shard a new key would go to.
+    /// stored needs room in its shard (besides `pending` new keys this
+    /// decision placed there already), or it is refused. With `spend`, an
+    /// admitted cost is stored at once. Also says whether the key was new.
+    ///
+    /// A new key's room is checked only once the decision has moved the
+    /// reclaiming cursor, as every new key does before it takes room
+    /// ([`Shards::reclaim_step`]); until then, `None`: the caller lets go
+    /// of its shards, moves the cursor (which locks shards of its own), and
+    /// checks again.
     fn check(
-        &mut self,
+        self,
         id: KeyId,
         quota: Quota,
         cost: u64,
         now: Now,
         spend: bool,
-        placed: &[usize],
-    ) -> (Checked, Option<usize>) {
-        let i = self.shards.index(id);
-        let shard = self.shards.get_mut(i);
+        pending: usize,
+    ) -> Option<(Checked, bool)> {
+        let shard = self.shard;
         let found = match quota.algorithm() {
             Algorithm::SlidingWindow => check_in(&mut shard.long, id, quota, cost, now, spend),
             _ => check_in(&mut shard.short, id, quota, cost, now, spend),
         };
         let c = match found {
-            Found::Held(c) => return (c, None),
+            Found::Held(c) => return Some((c, false)),
             Found::New(c) => c,
         };
         let Some(spent) = c.spent.filter(|_| c.allowed) else {
-            return (c, None);
+            return Some((c, false));
         };
-        let pending = placed.iter().filter(|&&p| p == i).count();
+        if !self.reclaimed {
+            return None;
+        }
         let long = matches!(spent, Entry::Sliding { .. });
-        if let Err(retry_ms) = self.shards.make_room(i, long, pending, now) {
-            return (refused(retry_ms), None);
+        if let Err(retry_ms) = self.shards.make_room(shard, self.i, long, pending, now) {
+            return Some((refused(retry_ms), true));
         }
         if spend {
-            self.store(i, id, spent);
-            self.shards.inserted(i, spent.expires_ms());
-            return (c, None);
+            spend_in(shard, id, spent);
         }
-        (c, Some(i))
+        Some((c, true))
     }
+}
 
-    /// Stores a spent entry (several limits' decision, once all admitted;
-    /// [`check`](Self::check) found room for it if it is new).
-    fn spend(&mut self, id: KeyId, entry: Entry) {
-        let i = self.shards.index(id);
-        if self.store(i, id, entry) {
-            self.shards.inserted(i, entry.expires_ms());
-        }
-    }
+/// The shard `i` among `locked`, the shards `indices` names, in its order.
+fn locked_shard<'g>(
+    locked: &'g mut [MutexGuard<'_, Shard>],
+    indices: &[usize],
+    i: usize,
+) -> &'g mut Shard {
+    let at = indices.binary_search(&i).expect("every shard is locked");
+    &mut locked[at]
+}
 
-    /// Stores `entry` in shard `i`; true when the key is new.
-    fn store(&mut self, i: usize, id: KeyId, entry: Entry) -> bool {
-        let shard = self.shards.get_mut(i);
-        match entry {
-            Entry::Sliding { .. } => shard.long.insert(id, Packed::pack(entry)),
-            Entry::Fixed { .. } | Entry::Gcra { .. } => shard.short.insert(id, Packed::pack(entry)),
-        }
+/// Stores a spent entry in its locked shard (for a new key, the shard's
+/// room was found by [`Pick::check`]).
+fn spend_in(shard: &mut Shard, id: KeyId, entry: Entry) {
+    let new = match entry {
+        Entry::Sliding { .. } => shard.long.insert(id, Packed::pack(entry)),
+        Entry::Fixed { .. } | Entry::Gcra { .. } => shard.short.insert(id, Packed::pack(entry)),
+    };
+    if new {
+        shard.inserted(entry.expires_ms());
     }
 }
 
@@ -390,7 +429,7 @@ mod tests {
     }
 
     fn buckets(store: &MemoryStore) -> usize {
-        store.lock().shards.buckets()
+        store.inner.buckets()
     }
 
     #[tokio::test(start_paused = true)]
@@ -506,6 +545,57 @@ mod tests {
             tokio::time::advance(Duration::from_millis(1001)).await;
         }
         assert_eq!(buckets(&store), 4096);
+    }
+
+    /// A decision of several limits locks several shards: threads naming
+    /// the same keys in opposite orders neither wait for each other forever
+    /// nor admit past any limit.
+    #[test]
+    fn threads_deciding_several_limits_at_once_stay_exact() {
+        let store = MemoryStore::new();
+        let per_user = Quota::per_hour(50);
+        let total = Quota::per_hour(400).sliding_window();
+        let users = 16;
+        let (done, results) = std::sync::mpsc::channel();
+        for t in 0..4 {
+            let (store, done) = (store.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut admitted = vec![0u64; users];
+                for n in 0..4000 {
+                    let u = (n + t) % users;
+                    let mine = LimitCheck {
+                        key: format!("user:{u}"),
+                        quota: per_user,
+                        shadow: false,
+                    };
+                    let all = LimitCheck {
+                        key: "all".into(),
+                        quota: total,
+                        shadow: false,
+                    };
+                    let checks = if t % 2 == 0 {
+                        vec![mine, all]
+                    } else {
+                        vec![all, mine]
+                    };
+                    let states = store.decide_now(checks, 1);
+                    if states.iter().all(|s| s.allowed) {
+                        admitted[u] += 1;
+                    }
+                }
+                done.send(admitted).unwrap();
+            });
+        }
+        let mut by_user = vec![0u64; users];
+        for _ in 0..4 {
+            let wait = Duration::from_secs(60);
+            let admitted = results.recv_timeout(wait).expect("a thread is stuck");
+            for (sum, n) in by_user.iter_mut().zip(admitted) {
+                *sum += n;
+            }
+        }
+        assert_eq!(by_user.iter().sum::<u64>(), 400, "{by_user:?}");
+        assert!(by_user.iter().all(|&n| n <= 50), "{by_user:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,14 +8,23 @@
 //!
 //! Expired entries are reclaimed two ways:
 //! - a cursor walks every table's buckets, [`RECLAIM_BUCKETS`] of them each
-//!   time a key is new (stored or refused), and removes what has expired.
-//!   A pass over all buckets takes about twice as many new keys as the
-//!   tables hold, so ended windows are reused rather than grown past;
+//!   time a decision is about to take room for a new key (stored or
+//!   refused; once for a decision of several limits), and removes what has
+//!   expired. A pass over all buckets takes about twice as many new keys as
+//!   the tables hold, so ended windows are reused rather than grown past.
+//!   A step that finds another thread moving the cursor is left to it;
 //! - a shard that is full sweeps itself whole before it refuses a key, if
 //!   an entry of its may have expired, at most every [`SWEEP_GAP_MS`].
 //!
 //! A full shard refuses new keys; its keys already held are decided as
 //! ever. See [`MemoryStore`](super::MemoryStore) for why.
+//!
+//! Each shard has its own lock, on cache lines of its own, so that
+//! decisions on different shards write no line in common ([`Shards`]).
+
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+
+use crossbeam_utils::CachePadded;
 
 use super::{
     algorithms::{Now, Packed},
@@ -56,6 +65,11 @@ impl Shard {
         self.short.len() + self.long.len()
     }
 
+    /// A new key went in, expiring at `expires_ms`.
+    pub(super) fn inserted(&mut self, expires_ms: u64) {
+        self.soonest_ms = self.soonest_ms.min(expires_ms);
+    }
+
     /// Removes every expired entry and learns the soonest expiry left.
     fn sweep(&mut self, now: Now) {
         let mut soonest = u64::MAX;
@@ -81,15 +95,35 @@ struct Cursor {
     bucket: usize,
 }
 
-/// Every shard, the bound, the cursor, and the full store's count.
+/// Keys refused since the last warning, and when the next may be given.
+#[derive(Debug, Default)]
+struct Refusals {
+    count: u64,
+    warn_after_ms: u64,
+}
+
+/// Every shard, each behind its own lock on its own cache lines; the bound;
+/// the cursor; and the full store's count.
+///
+/// A decision locks only its keys' shards, so two workers deciding
+/// different clients' keys share no line that either writes: with one lock
+/// for the whole map, its line moved between the cores at every request
+/// that the other core had served last. No two threads can wait for each
+/// other: shards are locked in ascending order (several only for a decision
+/// of several limits); the cursor's lock is only tried, by a thread that
+/// holds no shard; and nothing is locked under the refusals' count.
 #[derive(Debug)]
 pub(super) struct Shards {
-    shards: Box<[Shard]>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     max_keys: usize,
-    cursor: Cursor,
-    /// Keys refused since the last warning, and when the next may be given.
-    refused: u64,
-    warn_after_ms: u64,
+    cursor: Mutex<Cursor>,
+    refusals: Mutex<Refusals>,
+}
+
+/// A lock, even if a panic poisoned it: a shard's entries are each written
+/// whole, so a panic while one is held leaves none half-written.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shards {
@@ -99,11 +133,10 @@ impl Shards {
         let max_keys = max_keys.max(1);
         let n = max_keys.div_ceil(SHARD_KEYS);
         Self {
-            shards: (0..n).map(|_| Shard::default()).collect(),
+            shards: (0..n).map(|_| CachePadded::default()).collect(),
             max_keys,
-            cursor: Cursor::default(),
-            refused: 0,
-            warn_after_ms: 0,
+            cursor: Mutex::default(),
+            refusals: Mutex::default(),
         }
     }
 
@@ -116,8 +149,17 @@ impl Shards {
         id.shard(self.shards.len())
     }
 
-    pub(super) fn get_mut(&mut self, i: usize) -> &mut Shard {
-        &mut self.shards[i]
+    /// Shard `i`, locked. A caller that locks several takes them in
+    /// ascending order ([`lock_all`](Self::lock_all)).
+    pub(super) fn lock(&self, i: usize) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[i])
+    }
+
+    /// The shards `indices` names (ascending, without repeats), locked in
+    /// that order.
+    pub(super) fn lock_all(&self, indices: &[usize]) -> Vec<MutexGuard<'_, Shard>> {
+        debug_assert!(indices.windows(2).all(|w| w[0] < w[1]));
+        indices.iter().map(|&i| self.lock(i)).collect()
     }
 
     /// How many keys shard `i` may hold.
@@ -126,35 +168,39 @@ impl Shards {
         self.max_keys / n + usize::from(i < self.max_keys % n)
     }
 
-    /// Keys held, live or not yet reclaimed.
+    /// Keys held, live or not yet reclaimed (each shard's count as it was
+    /// when its lock was taken).
     pub(super) fn len(&self) -> usize {
-        self.shards.iter().map(Shard::len).sum()
+        (0..self.shards.len()).map(|i| self.lock(i).len()).sum()
     }
 
     /// Buckets of every table, for tests of their growth.
     #[cfg(test)]
     pub(super) fn buckets(&self) -> usize {
-        let n = self.shards.iter();
-        n.map(|s| s.short.num_buckets() + s.long.num_buckets())
-            .sum()
+        let n = 0..self.shards.len();
+        n.map(|i| {
+            let s = self.lock(i);
+            s.short.num_buckets() + s.long.num_buckets()
+        })
+        .sum()
     }
 
-    /// Before a new key goes into shard `i` (into its `long` table or its
-    /// short one, where this decision already placed `pending` new keys):
-    /// reclaims a little, then says whether it fits; if not, in how many
-    /// milliseconds the shard may have room. A shard that is full, or whose
-    /// table would grow, is first swept if it may hold expired entries, so
-    /// that tables grow for live keys only.
+    /// Before a new key goes into `shard`, shard `i`, locked by the caller
+    /// (into its `long` table or its short one, where this decision already
+    /// placed `pending` new keys), and after the caller moved the cursor
+    /// ([`reclaim_step`](Self::reclaim_step)): says whether it fits; if
+    /// not, in how many milliseconds the shard may have room. A shard that
+    /// is full, or whose table would grow, is first swept if it may hold
+    /// expired entries, so that tables grow for live keys only.
     pub(super) fn make_room(
-        &mut self,
+        &self,
+        shard: &mut Shard,
         i: usize,
         long: bool,
         pending: usize,
         now: Now,
     ) -> Result<(), u64> {
-        self.reclaim_step(now);
         let cap = self.capacity(i);
-        let shard = &mut self.shards[i];
         let fits = |s: &Shard| s.len() + pending < cap;
         let grows = |s: &Shard| {
             if long {
@@ -183,40 +229,45 @@ impl Shards {
         Err(free_at.saturating_sub(now.ms).max(1))
     }
 
-    /// A new key went into shard `i`, expiring at `expires_ms`.
-    pub(super) fn inserted(&mut self, i: usize, expires_ms: u64) {
-        let shard = &mut self.shards[i];
-        shard.soonest_ms = shard.soonest_ms.min(expires_ms);
-    }
-
     /// Counts a refused key, and warns at most every [`WARN_GAP_MS`].
-    fn refused(&mut self, now: Now) {
+    fn refused(&self, now: Now) {
         crate::metrics::store_full();
-        self.refused += 1;
-        if now.ms >= self.warn_after_ms {
+        let mut r = lock(&self.refusals);
+        r.count += 1;
+        if now.ms >= r.warn_after_ms {
             tracing::warn!(
                 max_keys = self.max_keys,
-                refused = self.refused,
+                refused = r.count,
                 "in-memory rate-limit store full: new keys are denied until held windows end \
                  (keys already held are decided as usual); raise its max_keys \
                  (RATE_LIMIT_MEMORY_MAX_KEYS in the examples) if these are real clients"
             );
-            self.refused = 0;
-            self.warn_after_ms = now.ms + WARN_GAP_MS;
+            r.count = 0;
+            r.warn_after_ms = now.ms + WARN_GAP_MS;
         }
     }
 
     /// Moves the cursor over [`RECLAIM_BUCKETS`] buckets, removing expired
     /// entries; gives a table memory back when the cursor leaves it sparse.
-    fn reclaim_step(&mut self, now: Now) {
+    /// Called before a new key takes room, by a decision that holds no
+    /// shard's lock; it locks the cursor's shards one at a time. If another
+    /// thread is moving the cursor, this step is left to it: reclaiming is
+    /// gradual either way, and a full shard still sweeps itself before it
+    /// refuses. (The cursor's lock is only tried, never awaited, so no
+    /// thread waits for it while holding a shard.)
+    pub(super) fn reclaim_step(&self, now: Now) {
+        let mut c = match self.cursor.try_lock() {
+            Ok(c) => c,
+            Err(TryLockError::Poisoned(c)) => c.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
         let live = |e: &Packed<2>| e.expires_ms() > now.ms;
         let live_long = |e: &Packed<4>| e.expires_ms() > now.ms;
         let n = self.shards.len();
         let mut budget = RECLAIM_BUCKETS;
         // Empty tables cost a step each: a bounded number of them.
         for _ in 0..8 {
-            let c = &mut self.cursor;
-            let shard = &mut self.shards[c.shard];
+            let mut shard = self.lock(c.shard);
             let seen = if c.long {
                 shard.long.reclaim(c.bucket, budget, live_long)
             } else {
