@@ -59,7 +59,10 @@ mod shards;
 /// the store, so size `max_keys` above the clients live in one window. The
 /// keys are spread over shards of about 3,000 by their keyed hash, each with
 /// its share of `max_keys`, so under a flood the first refusals come a
-/// little before `max_keys` (at about 94% of a million).
+/// little before `max_keys` (at about 94% of a million). Each shard has a
+/// lock of its own: threads deciding keys of different shards do not wait
+/// for each other (but for the few buckets a new key reclaims, which may
+/// be in any shard).
 ///
 /// Clones share the same counters.
 ///
