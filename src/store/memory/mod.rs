@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, MutexGuard};
 
+use smallvec::SmallVec;
+
 use tokio::time::Instant;
 
 pub(crate) use self::admin::Credit;
@@ -223,7 +225,9 @@ impl MemoryStore {
             .map(|c| self.secret.id(c.key.as_bytes()))
             .collect();
         let shards = &*self.inner;
-        let at: Vec<_> = ids.iter().map(|id| shards.index(*id)).collect();
+        // Each check's shard, and the shards to lock: inline for the few
+        // limits a decision has, so locking allocates nothing.
+        let at: SmallVec<[usize; 4]> = ids.iter().map(|id| shards.index(*id)).collect();
         let mut indices = at.clone();
         indices.sort_unstable();
         indices.dedup();

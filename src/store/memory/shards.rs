@@ -25,6 +25,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
 
 use crossbeam_utils::CachePadded;
+use smallvec::SmallVec;
 
 use super::{
     algorithms::{Now, Packed},
@@ -157,7 +158,7 @@ impl Shards {
 
     /// The shards `indices` names (ascending, without repeats), locked in
     /// that order.
-    pub(super) fn lock_all(&self, indices: &[usize]) -> Vec<MutexGuard<'_, Shard>> {
+    pub(super) fn lock_all(&self, indices: &[usize]) -> SmallVec<[MutexGuard<'_, Shard>; 4]> {
         debug_assert!(indices.windows(2).all(|w| w[0] < w[1]));
         indices.iter().map(|&i| self.lock(i)).collect()
     }
