@@ -185,6 +185,54 @@ async fn short_behind_long(seen_before: bool) {
     server.assert_every_key_has_ttl().await;
 }
 
+/// A lane of the batching task keeps one timer for all its calls. A call
+/// whose deadline is nearer than the one its lane's timer was last armed
+/// for (by calls of a long-timeout limiter, which Redis answered) still
+/// times out at its own deadline, and so does the next.
+#[tokio::test]
+async fn a_call_times_out_at_its_own_deadline_after_longer_ones() {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let slow = Limiter::builder("1000/1m".parse().unwrap())
+        .store(store.clone())
+        .timeout(Duration::from_secs(9))
+        .build()
+        .unwrap();
+    let quick = Limiter::builder("5/1m".parse().unwrap())
+        .name("quick")
+        .store(store)
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    // One at a time, so each goes to the first idle lane, and together, so
+    // every lane has answered a call armed 9 s ahead.
+    for i in 0..5 {
+        assert!(slow.check(&format!("s{i}"), 1).await.unwrap().is_allowed());
+    }
+    let together = (0..64).map(|i| {
+        let slow = slow.clone();
+        async move { slow.check(&format!("t{i}"), 1).await }
+    });
+    for r in futures_util::future::join_all(together).await {
+        assert!(r.unwrap().is_allowed());
+    }
+    server.freeze(true);
+    for key in ["a", "b"] {
+        let start = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(5), quick.check(key, 1))
+            .await
+            .expect("the quick check still waiting after 5 s");
+        let took = start.elapsed();
+        assert!(matches!(r, Err(Error::Timeout(t)) if t == TIMEOUT), "{r:?}");
+        assert!(
+            took < TIMEOUT + Duration::from_millis(300),
+            "the quick check took {took:?}"
+        );
+    }
+    server.freeze(false);
+    until_answered(&quick, "other", &server).await;
+}
+
 /// A call that timed out may still be applied once Redis thaws, but how
 /// much is bounded by what was sent before the breaker opened, not by how
 /// long Redis stayed frozen (README, "When Redis fails"): requests that time

@@ -44,6 +44,7 @@ use std::{
 };
 
 use redis::aio::ConnectionLike;
+use smallvec::{SmallVec, smallvec};
 use tokio::{
     sync::{Semaphore, mpsc, oneshot},
     time::Instant,
@@ -69,7 +70,9 @@ mod routing;
 
 pub(crate) use self::deadline::Deadline;
 use self::{
-    deadline::{Held, Shortest, Sweep, Waiter, Waiting, drop_finished, earliest, within_deadlines},
+    deadline::{
+        Held, Shortest, Sweep, Timer, Waiter, Waiting, drop_finished, earliest, within_deadlines,
+    },
     fill::Fill,
     lanes::Lanes,
     routing::{Routing, read_router},
@@ -321,12 +324,16 @@ async fn run<C: Batched>(
     }
 }
 
+/// A round's groups of requests: inline for the one group of nearly every
+/// round (all of a standalone Redis's rounds).
+type Groups<G> = SmallVec<[(G, Vec<Job>); 1]>;
+
 /// A round's requests by group, each group in calls of at most
 /// [`MAX_BATCH`]: as they are when they fit one call (a standalone Redis's
 /// round always does), without moving them.
-fn group<C: Batched>(router: &C::Router, jobs: Vec<Job>) -> Vec<(C::Group, Vec<Job>)> {
+fn group<C: Batched>(router: &C::Router, jobs: Vec<Job>) -> Groups<C::Group> {
     let Some(head) = jobs.first() else {
-        return Vec::new();
+        return Groups::new();
     };
     let first = C::group(router, &head.checks, head.cost);
     if jobs.len() <= MAX_BATCH
@@ -335,9 +342,9 @@ fn group<C: Batched>(router: &C::Router, jobs: Vec<Job>) -> Vec<(C::Group, Vec<J
             .skip(1)
             .all(|job| C::group(router, &job.checks, job.cost) == first)
     {
-        return vec![(first, jobs)];
+        return smallvec![(first, jobs)];
     }
-    let mut groups: Vec<(C::Group, Vec<Job>)> = Vec::new();
+    let mut groups = Groups::new();
     let count = jobs.len();
     for (i, job) in jobs.into_iter().enumerate() {
         let group = C::group(router, &job.checks, job.cost);
@@ -381,15 +388,17 @@ enum Doubt {
 
 /// Sends one group of requests as one call and answers each request, or
 /// a timeout at its deadline.
-async fn send<C: Batched>(mut jobs: Vec<Job>, mut conn: C, call: Sent) {
-    let mut waiters: Vec<Waiter> = jobs
+async fn send<C: Batched>(mut jobs: Vec<Job>, conn: &mut C, call: Sent, timer: Pin<&mut Timer>) {
+    // Inline for the batches of nearly every call (about 8 requests under
+    // load), as the call's own vectors are.
+    let mut waiters: SmallVec<[Waiter; 16]> = jobs
         .iter_mut()
         .map(|job| Waiter {
             reply: job.waiter.reply.take(),
             deadline: job.waiter.deadline,
         })
         .collect();
-    let requests: Vec<Request<'_>> = jobs
+    let requests: SmallVec<[Request<'_>; 16]> = jobs
         .iter()
         .map(|job| Request {
             checks: &job.checks,
@@ -398,11 +407,11 @@ async fn send<C: Batched>(mut jobs: Vec<Job>, mut conn: C, call: Sent) {
         .collect();
     let decided = async {
         match call.spread {
-            true => decide_spread(&mut conn, &requests).await,
-            false => decide(&mut conn, &requests).await,
+            true => decide_spread(conn, &requests).await,
+            false => decide(conn, &requests).await,
         }
     };
-    let result = within_deadlines(decided, &mut waiters).await;
+    let result = within_deadlines(decided, &mut waiters, timer).await;
     drop(requests);
     match result {
         Some(Ok(answers)) => {

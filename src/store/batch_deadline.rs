@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use pin_project_lite::pin_project;
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot},
     time::{Instant, Sleep},
@@ -180,7 +181,7 @@ pub(super) struct Waiting<'a> {
 /// the timer it saves), and each request is still answered at its
 /// deadline.
 pub(super) struct Sweep {
-    timer: Timer,
+    timer: Pin<Box<Timer>>,
     /// When the next sweep is due; `None` before the first.
     pub(super) next: Option<Instant>,
 }
@@ -188,7 +189,7 @@ pub(super) struct Sweep {
 impl Sweep {
     pub(super) fn new() -> Self {
         Self {
-            timer: Timer::new(),
+            timer: Box::pin(Timer::new()),
             next: None,
         }
     }
@@ -233,7 +234,7 @@ impl Sweep {
             }
             loop {
                 let at = earliest(held.earliest, self.next);
-                if !std::mem::take(&mut due) && !self.timer.poll_at(at, cx) {
+                if !std::mem::take(&mut due) && !self.timer.as_mut().poll_at(at, cx) {
                     return Poll::Pending;
                 }
                 let now = Instant::now();
@@ -255,41 +256,58 @@ impl Sweep {
     }
 }
 
-/// One timer, re-armed to the earliest deadline of what waits.
-struct Timer {
-    sleep: Pin<Box<Sleep>>,
-    at: Option<Instant>,
+pin_project! {
+    /// One timer, re-armed to the earliest deadline of what waits; made at
+    /// its first deadline and kept for the next (a lane's calls share one).
+    ///
+    /// Each call of a lane arms it, most often at a later deadline than
+    /// the last, which Tokio takes as a store to the timer's state: the
+    /// timer stays in the wheel where it is. A timer made and dropped for
+    /// each call (boxed, as `Sleep` is not `Unpin`) cost each call an
+    /// allocation, a reference to the runtime's handle and the wheel's
+    /// insert and removal.
+    pub(super) struct Timer {
+        #[pin]
+        sleep: Option<Sleep>,
+        at: Option<Instant>,
+    }
 }
 
 impl Timer {
-    fn new() -> Self {
+    pub(super) const fn new() -> Self {
         Self {
-            sleep: Box::pin(tokio::time::sleep_until(Instant::now())),
+            sleep: None,
             at: None,
         }
     }
 
     /// Whether `at` (if any) has come; otherwise `cx` is woken when it does.
-    fn poll_at(&mut self, at: Option<Instant>, cx: &mut Context<'_>) -> bool {
+    /// A timer armed earlier and not awaited since may still wake `cx` at
+    /// the deadline it had then: a wake-up for nothing, and no more.
+    fn poll_at(self: Pin<&mut Self>, at: Option<Instant>, cx: &mut Context<'_>) -> bool {
         let Some(at) = at else {
             return false;
         };
-        if self.at != Some(at) {
-            self.sleep.as_mut().reset(at);
-            self.at = Some(at);
+        let mut this = self.project();
+        if *this.at != Some(at) {
+            match this.sleep.as_mut().as_pin_mut() {
+                Some(sleep) => sleep.reset(at),
+                None => this.sleep.set(Some(tokio::time::sleep_until(at))),
+            }
+            *this.at = Some(at);
         }
-        self.sleep.as_mut().poll(cx).is_ready()
+        (this.sleep.as_pin_mut()).is_some_and(|sleep| sleep.poll(cx).is_ready())
     }
 }
 
 /// Awaits `call`, answering each waiter whose deadline comes first with a
-/// timeout; `None` (the call dropped) once nobody waits for it.
+/// timeout (on `timer`); `None` (the call dropped) once nobody waits for it.
 pub(super) async fn within_deadlines<F: Future>(
     call: F,
     waiters: &mut [Waiter],
+    mut timer: Pin<&mut Timer>,
 ) -> Option<F::Output> {
     let mut call = pin!(call);
-    let mut timer: Option<Timer> = None;
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = call.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
@@ -303,7 +321,7 @@ pub(super) async fn within_deadlines<F: Future>(
                     false => Poll::Pending,
                 };
             };
-            if !timer.get_or_insert_with(Timer::new).poll_at(Some(at), cx) {
+            if !timer.as_mut().poll_at(Some(at), cx) {
                 return Poll::Pending;
             }
             let now = Instant::now();

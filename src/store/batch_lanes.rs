@@ -5,20 +5,27 @@
 //! it. Instead, one task for each call that may be in flight lives as
 //! long as the batching task and sends one call at a time. A round whose
 //! call finds no idle lane (on a cluster, a round's second call and after)
-//! gets a task of its own, as before.
+//! gets a task of its own, as before. A lane keeps its own handle on the
+//! connection and one timer for its calls' deadlines
+//! ([`Timer`](super::deadline::Timer)), where each call cloned the
+//! connection (reference counts that both workers write) and made, boxed,
+//! registered and dropped a timer of its own.
 //!
 //! A lane is idle from when it has answered its call's requests until it
 //! is handed the next one. It releases its round's permit only once idle,
 //! so a round that got a permit from a lane's call finds that lane idle.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    pin::pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::{Batched, IN_FLIGHT, Job, Sent, fill::Fill, send};
+use super::{Batched, IN_FLIGHT, Job, Sent, Timer, fill::Fill, send};
 
 /// A call for a lane: its requests, and the round's permit.
 type Work = (Vec<Job>, Sent, Arc<OwnedSemaphorePermit>);
@@ -47,8 +54,12 @@ impl<C: Batched> Lanes<C> {
                 let idle = Arc::new(AtomicBool::new(true));
                 let (conn, done, fill) = (conn.clone(), idle.clone(), fill.clone());
                 tokio::spawn(async move {
+                    // The lane's own: no clone of the connection, nor a new
+                    // timer, for each call.
+                    let mut conn = conn;
+                    let mut timer = pin!(Timer::new());
                     while let Some((jobs, call, permit)) = calls.recv().await {
-                        send(jobs, conn.clone(), call).await;
+                        send(jobs, &mut conn, call, timer.as_mut()).await;
                         done.store(true, Ordering::Release);
                         drop(permit);
                         fill.answered();
@@ -78,9 +89,9 @@ impl<C: Batched> Lanes<C> {
             }
         }
         let (jobs, call, permit) = work;
-        let (conn, fill) = (self.conn.clone(), self.fill.clone());
+        let (mut conn, fill) = (self.conn.clone(), self.fill.clone());
         tokio::spawn(async move {
-            send(jobs, conn, call).await;
+            send(jobs, &mut conn, call, pin!(Timer::new())).await;
             drop(permit);
             fill.answered();
         });

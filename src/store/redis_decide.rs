@@ -26,7 +26,7 @@ impl Request<'_> {
 }
 
 /// Every limit's key of a batch, request by request: the call's `KEYS`.
-fn batch_keys<'a>(requests: &'a [Request<'_>]) -> Vec<&'a str> {
+fn batch_keys<'a>(requests: &'a [Request<'_>]) -> SmallVec<[&'a str; 16]> {
     let checks = requests.iter().flat_map(|r| r.checks);
     checks.map(|check| check.key.as_str()).collect()
 }
@@ -121,8 +121,11 @@ pub(in crate::store) fn general_invocation(
 /// every batch) goes in the script's compact form instead: its limit, window
 /// and cost, and the keys. Its reply is read with [`Layout::Fixed`].
 fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
-    let mut policies: Vec<(u64, u64, bool)> = Vec::new();
-    let mut numbers = Vec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
+    // Inline, for the batches that nearly every call carries: one policy,
+    // one run, a few requests (a call is built for each batch).
+    let mut policies: SmallVec<[(u64, u64, bool); 2]> = SmallVec::new();
+    let mut numbers: SmallVec<[usize; 16]> =
+        SmallVec::with_capacity(requests.iter().map(|r| r.checks.len()).sum());
     for check in requests.iter().flat_map(|r| r.checks) {
         let policy = (check.quota.limit(), check.quota.window_ms(), check.shadow);
         let number = match policies.iter().position(|p| *p == policy) {
@@ -135,7 +138,7 @@ fn fixed_invocation(requests: &[Request<'_>], spread: bool) -> Call {
         numbers.push(number);
     }
     // Each run: its first request's index and policy numbers, its length.
-    let mut runs: Vec<(usize, &[usize], usize)> = Vec::new();
+    let mut runs: SmallVec<[(usize, &[usize], usize); 2]> = SmallVec::new();
     let mut at = 0;
     for (i, request) in requests.iter().enumerate() {
         let mine = &numbers[at..at + request.checks.len()];
