@@ -130,10 +130,10 @@ async fn a_first_short_timeout_is_kept_behind_a_long_timeouts_calls() {
     short_behind_long(false).await;
 }
 
-async fn short_behind_long(seen_before: bool) {
-    let server = RedisServer::start();
+/// Two limiters on one store of `server`'s: a roomy one whose checks wait
+/// `long`, and "quick", of 5 a minute, whose checks wait [`TIMEOUT`].
+async fn slow_and_quick(server: &RedisServer, long: Duration) -> (Limiter, Limiter) {
     let store = server.store().await;
-    let long = Duration::from_millis(1500);
     let slow = Limiter::builder("1000/1m".parse().unwrap())
         .store(store.clone())
         .timeout(long)
@@ -145,6 +145,29 @@ async fn short_behind_long(seen_before: bool) {
         .timeout(TIMEOUT)
         .build()
         .unwrap();
+    (slow, quick)
+}
+
+/// A check of `key` on `quick` (see [`slow_and_quick`]), Redis frozen:
+/// answered `Error::Timeout` at its own deadline, give or take 300 ms; a
+/// failure if it still waits after `wait`.
+async fn quick_times_out_on_time(quick: &Limiter, key: &str, wait: Duration) {
+    let start = Instant::now();
+    let r = tokio::time::timeout(wait, quick.check(key, 1))
+        .await
+        .unwrap_or_else(|_| panic!("the quick check still waiting after {wait:?}"));
+    let took = start.elapsed();
+    assert!(matches!(r, Err(Error::Timeout(t)) if t == TIMEOUT), "{r:?}");
+    assert!(
+        took < TIMEOUT + Duration::from_millis(300),
+        "the quick check took {took:?}"
+    );
+}
+
+async fn short_behind_long(seen_before: bool) {
+    let server = RedisServer::start();
+    let long = Duration::from_millis(1500);
+    let (slow, quick) = slow_and_quick(&server, long).await;
     let first = match seen_before {
         true => &quick,
         false => &slow,
@@ -161,16 +184,7 @@ async fn short_behind_long(seen_before: bool) {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let start = Instant::now();
-    let r = tokio::time::timeout(long * 2, quick.check("k", 1))
-        .await
-        .expect("the quick check still waiting at twice the long timeout");
-    let took = start.elapsed();
-    assert!(matches!(r, Err(Error::Timeout(t)) if t == TIMEOUT), "{r:?}");
-    assert!(
-        took < TIMEOUT + Duration::from_millis(300),
-        "the quick check took {took:?}"
-    );
+    quick_times_out_on_time(&quick, "k", long * 2).await;
     let started = Instant::now();
     for task in waiting {
         let r = tokio::time::timeout(long * 2, task)
@@ -192,18 +206,7 @@ async fn short_behind_long(seen_before: bool) {
 #[tokio::test]
 async fn a_call_times_out_at_its_own_deadline_after_longer_ones() {
     let server = RedisServer::start();
-    let store = server.store().await;
-    let slow = Limiter::builder("1000/1m".parse().unwrap())
-        .store(store.clone())
-        .timeout(Duration::from_secs(9))
-        .build()
-        .unwrap();
-    let quick = Limiter::builder("5/1m".parse().unwrap())
-        .name("quick")
-        .store(store)
-        .timeout(TIMEOUT)
-        .build()
-        .unwrap();
+    let (slow, quick) = slow_and_quick(&server, Duration::from_secs(9)).await;
     // One at a time, so each goes to the first idle lane, and together, so
     // every lane has answered a call armed 9 s ahead.
     for i in 0..5 {
@@ -218,16 +221,7 @@ async fn a_call_times_out_at_its_own_deadline_after_longer_ones() {
     }
     server.freeze(true);
     for key in ["a", "b"] {
-        let start = Instant::now();
-        let r = tokio::time::timeout(Duration::from_secs(5), quick.check(key, 1))
-            .await
-            .expect("the quick check still waiting after 5 s");
-        let took = start.elapsed();
-        assert!(matches!(r, Err(Error::Timeout(t)) if t == TIMEOUT), "{r:?}");
-        assert!(
-            took < TIMEOUT + Duration::from_millis(300),
-            "the quick check took {took:?}"
-        );
+        quick_times_out_on_time(&quick, key, Duration::from_secs(5)).await;
     }
     server.freeze(false);
     until_answered(&quick, "other", &server).await;
