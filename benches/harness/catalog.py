@@ -61,8 +61,9 @@ SERVERS = [
     # (RATE_LIMIT_RESERVE_KEYS, LimiterBuilder::local_reservation_keys), so
     # every key of `allowed, 100k keys` keeps its reservation. Each key's
     # first request is a reserve call of its own, so the warm-up runs until
-    # every key has been seen (3 s: 100,000 keys at 40,000+ req/s), and the
-    # measured run is the steady state; one-off keys (`mixed`) each reserve.
+    # every key has been seen (3 s: 100,000 keys at 40,000+ req/s; on a
+    # slower machine load.py runs it again, longer), and the measured run
+    # is the steady state; one-off keys (`mixed`) each reserve.
     Server("redis manager, local reservation 100, 200k keys", "axum",
            {"RATE_LIMIT_RESERVE": "100", "RATE_LIMIT_RESERVE_KEYS": "200000"},
            redis=True, warmup=3),
