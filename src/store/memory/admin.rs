@@ -89,9 +89,13 @@ impl MemoryStore {
         let now = self.now();
         for (c, id) in credits.iter().zip(ids) {
             let mut shard = self.inner.lock(self.inner.index(id));
-            match c.quota.algorithm() {
+            let credited = match c.quota.algorithm() {
                 Algorithm::SlidingWindow => refund_in(shard.long.get_mut(id), c, now),
                 _ => refund_in(shard.short.get_mut(id), c, now),
+            };
+            // A credit can end an entry sooner (GCRA), or at once.
+            if let Some(expires_ms) = credited {
+                shard.expires_at(expires_ms);
             }
         }
     }
@@ -102,26 +106,35 @@ impl MemoryStore {
             let id = self.secret.id(key.as_ref());
             let mut shard = self.inner.lock(self.inner.index(id));
             // Marked expired: they read as absent, and are reclaimed as
-            // expired entries are.
+            // expired entries are (a full shard sweeps them out).
             if let Some(e) = shard.short.get_mut(id) {
                 e.expire();
+                shard.expires_at(0);
             }
             if let Some(e) = shard.long.get_mut(id) {
                 e.expire();
+                shard.expires_at(0);
             }
         }
     }
 }
 
-fn refund_in<const N: usize>(held: Option<&mut Packed<N>>, c: &Credit<'_>, now: Now) {
-    let Some(held) = held else { return };
+/// Credits `c` to a live held entry; says when that entry now expires (at
+/// once, marked expired, when the credit leaves nothing).
+fn refund_in<const N: usize>(
+    held: Option<&mut Packed<N>>,
+    c: &Credit<'_>,
+    now: Now,
+) -> Option<u64> {
+    let held = held?;
     if held.expires_ms() <= now.ms {
-        return;
+        return None;
     }
     match credit(held.unpack(c.quota), c, now) {
         Some(entry) => *held = Packed::pack(entry),
         None => held.expire(),
     }
+    Some(held.expires_ms())
 }
 
 /// The entry after the credit; `None` when it is back to nothing (a fixed

@@ -1,6 +1,7 @@
 //! The store's bound, and how it reclaims expired entries: [`Shards`].
 //!
-//! The keys are spread over shards of at most [`SHARD_KEYS`] keys each, by
+//! The keys are spread over shards of at most [`SHARD_KEYS`] keys each (of
+//! more only in a store for over 200 million keys: [`MAX_SHARDS`]), by
 //! their keyed hash (so a client cannot aim at one shard). A shard's two
 //! tables (see [`ids`](super::ids)) only ever grow, shrink, rebuild or get
 //! swept one shard at a time, so no request pays for the whole map: at most
@@ -37,6 +38,13 @@ use super::{
 /// the last few and has room for tombstones between rebuilds.
 const SHARD_KEYS: usize = 3072;
 
+/// The most shards: a store for more than `MAX_SHARDS × SHARD_KEYS` keys
+/// (about 201 million) has shards of more than [`SHARD_KEYS`] each, so
+/// what it allocates up front (a padded lock and two empty tables a shard,
+/// 128 bytes on x86-64) stays under 8 MB whatever `max_keys` says, where a
+/// shard for every 3,072 of `usize::MAX` keys would not fit in any memory.
+const MAX_SHARDS: usize = 1 << 16;
+
 /// Buckets the cursor looks at for each new key.
 const RECLAIM_BUCKETS: usize = 32;
 
@@ -54,8 +62,11 @@ pub(super) struct Shard {
     /// Sliding-window keys: 48-byte slots, one to a cache line.
     pub(super) long: Table<Packed<4>, 1>,
     /// No entry held expires before this (ms): exact after a sweep, lowered
-    /// by every new key. An entry whose expiry is shortened in place (an
-    /// over-long window healed) may end sooner; the cursor reclaims it.
+    /// by every new key and by every entry whose expiry moves sooner in
+    /// place (an over-long window healed, a reset, a refund back to
+    /// nothing). So a full shard holding an entry that has ended sweeps it
+    /// out, at most [`SWEEP_GAP_MS`] later, rather than refusing new keys
+    /// until its soonest live window ends.
     soonest_ms: u64,
     /// No whole-shard sweep before this (ms).
     sweep_after_ms: u64,
@@ -66,9 +77,12 @@ impl Shard {
         self.short.len() + self.long.len()
     }
 
-    /// A new key went in, expiring at `expires_ms`.
-    pub(super) fn inserted(&mut self, expires_ms: u64) {
-        self.soonest_ms = self.soonest_ms.min(expires_ms);
+    /// An entry now expires at `expires_ms`: a new key, or a held one
+    /// whose expiry moved (see `soonest_ms`).
+    pub(super) fn expires_at(&mut self, expires_ms: u64) {
+        if expires_ms < self.soonest_ms {
+            self.soonest_ms = expires_ms;
+        }
     }
 
     /// Removes every expired entry and learns the soonest expiry left.
@@ -129,10 +143,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shards {
     /// Room for `max_keys` keys (at least 1), in shards of at most
-    /// [`SHARD_KEYS`]; their capacities add up to `max_keys` exactly.
+    /// [`SHARD_KEYS`] (but for more than [`MAX_SHARDS`] of them); their
+    /// capacities add up to `max_keys` exactly.
     pub(super) fn new(max_keys: usize) -> Self {
         let max_keys = max_keys.max(1);
-        let n = max_keys.div_ceil(SHARD_KEYS);
+        let n = max_keys.div_ceil(SHARD_KEYS).min(MAX_SHARDS);
         Self {
             shards: (0..n).map(|_| CachePadded::default()).collect(),
             max_keys,
@@ -305,5 +320,29 @@ mod tests {
             assert!((0..s.shards.len()).all(|i| s.capacity(i) <= SHARD_KEYS));
         }
         assert_eq!(Shards::new(0).max_keys(), 1);
+    }
+
+    /// Past `MAX_SHARDS × SHARD_KEYS` keys, shards hold more each, rather
+    /// than there being more shards: what is allocated up front stays
+    /// bounded (a shard for every 3,072 of `usize::MAX` keys would be about
+    /// 770 PB).
+    #[test]
+    fn a_huge_bound_takes_at_most_max_shards() {
+        if cfg!(target_arch = "x86_64") {
+            assert!(std::mem::size_of::<CachePadded<Mutex<Shard>>>() <= 128);
+        }
+        let big = MAX_SHARDS * SHARD_KEYS;
+        for (max, shards) in [
+            (big, MAX_SHARDS),
+            (big + 1, MAX_SHARDS),
+            (usize::MAX, MAX_SHARDS),
+        ] {
+            let s = Shards::new(max);
+            assert_eq!((s.shards.len(), s.max_keys()), (shards, max));
+            let total: u128 = (0..shards).map(|i| s.capacity(i) as u128).sum();
+            assert_eq!(total, max as u128);
+        }
+        assert_eq!(Shards::new(big - 1).shards.len(), MAX_SHARDS);
+        assert_eq!(Shards::new(big - SHARD_KEYS).shards.len(), MAX_SHARDS - 1);
     }
 }
