@@ -154,3 +154,27 @@ async fn a_user_denied_quit_still_leaves_a_demoted_master() {
     })
     .await;
 }
+
+/// The Sentinel store, whose sentinel names an address that moves with the
+/// master (a proxy or a virtual IP in front of the nodes, or a node demoted
+/// by hand with `REPLICAOF` while its clients stay connected): a `READONLY`
+/// reply makes it ask the sentinels again and connect anew, as a dropped
+/// connection does. redis-rs hands that reply over as a value, not as an
+/// error, so a store that looked only at errors stayed on the demoted node
+/// for as long as it kept the connection open.
+#[cfg(feature = "sentinel")]
+#[tokio::test]
+async fn the_sentinel_store_leaves_a_demoted_master() {
+    use support::sentinel::MASTER;
+    let mut sentinel = None;
+    leaves_the_demoted_master(async |url| {
+        let port = url.rsplit(':').next().unwrap();
+        let s =
+            RedisServer::start_sentinel(&format!("sentinel monitor {MASTER} 127.0.0.1 {port} 1\n"));
+        let store = RedisStore::sentinel([s.url()], MASTER).await.unwrap();
+        sentinel = Some(s);
+        store
+    })
+    .await;
+    drop(sentinel);
+}

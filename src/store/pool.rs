@@ -20,7 +20,7 @@
 //! connection.
 
 use bb8::{ManageConnection, Pool};
-use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, aio::ConnectionLike};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value, aio::ConnectionLike};
 
 use super::call::Call;
 use crate::Error;
@@ -66,6 +66,15 @@ pub(super) fn is_broken(e: &RedisError) -> bool {
 /// Whether `e` is Redis's `READONLY`: the node is a replica.
 pub(super) fn is_read_only(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
+/// Whether `value` is Redis's `READONLY` error reply. redis-rs's
+/// connections hand an error reply over as a value, on the `Ok` side; only
+/// the caller that reads it (`query_async`) turns it into an error, so a
+/// wrapper around a connection sees a demoted node here, not in
+/// [`is_read_only`].
+pub(super) fn replies_read_only(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
 }
 
 #[cfg(test)]

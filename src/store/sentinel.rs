@@ -37,6 +37,7 @@ use redis::{
     sentinel::{SentinelClient, SentinelServerType},
 };
 
+use super::super::pool;
 use super::{Backend, Batcher, RedisStore, self_test};
 use crate::Error;
 
@@ -160,34 +161,55 @@ impl Sentinel {
     /// decision's key is then charged twice, so a limit can only be reached
     /// early; a refund or a reset finds its marker and does nothing more
     /// (`lua/once.lua`).
-    async fn send<T, F>(&self, request: impl Fn(MultiplexedConnection) -> F) -> RedisResult<T>
+    ///
+    /// `read_only` tells whether a reply is the `READONLY` error reply:
+    /// redis-rs hands error replies over as values, so a demoted master's
+    /// answer comes as `Ok`, not as an error.
+    async fn send<T, F>(
+        &self,
+        request: impl Fn(MultiplexedConnection) -> F,
+        read_only: impl Fn(&T) -> bool,
+    ) -> RedisResult<T>
     where
         F: Future<Output = RedisResult<T>>,
     {
         let master = self.master().await?;
-        match request(master.conn).await {
-            Err(e) if needs_new_master(&e) => {
-                tracing::warn!(master = %self.shared.name, error = %e, "master lost: asking the sentinels");
-                // Still no master: keep the first error.
-                let Ok(master) = self.replace(Some(master.generation)).await else {
-                    return Err(e);
-                };
-                request(master.conn).await
-            }
-            result => result,
+        let result = request(master.conn).await;
+        let lost = match &result {
+            Ok(reply) => read_only(reply),
+            Err(e) => needs_new_master(e),
+        };
+        if !lost {
+            return result;
         }
+        match &result {
+            Ok(_) => {
+                tracing::warn!(master = %self.shared.name, "master answered READONLY (demoted): asking the sentinels")
+            }
+            Err(e) => {
+                tracing::warn!(master = %self.shared.name, error = %e, "master lost: asking the sentinels")
+            }
+        }
+        // Still no master: keep the first answer.
+        let Ok(master) = self.replace(Some(master.generation)).await else {
+            return result;
+        };
+        request(master.conn).await
     }
 }
 
 /// Whether `e` means this connection's node is no longer the master to use:
 /// the connection is gone, or the node is a read-only replica now.
 fn needs_new_master(e: &RedisError) -> bool {
-    super::super::pool::is_broken(e) || super::super::pool::is_read_only(e)
+    pool::is_broken(e) || pool::is_read_only(e)
 }
 
 impl ConnectionLike for Sentinel {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.send(move |mut conn| async move { conn.req_packed_command(cmd).await }))
+        Box::pin(self.send(
+            move |mut conn| async move { conn.req_packed_command(cmd).await },
+            pool::replies_read_only,
+        ))
     }
 
     fn req_packed_commands<'a>(
@@ -196,9 +218,10 @@ impl ConnectionLike for Sentinel {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.send(move |mut conn| async move {
-            conn.req_packed_commands(cmd, offset, count).await
-        }))
+        Box::pin(self.send(
+            move |mut conn| async move { conn.req_packed_commands(cmd, offset, count).await },
+            |replies: &Vec<Value>| replies.iter().any(pool::replies_read_only),
+        ))
     }
 
     fn get_db(&self) -> i64 {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::super::pool;
 use crate::core::Throttle;
 use redis::{
-    Cmd, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
+    Cmd, Pipeline, RedisFuture, RedisResult, Value,
     aio::{ConnectionLike, ConnectionManager},
 };
 
@@ -63,18 +63,12 @@ impl Standalone {
     }
 }
 
-/// Whether `value` is Redis's `READONLY` error reply (redis-rs hands error
-/// replies over as values; the caller turns them into errors).
-fn is_read_only(value: &Value) -> bool {
-    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
-}
-
 impl ConnectionLike for Standalone {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let result = self.manager.req_packed_command(cmd).await;
             let read_only = match &result {
-                Ok(value) => is_read_only(value),
+                Ok(value) => pool::replies_read_only(value),
                 Err(e) => pool::is_read_only(e),
             };
             self.after(result, read_only).await
@@ -90,7 +84,7 @@ impl ConnectionLike for Standalone {
         Box::pin(async move {
             let result = self.manager.req_packed_commands(cmd, offset, count).await;
             let read_only = match &result {
-                Ok(values) => values.iter().any(is_read_only),
+                Ok(values) => values.iter().any(pool::replies_read_only),
                 Err(e) => pool::is_read_only(e),
             };
             self.after(result, read_only).await
