@@ -11,6 +11,10 @@
 //!
 //! * `RateLimit-Policy` lists every limit of the limiter: `q` is its limit
 //!   and `w` its window in seconds, rounded up (a 500 ms window says `w=1`).
+//!   A GCRA limit whose burst is above its limit says its burst and the
+//!   time the whole burst takes to come back, the same rate:
+//!   `Quota::per_second(10).gcra(20)` is `q=20;w=2`, so that `r`, which
+//!   counts what is left of the burst, is never above `q`.
 //! * `RateLimit` reports the binding limit (see [`Decision`]): `r` is what
 //!   remains after this request and `t` the seconds, rounded up, until the
 //!   request could be admitted (when denied: the same as `Retry-After`) or
@@ -56,7 +60,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
-use crate::{Decision, Quota, metrics};
+use crate::{Algorithm, Decision, Quota, metrics};
 
 mod partition;
 
@@ -79,6 +83,25 @@ const SF_INT_MAX: u64 = 999_999_999_999_999;
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000).min(SF_INT_MAX as u128) as u64
+}
+
+/// A limit's `q` and `w` in `RateLimit-Policy`: its limit and its window in
+/// seconds, rounded up, at least 1. A GCRA limit whose burst is above its
+/// limit says its burst and how long the whole burst takes to come back
+/// (`burst × window / limit`, rounded up): the same rate, or a little less
+/// where seconds round it. So `r` (which counts the burst) is never above
+/// `q`, and `t` (until the bucket is full) never above `w`, for every
+/// algorithm.
+pub(crate) fn policy_of(quota: &Quota) -> (u64, u64) {
+    match quota.algorithm() {
+        Algorithm::Gcra { burst } if burst > quota.limit() => {
+            let refill_ms = (u128::from(quota.window_ms()) * u128::from(burst))
+                .div_ceil(u128::from(quota.limit()));
+            let w = refill_ms.div_ceil(1000).clamp(1, SF_INT_MAX as u128) as u64;
+            (burst, w)
+        }
+        _ => (quota.limit(), ceil_secs(quota.window()).max(1)),
+    }
 }
 
 /// The `Retry-After` seconds for a wait: rounded up, at least 1.
@@ -165,8 +188,8 @@ pub(crate) struct Policies {
 impl Policies {
     pub(crate) fn new(limits: &[(String, Quota)]) -> Self {
         let items = limits.iter().map(|(name, q)| {
-            let w = ceil_secs(q.window()).max(1);
-            (name.as_str(), [("q", q.limit()), ("w", w)])
+            let (q, w) = policy_of(q);
+            (name.as_str(), [("q", q), ("w", w)])
         });
         let ratelimit_prefix = limits.iter().map(|(name, _)| {
             let item = list([(name.as_str(), [("r", 0), ("t", 0)])]);
@@ -357,7 +380,7 @@ pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
         }
     }
     if legacy {
-        headers.insert(X_RATELIMIT_LIMIT, d.limit().into());
+        headers.insert(X_RATELIMIT_LIMIT, policy_of(&d.quota()).0.into());
         headers.insert(X_RATELIMIT_REMAINING, d.remaining().into());
         headers.insert(X_RATELIMIT_RESET, t_secs(d).into());
     }
@@ -540,6 +563,33 @@ mod tests {
         // One key for every limit.
         let one = ratelimit_value(&d.with_partition(smallvec::smallvec![keys.hash(b"ip")]));
         assert!(one.to_str().unwrap().contains(";pk=:"), "{one:?}");
+    }
+
+    /// `r` counts a GCRA limit's burst: `q` says the burst where it is
+    /// above the limit, so that `r` never exceeds it, nor `t` `w`.
+    #[tokio::test]
+    async fn a_gcra_limits_remaining_never_exceeds_its_advertised_quota() {
+        let cases = [
+            // quota, burst, RateLimit-Policy
+            ("10/1s", 20, r#""default";q=20;w=2"#),
+            ("5/1s", 7, r#""default";q=7;w=2"#), // 1.4 s, rounded up
+            ("100/1m", 150, r#""default";q=150;w=90"#),
+            ("10/1s", 10, r#""default";q=10;w=1"#),
+            ("10/1s", 1, r#""default";q=10;w=1"#),
+        ];
+        for (quota, burst, policy) in cases {
+            let quota = quota.parse::<Quota>().unwrap().gcra(burst).unwrap();
+            let limiter = crate::Limiter::builder(quota).build().unwrap();
+            let d = limiter.check("k", 1).await.unwrap();
+            let mut h = HeaderMap::new();
+            write(&d, &mut h, true);
+            assert_eq!(h["ratelimit-policy"], policy, "{quota:?}");
+            let (q, w) = policy_of(&quota);
+            assert_eq!(d.remaining(), burst - 1, "{quota:?}");
+            assert!(d.remaining() <= q, "{quota:?}: {h:?}");
+            assert!(t_secs(&d) <= w, "{quota:?}: {h:?}");
+            assert_eq!(h["x-ratelimit-limit"], q.to_string().as_str());
+        }
     }
 
     #[test]
