@@ -193,9 +193,11 @@ impl<K: KeyExtractor<Parts>, T: KeyExtractor<Parts>> RateLimitLayer<Tiered<K, T>
     ///
     /// let tiers = Tiers::new(Limiter::builder(Quota::per_hour(100)).name("free").build().unwrap())
     ///     .tier(Limiter::builder(Quota::per_hour(10_000)).name("paid").build().unwrap());
+    /// // A selector's error never rejects the request: it gets the default
+    /// // limiter ("free"), as a request without a plan does here.
     /// let plan = key::from_fn(|p: &Parts| match p.extensions.get::<Plan>() {
-    ///     Some(plan) => Ok(Key::from(plan.0)),
-    ///     None => Err(KeyError::Rejected { status: http::StatusCode::BAD_REQUEST, reason: "no plan".into() }),
+    ///     Some(plan) => Ok::<_, KeyError>(Key::from(plan.0)),
+    ///     None => Ok(Key::from("free")),
     /// });
     /// let layer = RateLimitLayer::tiered(tiers, plan, PeerIp);
     /// # let _ = layer;

@@ -21,7 +21,11 @@
 //! (`::ffff:127.0.0.1`) as IPv4, and a range of mapped addresses
 //! (`::ffff:10.0.0.0/104`) as the IPv4 range (`10.0.0.0/8`). A client that
 //! is not a trusted proxy cannot be skipped by writing a forwarding header:
-//! `ClientIp` never reads it from such a peer.
+//! `ClientIp` never reads it from such a peer. The exception is
+//! [`ClientIp::hops`] without [`ClientIp::trust`], which trusts whatever
+//! peer it hears from, and so is only for a server that no client reaches
+//! but through those proxies: there a client that reaches it directly
+//! names its own address, and so can name one of the skip list's.
 //!
 //! ```
 //! use std::net::SocketAddr;

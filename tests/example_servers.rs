@@ -382,6 +382,25 @@ fn bad_values_stop_the_server_naming_the_variable() {
             assert!(stderr.contains(var), "{name} {var}={value}: {stderr}");
         }
     }
+    // GCRA's errors name the variable at fault: the burst's own, or the
+    // quota's (one unit per µs at most), with the burst it took.
+    let gcra = [
+        (&[("RATE_LIMIT_BURST", "0")][..], "RATE_LIMIT_BURST=\"0\""),
+        (&[("RATE_LIMIT", "2000/1ms")][..], "RATE_LIMIT=2000/1ms"),
+        (
+            &[("RATE_LIMIT", "2000/1ms"), ("RATE_LIMIT_BURST", "5")][..],
+            "RATE_LIMIT_BURST=5",
+        ),
+    ];
+    for (vars, names) in gcra {
+        for name in EXAMPLES {
+            let mut vars = vars.to_vec();
+            vars.push(("RATE_LIMIT_ALGORITHM", "gcra"));
+            let stderr = refused(name, &vars);
+            assert!(stderr.contains(names), "{name} {vars:?}: {stderr}");
+            assert!(!stderr.contains("None"), "{name} {vars:?}: {stderr}");
+        }
+    }
     // A reservation needs one fixed-window quota.
     for (var, value) in [
         ("RATE_LIMIT", "10/1s;100/1m"),

@@ -2,7 +2,7 @@
 //! `RATE_LIMIT_DENY_CACHE`, `RATE_LIMIT_SHADOW`, `RATE_LIMIT_RESERVE` and
 //! `RATE_LIMIT_RESERVE_KEYS`: the limits an example server enforces, and how.
 
-use redis_ratelimit::{Limiter, LimiterBuilder, Quota};
+use redis_ratelimit::{Limiter, LimiterBuilder, Quota, QuotaError};
 
 use super::{Error, var};
 
@@ -201,9 +201,23 @@ fn shape(quota: Quota, algorithm: &str, burst: Option<u64>) -> Result<Quota, Err
     Ok(match algorithm {
         "sliding-window" => quota.sliding_window(),
         // Default burst: the quota's own count.
-        "gcra" => quota
-            .gcra(burst.unwrap_or(quota.limit()))
-            .map_err(|e| Error::config("RATE_LIMIT_BURST", &format!("{burst:?}"), e))?,
+        "gcra" => quota.gcra(burst.unwrap_or(quota.limit())).map_err(|e| {
+            // The burst's own error, or the quota's (too fast, too fine),
+            // named by the variables that set them.
+            match (e, burst) {
+                (e @ QuotaError::BadBurst(_), Some(burst)) => {
+                    Error::config("RATE_LIMIT_BURST", &burst.to_string(), e)
+                }
+                (e, Some(burst)) => Error::usage(format!(
+                    "RATE_LIMIT={quota} with RATE_LIMIT_ALGORITHM=gcra and \
+                     RATE_LIMIT_BURST={burst} is invalid: {e}"
+                )),
+                (e, None) => Error::usage(format!(
+                    "RATE_LIMIT={quota} with RATE_LIMIT_ALGORITHM=gcra (a burst of its \
+                     limit) is invalid: {e}"
+                )),
+            }
+        })?,
         _ => quota,
     })
 }
