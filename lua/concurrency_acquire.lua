@@ -6,7 +6,8 @@
 -- ARGV[1]  limit     integer >= 1: leases the key may hold at once
 -- ARGV[2]  lease_ms  integer >= 1: how long a lease lives unless renewed
 -- ARGV[3]  token     the caller's owner token: 1 to 128 bytes, new for every
---                    acquire (random per process, plus a counter)
+--                    acquire (random per process, plus a counter), ending
+--                    with '/<lease_ms>', the lease it is for
 --
 -- Reply: { acquired (1|0), held }
 --   acquired  1 if `token` now holds a lease expiring lease_ms from now
@@ -22,8 +23,10 @@
 --   * the key's TTL is the expiry of its last lease, so an abandoned set
 --     disappears, and a set left with no TTL is healed. A lease that claims to
 --     outlive lease_ms from now (left by a clock that moved backwards, or by
---     tampering) is cut to lease_ms, and a non-ZSET value under the key is
---     deleted: neither can wedge a slot;
+--     tampering) is cut to its own length from now, which its token names
+--     (ARGV[3] below), or to lease_ms if it names none; a non-ZSET value
+--     under the key is deleted: neither can wedge a slot, and a limiter of a
+--     shorter lease never cuts a longer one's;
 --   * time is Redis's own (TIME), never the caller's clock;
 --   * arguments are validated before the first write, and the lease is the
 --     first write (after deleting a non-ZSET value): when Redis refuses
@@ -43,6 +46,9 @@ end
 if not token or #token == 0 or #token > 128 then
   return redis.error_reply('ERR concurrency_acquire: token must be 1 to 128 bytes')
 end
+
+-- The longest lease a limiter takes (MAX_WINDOW, 366 days), in ms.
+local MAX_LEASE_MS = 31622400000
 
 local key = KEYS[1]
 local time = redis.call('TIME')
@@ -73,8 +79,21 @@ if acquired == 1 then
 end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-for _, stale in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. expiry, '+inf')) do
-  redis.call('ZADD', key, 'XX', expiry, stale)
+-- Leases that outlive lease_ms from now: each is cut to its own length from
+-- now, which its token ends with ('/<lease_ms>', up to 366 days), or to
+-- lease_ms for a token that says none. Never to the caller's length alone:
+-- limiters sharing the key with different leases would cut a longer
+-- holder's lease short and let another in while it still runs.
+local stale = redis.call('ZRANGEBYSCORE', key, '(' .. expiry, '+inf', 'WITHSCORES')
+for i = 1, #stale, 2 do
+  local own = whole(string.match(stale[i], '/(%d+)$') or '', 1)
+  local cap = expiry
+  if own and own <= MAX_LEASE_MS then
+    cap = now + own
+  end
+  if tonumber(stale[i + 1]) > cap then
+    redis.call('ZADD', key, 'XX', cap, stale[i])
+  end
 end
 
 if held > 0 then

@@ -118,6 +118,47 @@ async fn renewal_keeps_a_long_holders_slot_with_memory_store() {
     renewal_keeps_a_long_holders_slot(Backend::memory()).await;
 }
 
+/// Limiters of one name with different leases share slots (a rolling deploy
+/// that changes `lease`; the lock recipe's callers, each with its own): an
+/// acquire by the shorter one, refused, must not cut the longer holder's
+/// lease to its own length, or a second holder gets in while the first
+/// still runs. Each lease is cut only to its own length (the token says
+/// it), as a clock that stepped back needs.
+async fn a_shorter_lease_never_cuts_a_longer_holders(b: Backend) {
+    let long = b
+        .concurrency_replica(1)
+        .await
+        .lease(LEASE * 30)
+        .build()
+        .unwrap();
+    let short = b.short_lease(1);
+    // Its first renewal is 10 s away.
+    let held = long.acquire("k").await.unwrap().lease().unwrap();
+    assert!(!short.acquire("k").await.unwrap().is_acquired());
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    assert!(
+        !short.acquire("k").await.unwrap().is_acquired(),
+        "the longer holder's lease was cut to the shorter one's\n{}",
+        b.log()
+    );
+    if let Some(server) = b.server() {
+        let pttl = server.pttl(&long.store_key("k")).await;
+        assert!(pttl > 20_000, "the key's TTL was cut: {pttl}");
+    }
+    assert!(held.release().await.unwrap(), "the lease was still live");
+    assert!(short.acquire("k").await.unwrap().is_acquired());
+}
+
+#[tokio::test]
+async fn a_shorter_lease_never_cuts_a_longer_holders_with_redis() {
+    a_shorter_lease_never_cuts_a_longer_holders(Backend::redis().await).await;
+}
+
+#[tokio::test]
+async fn a_shorter_lease_never_cuts_a_longer_holders_with_memory_store() {
+    a_shorter_lease_never_cuts_a_longer_holders(Backend::memory()).await;
+}
+
 /// How a caller gives up on an acquire that a frozen Redis holds.
 enum GiveUp {
     /// The limiter's own timeout.
@@ -197,10 +238,14 @@ async fn keys_always_carry_a_ttl_and_tampered_keys_are_healed() {
     // A lease an hour out, on a key with no TTL: it would block for an hour.
     let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let hour_out = time.0 * 1000 + 3_600_000;
+    // Tokens that name no lease, or one over 366 days: each cut to the
+    // acquiring limiter's.
     redis::cmd("ZADD")
         .arg(&no_ttl)
         .arg(hour_out)
         .arg("stale")
+        .arg(hour_out)
+        .arg("forged/999999999999")
         .exec_async(&mut conn)
         .await
         .unwrap();

@@ -152,7 +152,8 @@ impl Lease {
         &self.key
     }
 
-    /// This holder's owner token: random per process, plus a counter.
+    /// This holder's owner token: random per process, plus a counter, and
+    /// the lease length it is for (`<process>-<counter>/<lease ms>`).
     pub fn token(&self) -> &str {
         &self.token
     }
@@ -235,9 +236,64 @@ async fn renew(inner: Arc<Inner>, key: Arc<str>, token: Arc<str>) {
     }
 }
 
-/// A new owner token, unique across replicas ([`random::unique_id`]).
+/// A new owner token, unique across replicas ([`random::unique_id`]), for a
+/// lease of `lease_ms`: `<process>-<counter>/<lease_ms>`, at most 53 bytes.
+///
+/// The lease's length travels with it so that a store that cuts leases
+/// outliving their length from now (a clock that stepped back) cuts each
+/// to its own length ([`token_lease`]), never to the length of whoever
+/// acquires next: limiters sharing a name with different leases (a rolling
+/// deploy that changes `lease`, the lock recipe's callers) would otherwise
+/// cut a long holder's lease short, and let a second holder in while it
+/// still runs.
 ///
 /// [`random::unique_id`]: crate::random::unique_id
-pub(super) fn next_token() -> Arc<str> {
-    crate::random::unique_id().into()
+pub(super) fn next_token(lease_ms: u64) -> Arc<str> {
+    format!("{}/{lease_ms}", crate::random::unique_id()).into()
+}
+
+/// The lease length a token was made for ([`next_token`]), if it says one
+/// within [`MAX_WINDOW`](crate::quota::MAX_WINDOW); `None` for any other
+/// token (a custom store's, an earlier version's).
+pub(crate) fn token_lease(token: &str) -> Option<Duration> {
+    let (_, ms) = token.rsplit_once('/')?;
+    if ms.is_empty() || ms.len() > 12 || !ms.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let lease = Duration::from_millis(ms.parse().ok()?);
+    (lease <= crate::quota::MAX_WINDOW).then_some(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_says_its_lease_and_only_a_plain_one_is_read() {
+        let token = next_token(30_000);
+        assert!(token.len() <= 53, "{token}");
+        assert_eq!(token_lease(&token), Some(Duration::from_secs(30)));
+        let max = crate::quota::MAX_WINDOW.as_millis();
+        assert_eq!(
+            token_lease(&next_token(max as u64)),
+            Some(crate::quota::MAX_WINDOW)
+        );
+        for other in [
+            "stale",
+            "a-1/",
+            "a-1/+5",
+            "a-1/5s",
+            "a-1/ 5",
+            "a-1/1e3",
+            "a-1/999999999999",
+            "a-1/99999999999999999999999",
+        ] {
+            assert_eq!(token_lease(other), None, "{other}");
+        }
+        assert_eq!(
+            token_lease(&format!("a-1/{}", max + 1)),
+            None,
+            "over 366 days"
+        );
+    }
 }

@@ -154,7 +154,7 @@ impl ConcurrencyLimiter {
         if pass == Pass::Open {
             return Box::pin(std::future::ready(Err(Error::CircuitOpen)));
         }
-        let token = next_token();
+        let token = next_token(inner.lease_ms());
         let limit = inner.policy.limit();
         // Made now, so that dropping the future unpolled releases the token
         // (a store may act before it is polled) and frees a probe's slot.

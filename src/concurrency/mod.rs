@@ -71,6 +71,7 @@ mod layer;
 mod lease;
 mod limiter;
 
+pub(crate) use self::lease::token_lease;
 pub use self::{
     body::LeaseBody,
     layer::InFlightLimitLayer,

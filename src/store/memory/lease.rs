@@ -54,9 +54,11 @@ impl Leases {
         }
         let set = table.keys.get_mut(key).expect("inserted above");
         set.retain(|(_, e)| *e > now);
-        for (_, e) in set.iter_mut() {
-            // As the script does: no lease outlives one granted now.
-            *e = (*e).min(expiry);
+        for (t, e) in set.iter_mut() {
+            // As the script does: no lease outlives its own length from now
+            // (a token says it), or one granted now (a token that does not).
+            let longest = crate::concurrency::token_lease(t).map_or(expiry, |own| now + own);
+            *e = (*e).min(longest);
         }
         let acquired = if let Some((_, e)) = set.iter_mut().find(|(t, _)| &**t == token) {
             *e = expiry;
