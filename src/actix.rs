@@ -67,7 +67,7 @@ use crate::{
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
     refund::{Refund, ResponseHead},
-    respond::{Call, DefaultResponse, Format, problem},
+    respond::{Call, DefaultResponse, Format, GrpcResponse, problem},
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
 };
@@ -337,16 +337,30 @@ impl<B> HeaderSink for HttpResponse<B> {
     }
 }
 
+/// An `http` status as actix-web's (http 0.2's type), through the number.
+fn status_of(status: http::StatusCode) -> actix_web::http::StatusCode {
+    actix_web::http::StatusCode::from_u16(status.as_u16())
+        .unwrap_or(actix_web::http::StatusCode::TOO_MANY_REQUESTS)
+}
+
 impl Respond<HttpResponse> for DefaultResponse {
     fn respond(&self, rejection: &Rejection) -> HttpResponse {
         self.respond_as(rejection, Format::Text)
     }
 
-    /// The same status and body as under tower.
+    /// The same status and body as under tower; for a gRPC call, the same
+    /// trailers-only answer ([`GrpcResponse`]: HTTP 200, `grpc-status`),
+    /// not an HTTP status that a gRPC client would read as `UNAVAILABLE`.
     fn respond_as(&self, rejection: &Rejection, format: Format) -> HttpResponse {
-        // The status through the number: actix-web uses http 0.2's type.
-        let status = actix_web::http::StatusCode::from_u16(rejection.status().as_u16())
-            .unwrap_or(actix_web::http::StatusCode::TOO_MANY_REQUESTS);
+        if format == Format::Grpc {
+            let grpc: http::Response<()> = GrpcResponse.respond(rejection);
+            let mut res = HttpResponse::build(status_of(grpc.status())).finish();
+            for (name, value) in grpc.headers() {
+                res.append(name.clone(), value.clone());
+            }
+            return res;
+        }
+        let status = status_of(rejection.status());
         let body = problem::body(rejection, format);
         HttpResponse::build(status)
             .insert_header((actix_header::CONTENT_TYPE, body.content_type))

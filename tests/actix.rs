@@ -318,3 +318,97 @@ fn actix_keys_per_limit_must_fit_every_tier() {
         key::each((key::Header::new("x-api-key"), key::Global)),
     );
 }
+
+/// A limited gRPC call (a `POST` of `application/grpc` with `te: trailers`)
+/// gets the same trailers-only answer from both adapters: HTTP 200 with
+/// `grpc-status` 8 `RESOURCE_EXHAUSTED`, not a 429, which a gRPC client
+/// reads as `UNAVAILABLE` and retries.
+#[tokio::test]
+async fn actix_and_tower_answer_a_limited_grpc_call_alike() {
+    use http_body_util::Full;
+    use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
+    use tower::{Layer, ServiceExt, service_fn};
+
+    let limiter = || Limiter::builder(Quota::per_minute(1)).build().unwrap();
+    let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
+
+    let tower = RateLimitLayer::new(limiter(), Global).layer(service_fn(|_| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::<bytes::Bytes>::default()))
+    }));
+    let mut tower_answers = Vec::new();
+    for _ in 0..2 {
+        let mut req = http::Request::post("/");
+        for (name, value) in grpc {
+            req = req.header(name, value);
+        }
+        let req = req.body(Full::<bytes::Bytes>::default()).unwrap();
+        let res = tower.clone().oneshot(req).await.unwrap();
+        let headers: Vec<(String, String)> = res
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        tower_answers.push((res.status().as_u16(), headers));
+    }
+
+    let app = actix_web::test::init_service(
+        App::new()
+            .wrap(RateLimitMiddleware::new(limiter(), Global))
+            .route("/", web::post().to(HttpResponse::Ok)),
+    )
+    .await;
+    let mut actix_answers = Vec::new();
+    for _ in 0..2 {
+        let mut req = actix_web::test::TestRequest::post().uri("/");
+        for header in grpc {
+            req = req.insert_header(header);
+        }
+        let res = actix_web::test::call_service(&app, req.to_request()).await;
+        let headers: Vec<(String, String)> = res
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        actix_answers.push((res.status().as_u16(), headers));
+    }
+
+    let grpc_headers = |answer: &(u16, Vec<(String, String)>)| {
+        let mut h: Vec<(String, String)> = answer
+            .1
+            .iter()
+            .filter(|(n, _)| n.starts_with("grpc-") || n == "content-type")
+            // Milliseconds left: the two runs are a moment apart.
+            .map(|(n, v)| match n.as_str() {
+                "grpc-retry-pushback-ms" => (n.clone(), "<ms>".into()),
+                _ => (n.clone(), v.clone()),
+            })
+            .collect();
+        h.sort();
+        h
+    };
+    let pushback = |answer: &(u16, Vec<(String, String)>)| {
+        let (_, ms) = answer
+            .1
+            .iter()
+            .find(|(n, _)| n == "grpc-retry-pushback-ms")?;
+        ms.parse::<u64>().ok()
+    };
+    let denied = &tower_answers[1];
+    assert_eq!(denied.0, 200, "{denied:?}");
+    assert!(
+        grpc_headers(denied).contains(&("grpc-status".into(), "8".into())),
+        "{denied:?}"
+    );
+    for (t, a) in tower_answers.iter().zip(&actix_answers) {
+        assert_eq!(t.0, a.0, "{t:?}\n{a:?}");
+        assert_eq!(grpc_headers(t), grpc_headers(a), "{t:?}\n{a:?}");
+    }
+    let (t, a) = (
+        pushback(denied).unwrap(),
+        pushback(&actix_answers[1]).unwrap(),
+    );
+    assert!(
+        (59_000..=60_000).contains(&t) && t.abs_diff(a) <= 1000,
+        "{t} {a}"
+    );
+}
