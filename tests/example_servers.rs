@@ -382,6 +382,18 @@ fn bad_values_stop_the_server_naming_the_variable() {
             assert!(stderr.contains(var), "{name} {var}={value}: {stderr}");
         }
     }
+    // `off` still reads every other variable; a reservation needs Redis.
+    for vars in [
+        &[("RATE_LIMIT", "off"), ("RATE_LIMIT_SHADOW", "maybe")][..],
+        &[("RATE_LIMIT", "off"), ("RATE_LIMIT_RESERVE", "ten")][..],
+        &[("RATE_LIMIT_RESERVE", "50")][..],
+    ] {
+        let var = vars.last().unwrap().0;
+        for name in EXAMPLES {
+            let stderr = refused(name, vars);
+            assert!(stderr.contains(var), "{name} {vars:?}: {stderr}");
+        }
+    }
     // GCRA's errors name the variable at fault: the burst's own, or the
     // quota's (one unit per µs at most), with the burst it took.
     let gcra = [

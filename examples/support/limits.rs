@@ -51,24 +51,7 @@ impl Limits {
                  set RATE_LIMIT_ALGORITHM=gcra or unset RATE_LIMIT_BURST"
             )));
         }
-        if text.trim().eq_ignore_ascii_case("off") {
-            return Ok(None);
-        }
-        let mut quotas = Vec::new();
-        for part in text.split(';') {
-            let fix = |e: &dyn std::fmt::Display| {
-                let fix = format!(
-                    "{e}; give one or more quotas separated by `;`, such as 10/1s;1000/1d, or `off`"
-                );
-                Error::config("RATE_LIMIT", &text, fix)
-            };
-            let quota: Quota = part.trim().parse().map_err(|e| fix(&e))?;
-            let quota = shape(quota, &algorithm, burst)?;
-            if quotas.contains(&quota) {
-                return Err(fix(&format!("{part} is given twice")));
-            }
-            quotas.push(quota);
-        }
+        // Read even with `off`, so that a typo is reported all the same.
         let deny_cache = switch("RATE_LIMIT_DENY_CACHE", true)?;
         let shadow = switch("RATE_LIMIT_SHADOW", false)?;
         let reserve = match var("RATE_LIMIT_RESERVE")? {
@@ -109,6 +92,24 @@ impl Limits {
                  or unset RATE_LIMIT_RESERVE_KEYS"
                     .into(),
             ));
+        }
+        if text.trim().eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        let mut quotas = Vec::new();
+        for part in text.split(';') {
+            let fix = |e: &dyn std::fmt::Display| {
+                let fix = format!(
+                    "{e}; give one or more quotas separated by `;`, such as 10/1s;1000/1d, or `off`"
+                );
+                Error::config("RATE_LIMIT", &text, fix)
+            };
+            let quota: Quota = part.trim().parse().map_err(|e| fix(&e))?;
+            let quota = shape(quota, &algorithm, burst)?;
+            if quotas.contains(&quota) {
+                return Err(fix(&format!("{part} is given twice")));
+            }
+            quotas.push(quota);
         }
         if reserve.is_some() && (algorithm != "fixed-window" || quotas.len() > 1) {
             return Err(Error::usage(
@@ -177,6 +178,11 @@ impl Limits {
             builder = builder.local_reservation_keys(keys);
         }
         builder
+    }
+
+    /// Whether `RATE_LIMIT_RESERVE` is set.
+    pub(super) fn reserves(&self) -> bool {
+        self.reserve.is_some()
     }
 
     /// `quota` under `RATE_LIMIT_ALGORITHM` and `RATE_LIMIT_BURST`, as

@@ -16,7 +16,7 @@
 //! | `RATE_LIMIT_BURST` | the quota's count | with `gcra`: requests admitted at once |
 //! | `RATE_LIMIT_DENY_CACHE` | `on` | `off` sends every denial to the store (see `Limiter`'s deny cache) |
 //! | `RATE_LIMIT_SHADOW` | `off` | `on`: dry run, decisions are made and reported but nothing is denied |
-//! | `RATE_LIMIT_RESERVE` | unset: off | Redis only, one `fixed-window` quota: reserve up to this many units of a key per Redis call and admit from them in process (`LimiterBuilder::local_reservation`), for hot keys; may under-admit by at most that many per instance and window, never over-admits |
+//! | `RATE_LIMIT_RESERVE` | unset: off | Redis only (refused without one), one `fixed-window` quota: reserve up to this many units of a key per Redis call and admit from them in process (`LimiterBuilder::local_reservation`), for hot keys; may under-admit by at most that many per instance and window, never over-admits |
 //! | `RATE_LIMIT_RESERVE_KEYS` | unset: 10000 | with `RATE_LIMIT_RESERVE`: how many keys may hold a reservation at once (`LimiterBuilder::local_reservation_keys`, 1 to 10000000, about 300 bytes each); size it to the keys hit again within a window |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
 //! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
@@ -382,6 +382,15 @@ impl Config {
             }
         };
         let limits = Limits::from_env()?;
+        if matches!(backend, Backend::Memory { .. })
+            && limits.as_ref().is_some_and(Limits::reserves)
+        {
+            return Err(Error::usage(
+                "RATE_LIMIT_RESERVE is set but no Redis is: a reservation saves Redis calls, and \
+                 the in-memory store makes none; set REDIS_URL too, or unset RATE_LIMIT_RESERVE"
+                    .into(),
+            ));
+        }
         let key = parse_key(var("RATE_LIMIT_KEY")?.as_deref().unwrap_or("ip"))?;
         let key = client_ip_settings(key)?;
         let on_error = var("RATE_LIMIT_ON_ERROR")?.unwrap_or_else(|| "allow".into());
