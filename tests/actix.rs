@@ -329,6 +329,11 @@ async fn actix_and_tower_answer_a_limited_grpc_call_alike() {
     use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
     use tower::{Layer, ServiceExt, service_fn};
 
+    // Either adapter's headers (http 1's types or actix-web's), as text.
+    fn pairs<'a>(headers: impl Iterator<Item = (&'a str, &'a [u8])>) -> Vec<(String, String)> {
+        let text = |v| String::from_utf8_lossy(v).into_owned();
+        headers.map(|(n, v)| (n.to_owned(), text(v))).collect()
+    }
     let limiter = || Limiter::builder(Quota::per_minute(1)).build().unwrap();
     let grpc = [("content-type", "application/grpc"), ("te", "trailers")];
 
@@ -343,12 +348,11 @@ async fn actix_and_tower_answer_a_limited_grpc_call_alike() {
         }
         let req = req.body(Full::<bytes::Bytes>::default()).unwrap();
         let res = tower.clone().oneshot(req).await.unwrap();
-        let headers: Vec<(String, String)> = res
+        let headers = res
             .headers()
             .iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-            .collect();
-        tower_answers.push((res.status().as_u16(), headers));
+            .map(|(n, v)| (n.as_str(), v.as_bytes()));
+        tower_answers.push((res.status().as_u16(), pairs(headers)));
     }
 
     let app = actix_web::test::init_service(
@@ -364,12 +368,11 @@ async fn actix_and_tower_answer_a_limited_grpc_call_alike() {
             req = req.insert_header(header);
         }
         let res = actix_web::test::call_service(&app, req.to_request()).await;
-        let headers: Vec<(String, String)> = res
+        let headers = res
             .headers()
             .iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-            .collect();
-        actix_answers.push((res.status().as_u16(), headers));
+            .map(|(n, v)| (n.as_str(), v.as_bytes()));
+        actix_answers.push((res.status().as_u16(), pairs(headers)));
     }
 
     let grpc_headers = |answer: &(u16, Vec<(String, String)>)| {
