@@ -390,10 +390,11 @@ fn spend_in(shard: &mut Shard, id: KeyId, entry: Entry) {
 enum Found {
     /// The key is held: its entry healed in place, or spent with `spend`;
     /// and, if that made it end sooner (a heal), when it ends now. Only
-    /// then is the shard's soonest expiry read: it lies on the shard's
-    /// second cache line, which a write at every decision made both workers
-    /// pass between them (+0.15 µs a request, and 0.96x to 0.91x on 100k
-    /// keys, `benches/ab.py`).
+    /// then is the shard's soonest expiry touched: it lies on the shard's
+    /// second cache line, which a decision otherwise does not write (a
+    /// write at every decision read 0.91x against 0.96x on 100k keys in
+    /// one `benches/ab.py` run, a cause not told apart from the build's
+    /// layout: docs/performance-notes.md, 2026-11-30).
     Held(Checked, Option<u64>),
     /// The key is not held: storing it would take a new slot.
     New(Checked),
