@@ -21,12 +21,13 @@
 --   * acquiring with a token that already holds a lease renews it: a retried
 --     call never takes a second slot;
 --   * the key's TTL is the expiry of its last lease, so an abandoned set
---     disappears, and a set left with no TTL is healed. A lease that claims to
---     outlive lease_ms from now (left by a clock that moved backwards, or by
---     tampering) is cut to its own length from now, which its token names
---     (ARGV[3] below), or to lease_ms if it names none; a non-ZSET value
---     under the key is deleted: neither can wedge a slot, and a limiter of a
---     shorter lease never cuts a longer one's;
+--     disappears, and a set left with no TTL is healed. A lease that outlives
+--     lease_ms from now (left by a clock that moved backwards, or written by
+--     hand) is cut to its own length from now, which its token names (ARGV[3]
+--     below), or to lease_ms if its token names none or more than 366 days;
+--     a non-ZSET value under the key is deleted: neither wedges a slot for
+--     longer than the lease it names, and a limiter of a shorter lease never
+--     cuts a longer one's;
 --   * time is Redis's own (TIME), never the caller's clock;
 --   * arguments are validated before the first write, and the lease is the
 --     first write (after deleting a non-ZSET value): when Redis refuses
