@@ -337,7 +337,8 @@ impl<K, R> Core<K, R> {
         };
         match Outcome::of(res) {
             Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
-            Outcome::Known(_) => {}
+            Outcome::Grpc(code) if refund.applies_to_grpc(code) => spent.refund(decision),
+            Outcome::Known(_) | Outcome::Grpc(_) => {}
             Outcome::InBody => self.logs.status_in_body(),
             Outcome::InTrailers => {
                 let logged = self.logs.untaken_logged.clone();

@@ -48,7 +48,7 @@
 //!     .refund_when(Refund::Successes);
 //! // Any rule over the status.
 //! let api = RateLimitLayer::new(Limiter::new(Quota::per_second(10)), PeerIp)
-//!     .refund_when(Refund::when(|s| s.is_server_error() || s == http::StatusCode::NOT_MODIFIED));
+//!     .refund_when(Refund::when(|s| s == http::StatusCode::SERVICE_UNAVAILABLE));
 //! # let _ = (logins, api);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -67,7 +67,7 @@ use crate::{Decision, Error, Limiter, core::Throttle, key::Key};
 pub use self::trailers::{Trailers, TrailersBody, TrailersFuture, TrailersLayer};
 pub(crate) use self::{
     deferred::{Deferred, Pending},
-    status::{GRPC_STATUS, Outcome, ResponseHead, http_status_of_grpc},
+    status::{GRPC_STATUS, Outcome, ResponseHead, grpc_code, http_status_of_code},
 };
 
 /// Which responses give the request's cost back.
@@ -75,6 +75,24 @@ pub(crate) use self::{
 #[non_exhaustive]
 pub enum Refund {
     /// 5xx responses: don't charge clients for the server's own failures.
+    ///
+    /// Not the statuses that name the request as the cause, which a client
+    /// can have at will: 501 `Not Implemented` (a method the server does
+    /// not know) and 505 `HTTP Version Not Supported`; nor, for gRPC, 12
+    /// `UNIMPLEMENTED` (a method the server does not have: tonic answers a
+    /// call to any unknown path so) and 4 `DEADLINE_EXCEEDED` (the deadline
+    /// is the client's own `grpc-timeout`). Were they refunded, a client
+    /// could send such calls without end and never be limited.
+    ///
+    /// A server can answer other 5xx to what a client sent, too: tonic
+    /// answers a message it cannot decode with 13 `INTERNAL`, and a call
+    /// whose request stream the client reset with 13, 14 `UNAVAILABLE` or
+    /// 2 `UNKNOWN`; a handler may answer 500 to input it did not expect.
+    /// Each such call is refunded, at the cost of a second store call. So
+    /// a client that only sends calls that fail so is not limited by this
+    /// limit (the server does little for each). Where that matters, keep
+    /// refunds off, or refund only [`Refund::when`] the status is one your
+    /// service alone gives.
     ServerErrors,
     /// 4xx responses.
     ClientErrors,
@@ -100,16 +118,36 @@ impl Refund {
     /// use redis_ratelimit::refund::Refund;
     ///
     /// assert!(Refund::ServerErrors.applies(StatusCode::BAD_GATEWAY));
+    /// assert!(!Refund::ServerErrors.applies(StatusCode::NOT_IMPLEMENTED));
     /// assert!(!Refund::ServerErrors.applies(StatusCode::TOO_MANY_REQUESTS));
     /// assert!(Refund::Successes.applies(StatusCode::NO_CONTENT));
     /// ```
     pub fn applies(&self, status: StatusCode) -> bool {
         match self {
-            Refund::ServerErrors => status.is_server_error(),
+            Refund::ServerErrors => {
+                status.is_server_error()
+                    && status != StatusCode::NOT_IMPLEMENTED
+                    && status != StatusCode::HTTP_VERSION_NOT_SUPPORTED
+            }
             Refund::ClientErrors => status.is_client_error(),
             Refund::Successes => status.is_success(),
             Refund::When(f) => f(status),
         }
+    }
+}
+
+impl Refund {
+    /// Whether a gRPC call that ended with `code` ([`grpc_code`]: `None`
+    /// for a value that is none, read as 2 `UNKNOWN`) is refunded: as
+    /// [`applies`](Self::applies) says of its HTTP status
+    /// ([`http_status_of_code`]), but for
+    /// [`ServerErrors`](Refund::ServerErrors), never 4 `DEADLINE_EXCEEDED`,
+    /// whose deadline the client set.
+    pub(crate) fn applies_to_grpc(&self, code: Option<u8>) -> bool {
+        if matches!(self, Refund::ServerErrors) && code == Some(4) {
+            return false;
+        }
+        self.applies(http_status_of_code(code))
     }
 }
 

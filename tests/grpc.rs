@@ -298,3 +298,42 @@ async fn served_calls_are_refunded_by_their_trailers() {
         assert_ttls(&b).await;
     }
 }
+
+/// `Refund::ServerErrors` never refunds a status the client can have at
+/// will: a call to a method the server does not have is answered 12
+/// `UNIMPLEMENTED` (HTTP 501) by tonic itself, and a client sending only
+/// such calls is limited like any other, not refunded each one.
+#[tokio::test]
+async fn calls_to_an_unknown_method_are_not_refunded_as_server_errors() {
+    for (backend, b) in backends().await {
+        let limiter = b.builder("3/1m").name("unknown").build().unwrap();
+        let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
+        let url = spawn(layer).await;
+        let http = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let mut codes = Vec::new();
+        for _ in 0..5 {
+            let req = http::Request::post(format!("{url}/grpc.health.v1.Health/NoSuchMethod"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                    b"\0\0\0\0\0",
+                )))
+                .unwrap();
+            let res = http.request(req).await.unwrap();
+            let code = res.headers().get("grpc-status").map(|v| v.to_owned());
+            // A served call would carry it in the trailers.
+            let trailers = res.into_body().collect().await.unwrap().trailers().cloned();
+            let code = code.or_else(|| trailers.and_then(|t| t.get("grpc-status").cloned()));
+            codes.push(
+                code.map(|c| c.to_str().unwrap().to_owned())
+                    .unwrap_or_default(),
+            );
+            // Any refund a call got has landed before the next.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(codes, ["12", "12", "12", "8", "8"], "{backend}");
+        assert_ttls(&b).await;
+    }
+}

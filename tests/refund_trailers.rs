@@ -70,19 +70,23 @@ async fn remaining_after_refunds(limiter: &Limiter, expected: u64) -> u64 {
 }
 
 async fn refunds_by_the_trailers(b: Backend) {
-    let limiter = b.limiter("10/1m");
+    let limiter = b.limiter("12/1m");
     let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
     let mut svc = ServiceBuilder::new()
         .layer(TrailersLayer::new())
         .layer(layer)
         .service(service_fn(grpc_app));
-    let mut left = 10;
+    let mut left = 12;
     // (path, read the body to its end, refunded)
     let cases = [
         ("/trailers/0", true, false),
         ("/trailers/13", true, true),
         ("/trailers/5", true, false),
         ("/trailers/14", true, true),
+        // Statuses the client can have at will: its unknown method, its
+        // own deadline.
+        ("/trailers/12", true, false),
+        ("/trailers/4", true, false),
         ("/trailers/none", true, true),
         ("/end", true, false),
         // Dropped after its first frame: the trailers never came.

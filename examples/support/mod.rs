@@ -26,7 +26,7 @@
 //! | `RATE_LIMIT_TIERS` | unset: one tier | named tiers with their own quota, `<name>=<quota>` separated by `;`, e.g. `free=3/60s;pro=8/60s`; the tier header picks one, and a request without it, or naming no tier, gets `RATE_LIMIT`; every tier uses `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`, `RATE_LIMIT_DENY_CACHE` and `RATE_LIMIT_SHADOW`, and its `RateLimit` headers show its name and quota |
 //! | `RATE_LIMIT_TIER_HEADER` | `x-plan` | with `RATE_LIMIT_TIERS`: the request header naming the tier (clients send it: only behind a gateway that overwrites it is a tier more than the client's choice) |
 //! | `RATE_LIMIT_SKIP` | unset: none | clients never limited (no store call, no rate-limit headers), as addresses or CIDR ranges separated by commas, e.g. `127.0.0.0/8,::1`; matched on the client the key is made from: the peer for `ip` and `header:<name>`, the client behind `TRUSTED_PROXIES`/`TRUSTED_HOPS` for `client-ip` |
-//! | `RATE_LIMIT_REFUND` | unset: none | give a request's cost back when its response is one of `server-errors` (5xx), `client-errors` (4xx) or `successes` (2xx); in the tonic example by `grpc-status`, at the head or in the trailers (`refund::TrailersLayer`) |
+//! | `RATE_LIMIT_REFUND` | unset: none | give a request's cost back when its response is one of `server-errors` (5xx but 501 and 505; on gRPC not `UNIMPLEMENTED` or `DEADLINE_EXCEEDED`), `client-errors` (4xx) or `successes` (2xx); in the tonic example by `grpc-status`, at the head or in the trailers (`refund::TrailersLayer`) |
 //! | `RUST_LOG` | `info` | tracing filter |
 //!
 //! Every Redis URL may be `rediss://` (TLS, checked against the system's

@@ -10,7 +10,7 @@ use std::sync::{
 
 use http::HeaderMap;
 
-use super::{Charged, GRPC_STATUS, Refund, http_status_of_grpc};
+use super::{Charged, GRPC_STATUS, Refund, grpc_code};
 use crate::Decision;
 
 /// What a refund by the trailers needs: the rule, what was spent, and the
@@ -47,7 +47,7 @@ impl Deferred {
         let code = trailers
             .get(&GRPC_STATUS)
             .map_or(&b""[..], |v| v.as_bytes());
-        if self.refund.applies(http_status_of_grpc(code)) {
+        if self.refund.applies_to_grpc(grpc_code(code)) {
             self.spent.refund(&self.decision);
         }
     }

@@ -43,6 +43,9 @@ impl<B> ResponseHead for http::Response<B> {
 pub(crate) enum Outcome {
     /// The status to refund by.
     Known(StatusCode),
+    /// A gRPC or gRPC-Web response with its `grpc-status` at its head: the
+    /// code, if the value is one ([`grpc_code`]).
+    Grpc(Option<u8>),
     /// A gRPC response whose `grpc-status` comes in its trailers.
     InTrailers,
     /// A gRPC-Web response whose `grpc-status` comes in its body (gRPC-Web
@@ -54,7 +57,7 @@ impl Outcome {
     /// The outcome of the response with head `res`. A gRPC response (its
     /// `content-type` is `application/grpc...`) or gRPC-Web response
     /// (`application/grpc-web...`) is HTTP 200 whatever the call's outcome:
-    /// its `grpc-status` decides, mapped to HTTP by [`http_status_of_grpc`],
+    /// its `grpc-status` decides, mapped to HTTP by [`http_status_of_code`],
     /// and never the 200.
     pub(crate) fn of(res: &impl ResponseHead) -> Outcome {
         let status = res.status();
@@ -64,7 +67,7 @@ impl Outcome {
             return Outcome::Known(status);
         }
         match res.header(&GRPC_STATUS) {
-            Some(code) => Outcome::Known(http_status_of_grpc(code)),
+            Some(code) => Outcome::Grpc(grpc_code(code)),
             None if grpc => Outcome::InTrailers,
             None => Outcome::InBody,
         }
@@ -90,15 +93,20 @@ fn is_grpc_web(ct: &[u8]) -> bool {
     matches!(rest.first(), None | Some(b'+' | b';'))
 }
 
-/// The HTTP status of a `grpc-status` value, by the mapping of
-/// `google.rpc.Code` (as gRPC-HTTP gateways use): 0 `OK` is 200, 3
+/// The code a `grpc-status` value holds, if it holds one (a decimal number
+/// up to 255; gRPC's codes are 0 to 16).
+pub(crate) fn grpc_code(code: &[u8]) -> Option<u8> {
+    std::str::from_utf8(code)
+        .ok()
+        .and_then(|c| c.trim().parse::<u8>().ok())
+}
+
+/// The HTTP status of a `grpc-status` code ([`grpc_code`]), by the mapping
+/// of `google.rpc.Code` (as gRPC-HTTP gateways use): 0 `OK` is 200, 3
 /// `INVALID_ARGUMENT` 400, 5 `NOT_FOUND` 404, 8 `RESOURCE_EXHAUSTED` 429, 13
 /// `INTERNAL` 500, 14 `UNAVAILABLE` 503, and so on. A value that is not a
-/// code is 500, as gRPC reads it as 2 `UNKNOWN`.
-pub(crate) fn http_status_of_grpc(code: &[u8]) -> StatusCode {
-    let code = std::str::from_utf8(code)
-        .ok()
-        .and_then(|c| c.trim().parse::<u8>().ok());
+/// code (`None`) is 500, as gRPC reads it as 2 `UNKNOWN`.
+pub(crate) fn http_status_of_code(code: Option<u8>) -> StatusCode {
     let http = match code {
         Some(0) => 200,
         Some(1) => 499,
@@ -156,7 +164,7 @@ mod tests {
         ];
         for (code, http) in cases {
             assert_eq!(
-                http_status_of_grpc(code.as_bytes()).as_u16(),
+                http_status_of_code(grpc_code(code.as_bytes())).as_u16(),
                 http,
                 "{code:?}"
             );
@@ -167,7 +175,7 @@ mod tests {
     fn a_grpc_response_is_judged_by_its_grpc_status() {
         let grpc = ("content-type", "application/grpc");
         let found = response(200, &[grpc, ("grpc-status", "5")]);
-        assert_eq!(Outcome::of(&found), Outcome::Known(StatusCode::NOT_FOUND));
+        assert_eq!(Outcome::of(&found), Outcome::Grpc(Some(5)));
         let ok = response(
             200,
             &[
@@ -175,7 +183,7 @@ mod tests {
                 ("grpc-status", "0"),
             ],
         );
-        assert_eq!(Outcome::of(&ok), Outcome::Known(StatusCode::OK));
+        assert_eq!(Outcome::of(&ok), Outcome::Grpc(Some(0)));
         assert_eq!(Outcome::of(&response(200, &[grpc])), Outcome::InTrailers);
         // Not gRPC: the HTTP status, whatever the headers.
         let http = response(200, &[("grpc-status", "13")]);
@@ -184,10 +192,7 @@ mod tests {
         // status is in the body, and a 200 is never taken for a success.
         let web = ("content-type", "application/grpc-web+proto");
         let denied = response(200, &[web, ("grpc-status", "16")]);
-        assert_eq!(
-            Outcome::of(&denied),
-            Outcome::Known(StatusCode::UNAUTHORIZED)
-        );
+        assert_eq!(Outcome::of(&denied), Outcome::Grpc(Some(16)));
         assert_eq!(Outcome::of(&response(200, &[web])), Outcome::InBody);
         let text = ("content-type", "application/grpc-web-text");
         assert_eq!(Outcome::of(&response(200, &[text])), Outcome::InBody);
