@@ -189,7 +189,7 @@ for _ = 1, runs do
       local ttl = win -- a counter the spend created: a whole window
       if total ~= cost then
         ttl = rcall('PTTL', k)
-        if ttl < 0 or ttl > win then
+        if ttl < 1 or ttl > win then -- (0: its last ms, said as 1)
           fw = fw or fixed_window_module((value_helpers()))
           ttl = fw.heal(k, ttl, win, win_s)
         end

@@ -24,8 +24,11 @@
 --   * every key left behind has a TTL of at most window_ms. A key found with
 --     no TTL (left by a non-atomic client: SET NX then DECR, or INCR then a
 --     lost EXPIRE) or with a TTL longer than the window is healed, not obeyed;
---   * a value that is not an integer >= 0, or of the wrong type, is reset; a
---     counter at 0 counts as absent, so its window starts afresh;
+--   * a value that is not an integer >= 0 (in plain decimal, at most 2^53),
+--     or of the wrong type, is reset; a counter at 0 counts as absent, so
+--     its window starts afresh;
+--   * the window left is at least 1 ms while the key lives (a PTTL of 0 is
+--     its last millisecond), so a denial never says to retry at once;
 --   * any other error of Redis (OOM, READONLY, MISCONF...) is raised to the
 --     caller, never taken for a corrupt value: the spend is the first write,
 --     and Redis refuses writes only before a script's first one, so a
@@ -48,28 +51,41 @@ local function fixed_window_module(corruption)
   -- The window left at key, healing a missing or over-long TTL.
   function fixed_window.left(key, window, window_arg)
     local ttl = redis.call('PTTL', key)
-    if ttl < 0 or ttl > window then
+    if ttl < 1 or ttl > window then
       return fixed_window.heal(key, ttl, window, window_arg)
     end
     return ttl
   end
 
-  -- The window left at key whose PTTL is ttl, outside 0..window: a key with no
-  -- TTL, or one longer than the window, gets a whole window.
+  -- The window left at key whose PTTL is ttl, outside 1..window: a key with no
+  -- TTL, or one longer than the window, gets a whole window. A PTTL of 0 is a
+  -- key in its last millisecond (Redis expires a key once its time has
+  -- passed, and counts the PTTL down on its clock, not the script's): 1, so
+  -- that a denial never says to retry at once, as the memory store's never
+  -- does.
   function fixed_window.heal(key, ttl, window, window_arg)
+    if ttl == 0 then
+      return 1
+    end
     if ttl == -1 or ttl > window then
       redis.call('PEXPIRE', key, window_arg)
     end
     return window
   end
 
-  -- Looks without spending: the count and the window left.
+  -- Looks without spending: the count and the window left. A count is a
+  -- plain decimal from 0 to 2^53, as INCRBY writes it; any other value
+  -- ("7.0", " 7", "1e3", "inf", "-1") is reset, as a spend would reset it,
+  -- rather than read as a number here and refused by the INCRBY of a
+  -- caller that then spends (reserve.lua), which would fail every call on
+  -- the key until its window ended.
   function fixed_window.look(key, window, window_arg)
     local raw = redis.pcall('GET', key)
     local count = 0
     if raw then
       count = type(raw) == 'string' and tonumber(raw)
-      if not count or count < 0 or count ~= math.floor(count) then
+      if not count or count < 0 or count > 2^53 or count % 1 ~= 0
+          or string.format('%d', count) ~= raw then
         if type(raw) == 'table' then
           corruption(raw) -- raises any error but a wrong type
         end

@@ -788,3 +788,88 @@ async fn sliding_window_and_gcra_keys_are_healed_and_reset() {
 
     server.assert_every_key_has_ttl().await;
 }
+
+/// A counter someone else wrote in a form `INCRBY` refuses ("7.0", " 7",
+/// "1e1", "0x7", "+7") or as a number no count reaches ("inf") is reset by
+/// a local reservation's call as by a decision, not read as a count by its
+/// look and then refused by its spend: that failed every check of the key
+/// (lifting the limit under `OnStoreError::Allow`) until the window ended,
+/// and denied every one for a window for "inf".
+#[tokio::test]
+async fn a_reservation_resets_counters_that_incrby_refuses() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let limiter = Limiter::builder("100/60s".parse().unwrap())
+        .store(server.store().await)
+        .local_reservation(10)
+        .build()
+        .unwrap();
+    for bad in [
+        "7.0",
+        " 7",
+        "1e1",
+        "0x7",
+        "+7",
+        "inf",
+        "-0",
+        "9007199254740993",
+    ] {
+        let key = format!("k{bad}");
+        let store_key = limiter.store_key(&key);
+        let _: () = conn.pset_ex(&store_key, bad, 60_000).await.unwrap();
+        let d = limiter
+            .check(&key, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{bad:?}: {e}"));
+        assert!(d.is_allowed(), "{bad:?}: {d:?}");
+        // Reset, then the reservation's 10 units: a fresh window's count.
+        let count: String = conn.get(&store_key).await.unwrap();
+        assert_eq!(count, "10", "{bad:?}");
+        let ttl: i64 = conn.pttl(&store_key).await.unwrap();
+        assert!((1..=60_000).contains(&ttl), "{bad:?}: TTL {ttl}");
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
+/// A counter in its last millisecond answers `PTTL` 0 (Redis expires a key
+/// only once its time has passed, and in a script by the script's start:
+/// a key can outlive its PTTL's reaching 0 by the length of a call). A
+/// denial then said to retry in 0 ms, where the memory store says at least
+/// 1: the scripts say 1.
+#[tokio::test]
+async fn a_denial_in_a_counters_last_millisecond_says_retry_in_one() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(redis_ratelimit::store::DECIDE_FIXED_LUA);
+    // A compact call (limit 1, a window of 60 s, cost 1) whose last key is
+    // spent and expires `px` ms after it is set: long enough to outlast the
+    // call's way to Redis, shorter than the thousands of decisions before
+    // it take, so that it is decided (still live, by the script's clock)
+    // after its PTTL has reached 0. `px` is found by trying.
+    let keys: Vec<String> = (0..20_000).map(|i| format!("fill:{i}")).collect();
+    let mut px: u64 = 20;
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let _: () = conn.pset_ex("last", 1, px).await.unwrap();
+        let mut call = script.prepare_invoke();
+        for k in &keys {
+            call.key(k);
+        }
+        call.key("last");
+        call.arg(&["0", "1", "60000", "1"][..]);
+        let reply: support::Reply = call.invoke_async(&mut conn).await.unwrap();
+        let (left, retry) = (reply.0[2 * keys.len()], reply.0[2 * keys.len() + 1]);
+        seen.push((px, left, retry));
+        if left >= 0 {
+            px *= 2; // gone before the call ran: admitted afresh
+        } else if retry > 1 {
+            px = (px * 2 / 3).max(1); // decided before its time ran out
+        } else {
+            assert_eq!(retry, 1, "a denial said to retry in {retry} ms ({seen:?})");
+            server.assert_every_key_has_ttl().await;
+            return;
+        }
+    }
+    panic!("the key never reached its last ms in a call: (px, left, retry) {seen:?}");
+}
