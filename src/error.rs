@@ -92,7 +92,9 @@ pub enum ConfigError {
     /// A shadow limit named no limit of the limiter.
     #[error("shadow_limit({0:?}) names no limit of this limiter")]
     UnknownLimit(String),
-    /// Two limits of one limiter had the same name.
+    /// Two limits of one limiter had the same name, or the same counter:
+    /// an explicit name that spells an unnamed first limit's
+    /// (`default.5-60000` beside an unnamed `5/1m`).
     #[error("limit name {0:?} is used twice; give every limit of a limiter its own name")]
     DuplicateName(String),
     /// A trusted proxy given to

@@ -381,6 +381,14 @@ impl LimiterBuilder {
                 (*quota, format!("{}:{algo}:{name}:", self.prefix))
             })
             .collect();
+        // An explicit name can spell the key of an unnamed first limit
+        // (`default.5-60000`): two limits on one counter would each spend
+        // it, and undo each other's spends.
+        for (i, (_, prefix)) in limits.iter().enumerate() {
+            if limits[..i].iter().any(|(_, p)| p == prefix) {
+                return Err(ConfigError::DuplicateName(self.limits[i].0.clone()));
+            }
+        }
         let first = match self.named {
             true => self.limits[0].0.clone(),
             false => unnamed(&self.limits[0].0, self.limits[0].1),

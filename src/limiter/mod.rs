@@ -468,6 +468,26 @@ mod tests {
         assert!(Limiter::builder(q).timeout(just).build().is_ok());
         let twice = Limiter::builder(q).name("a").limit("a", q).build();
         assert!(matches!(twice, Err(ConfigError::DuplicateName(_))));
+        // A name that spells the unnamed first limit's counter: both limits
+        // would spend one key, each undoing the other's spends (on Redis,
+        // a DECRBY that left the key at -1 without a TTL).
+        let m = Quota::per_minute(5);
+        let shared = Limiter::builder(m)
+            .limit("default.5-60000", Quota::per_minute(1))
+            .build();
+        assert!(
+            matches!(&shared, Err(ConfigError::DuplicateName(n)) if n == "default.5-60000"),
+            "{:?}",
+            shared.as_ref().err()
+        );
+        // Another algorithm's counter is another key.
+        let gcra = m.gcra(5).unwrap();
+        assert!(
+            Limiter::builder(gcra)
+                .limit("default.5-60000", m)
+                .build()
+                .is_ok()
+        );
     }
 
     #[test]
