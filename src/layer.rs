@@ -296,10 +296,12 @@ impl<K, R> RateLimitLayer<K, R> {
     /// for `/search` and 1 for everything else. `cost` gets the request's
     /// `&http::request::Parts`.
     ///
-    /// A cost of 0 lets the request through without spending. A cost above a
-    /// limit's [capacity](crate::Quota::capacity) could never be admitted:
-    /// it is answered at once with [`Rejection::CostExceedsLimit`]
-    /// (429 without `Retry-After`), and nothing is spent.
+    /// A cost of 0 lets the request through without spending. A cost above
+    /// an enforced limit's [capacity](crate::Quota::capacity) could never be
+    /// admitted: it is answered at once with
+    /// [`Rejection::CostExceedsLimit`] (429 without `Retry-After`), and
+    /// nothing is spent. Above a shadow limit's, that limit reports a
+    /// denial and blocks nothing.
     ///
     /// ```
     /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Header};

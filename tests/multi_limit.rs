@@ -91,9 +91,39 @@ async fn concurrent_requests_never_pass_any_limit(b: Backend) {
     }
 }
 
+/// A shadow limit denies nothing, not even a cost above its capacity: the
+/// store decides it (a denial that blocks nothing), for every algorithm,
+/// and the enforced limit spends the cost. It was `CostExceedsLimit`, a 429
+/// from the layers.
+async fn a_cost_above_a_shadow_limit_only_reports_a_denial(b: Backend) {
+    let small = Quota::per_minute(5);
+    for (name, shadow) in [
+        ("fw", small),
+        ("sw", small.sliding_window()),
+        ("gcra", small.gcra(5).unwrap()),
+    ] {
+        let limiter = b
+            .builder("100/1m")
+            .name(format!("enforced-{name}"))
+            .limit(format!("small-{name}"), shadow)
+            .shadow_limit(format!("small-{name}"))
+            .build()
+            .unwrap();
+        let d = limiter.check("u", 10).await.unwrap();
+        assert!(d.is_allowed() && d.is_shadow_denied(), "{name}: {d:?}");
+        // The enforced limit spent the 10; the shadow one nothing.
+        assert!(limiter.check("u", 90).await.unwrap().is_allowed(), "{name}");
+        assert!(!limiter.check("u", 1).await.unwrap().is_allowed(), "{name}");
+    }
+    if let Some(server) = b.server() {
+        server.assert_every_key_has_ttl().await;
+    }
+}
+
 support::for_every_store!(
     denied_by_one_limit_spends_in_none,
     concurrent_requests_never_pass_any_limit,
+    a_cost_above_a_shadow_limit_only_reports_a_denial,
 );
 
 /// An axum app with `/`, `/search` (cost 2) and `/export` (cost 10).

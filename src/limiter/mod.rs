@@ -194,10 +194,13 @@ impl Limiter {
     /// spends it in all of them.
     ///
     /// A `cost` of 0 only looks. A denied check spends nothing. A `cost`
-    /// above a limit's [capacity](Quota::capacity) is
+    /// above an enforced limit's [capacity](Quota::capacity) is
     /// [`Error::CostExceedsLimit`] without asking the store: no wait could
-    /// ever admit it. Store failures and the timeout are errors; the layers
-    /// turn them into their [`OnStoreError`](crate::OnStoreError) policy.
+    /// ever admit it. Above a [shadow](LimiterBuilder::shadow_limit)
+    /// limit's, the check goes on, and that limit reports a denial (unless
+    /// the cost is above [`MAX_LIMIT`](crate::quota::MAX_LIMIT)). Store
+    /// failures and the timeout are errors; the layers turn them into their
+    /// [`OnStoreError`](crate::OnStoreError) policy.
     pub async fn check<K: AsRef<[u8]> + ?Sized>(
         &self,
         key: &K,
@@ -344,10 +347,16 @@ impl Limiter {
         })
     }
 
-    /// Limit `i`'s quota, if `cost` can ever fit in it.
+    /// Limit `i`'s quota, if `cost` can ever fit in it, or if the limit only
+    /// observes ([shadow](LimiterBuilder::shadow_limit)) and `cost` is at
+    /// most [`MAX_LIMIT`](crate::quota::MAX_LIMIT): a shadow limit denies
+    /// nothing, so its store reports the denial it would make, and the
+    /// request goes on.
     fn limit_check_quota(&self, i: usize, cost: u64) -> Result<Quota, Error> {
         let quota = self.inner.limits[i].0;
-        if cost > quota.capacity() {
+        if cost > quota.capacity()
+            && !(self.inner.policies.is_shadow(i) && cost <= crate::quota::MAX_LIMIT)
+        {
             let limit = quota.capacity();
             return Err(Error::CostExceedsLimit { cost, limit });
         }
@@ -592,5 +601,33 @@ mod tests {
             "{err}"
         );
         assert_eq!(l.check("k", 3).await.unwrap().remaining(), 0);
+    }
+
+    /// A shadow limit denies nothing, not even a cost it could never hold:
+    /// the request is admitted by the enforced limits, and the shadow limit
+    /// reports its denial. (It was `CostExceedsLimit`, a 429 in the layers.)
+    #[tokio::test]
+    async fn a_cost_above_a_shadow_limit_is_a_shadow_denial() {
+        let l = Limiter::builder(Quota::per_minute(100))
+            .limit("small", Quota::per_minute(5))
+            .shadow_limit("small")
+            .build()
+            .unwrap();
+        let d = l.check("k", 10).await.unwrap();
+        assert!(d.is_allowed() && d.is_shadow_denied(), "{d:?}");
+        // The enforced limit spent the 10: 90 more fit, then none.
+        assert!(l.check("k", 90).await.unwrap().is_allowed());
+        assert!(!l.check("k", 1).await.unwrap().is_allowed());
+        // A limiter in shadow mode as a whole, too.
+        let all = Limiter::builder(Quota::per_minute(5))
+            .shadow(true)
+            .build()
+            .unwrap();
+        let d = all.check("k", 10).await.unwrap();
+        assert!(d.is_allowed() && d.is_shadow_denied(), "{d:?}");
+        assert!(matches!(
+            all.check("k", crate::quota::MAX_LIMIT + 1).await,
+            Err(Error::CostExceedsLimit { .. })
+        ));
     }
 }
