@@ -24,7 +24,11 @@
 --          a call sent again, its first reply lost, credits nothing more).
 --
 -- Windows of one key follow each other a whole window apart, so the spent
--- window is the one that ends within half a window of window_end_in:
+-- window is the one that ends within half a window of window_end_in (which
+-- is late by the answer's and this call's way: a call more than half a
+-- window late, or a window begun by a reset, or after a key was lost,
+-- within half a window of the spent one's start, is credited in its place;
+-- Limiter::refund documents it):
 --   * fixed window: the key's PTTL; a window that ended and restarted ends a
 --     whole window later, and is not credited;
 --   * sliding window: the stored window (field c) or the one before it

@@ -411,3 +411,30 @@ async fn refunds_work_on_a_cluster() {
         l.reset("bob").await.unwrap();
     }
 }
+
+/// A refund of a decision made before a reset never credits the window
+/// begun after it, though that window ends within half a window of the
+/// spent one: the memory store knows the spent window's end to the ms on
+/// its own clock. (Redis knows it from the caller's measure, and within
+/// half a window: `Limiter::refund`'s docs.) On tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_refund_after_a_reset_never_credits_the_new_window() {
+    for (name, quota) in algorithms(1, "1s") {
+        if name == "gcra" {
+            continue; // bounded by what is outstanding of its own spend
+        }
+        let l = limiter(&Backend::memory(), name, quota);
+        let before = l.check("k", 1).await.unwrap();
+        assert!(before.is_allowed(), "{name}");
+        l.reset("k").await.unwrap();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let after = l.check("k", 1).await.unwrap();
+        assert!(after.is_allowed(), "{name}: a reset starts afresh");
+        l.refund("k", &before).await.unwrap();
+        let d = l.check("k", 1).await.unwrap();
+        assert!(
+            !d.is_allowed(),
+            "{name}: the refund of a spend before the reset credited the new window"
+        );
+    }
+}

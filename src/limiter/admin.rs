@@ -128,14 +128,24 @@ impl Limiter {
     ///   credited while it still counts (as the current or the previous
     ///   window); a GCRA's theoretical arrival time moves back by at most
     ///   the cost, by no more than is still outstanding of that spend, and
-    ///   never before now. The [`MemoryStore`] and the
-    ///   [`RedisStore`](crate::RedisStore) know that to the µs on their own
-    ///   clock (Redis's reply gives a GCRA spend's end on Redis's clock), so
-    ///   no round trip, however slow, makes a refund credit a spend already
-    ///   drained. A custom [`Store`] learns it from this
-    ///   process in whole ms (the decision's reset less the time since its
-    ///   answer: [`Refund::window_end_in_ms`](crate::store::Refund)), which
-    ///   can be later by up to two ms and the answer's way back.
+    ///   never before now.
+    /// - How exactly the spent window is told from a later one depends on
+    ///   the store. The [`MemoryStore`] knows every window's end to the ms
+    ///   on its own clock: a window begun after a [reset](Self::reset) is
+    ///   never credited. Redis knows a GCRA spend's end to the µs on its
+    ///   clock (its reply says it), so no round trip, however slow, makes a
+    ///   refund credit a spend already drained. For a fixed or sliding
+    ///   window, Redis learns the end from this process (the decision's
+    ///   reset less the time since its answer), which is later than the
+    ///   true end by the answer's and the refund's way; windows of one key
+    ///   follow each other a whole window apart, so the window that ends
+    ///   within half a window of it is the spent one. So a refund credits
+    ///   the window after the spent one (by its cost, once) only if it
+    ///   reaches Redis more than half a window late (a stalled Redis, or a
+    ///   window of a few ms), or if the key was reset (or lost) and its
+    ///   next window began within half a window of the spent one's start.
+    ///   A custom [`Store`] learns the end the same way, in whole ms
+    ///   ([`Refund::window_end_in_ms`](crate::store::Refund)).
     /// - Counts never drop below zero, and keys keep their expiry.
     /// - A decision that spent nothing (denied, a cost of 0, a
     ///   [`peek`](Self::peek), a cached denial) refunds nothing, without a
@@ -212,6 +222,7 @@ impl Limiter {
                             quota: *quota,
                             cost: *cost,
                             end_us: *end_us,
+                            exact: true,
                         })
                         .collect();
                     memory.refund_now(&credits);

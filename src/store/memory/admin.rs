@@ -42,6 +42,7 @@ impl Store for MemoryStore {
                 quota: r.quota,
                 cost: r.cost,
                 end_us: now.saturating_add(r.window_end_in_ms.saturating_mul(1000)),
+                exact: false,
             })
             .collect();
         self.refund_now(&credits);
@@ -66,6 +67,10 @@ pub(crate) struct Credit<'a> {
     pub(crate) quota: Quota,
     pub(crate) cost: u64,
     pub(crate) end_us: i64,
+    /// `end_us` is the store's own, from the decision (a limiter's refund),
+    /// not a caller's measure: a fixed or sliding window is the spent one
+    /// only if it ends then, to the ms.
+    pub(crate) exact: bool,
 }
 
 impl Credit<'_> {
@@ -141,9 +146,15 @@ fn refund_in<const N: usize>(
 /// window at 0 counts as absent, as in the script).
 fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
     let window = r.quota.window_ms() as i64;
-    // Windows of one key are a whole window apart: within half a window of
-    // the spent one's end is the spent one.
-    let same = |end: i64| (end - r.end_ms()).abs() < (window / 2).max(1);
+    // The spent window ends where the decision said, to the ms, on this
+    // store's clock: a window begun after a reset (or an eviction) ends
+    // later, though perhaps by less than half a window, and is not
+    // credited. A caller's measure (the `Store` trait's whole ms from now)
+    // is only that close: windows of one key that follow each other are a
+    // whole window apart, so within half a window of it is the spent one.
+    let half = (window / 2).max(1);
+    let within = if r.exact { half.min(2) } else { half };
+    let same = |end: i64| (end - r.end_ms()).abs() < within;
     match entry {
         Entry::Fixed { count, expires_ms } => {
             if !same(expires_ms as i64) {
