@@ -113,6 +113,13 @@ async fn leaves_the_demoted_master_as(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    // The README's promise: the check that finds the node demoted is
+    // refused, and the store has left it by the next.
+    assert!(
+        refused <= 1,
+        "{refused} checks refused before the store left the demoted master\n{}",
+        log()
+    );
     assert!(
         decision.is_allowed() && decision.remaining() == 96,
         "the new master's count, 3 replicated then this one: {decision:?}\n{}",
