@@ -2,17 +2,27 @@
 //! the store finds the master through them, fails at startup naming an
 //! unknown master, and after the master dies and the sentinels promote the
 //! replica, decides again on the new master with the counts the replica
-//! already had.
+//! already had; so too when the master freezes rather than dies, and when
+//! the first sentinel listed does not answer while checks time out sooner
+//! than a lookup takes.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_ratelimit::{Error, Limiter, RedisStore};
+use redis_ratelimit::{Decision, Error, Limiter, RedisStore};
 use support::{
     TEST_TIMEOUT,
+    limits::every_check,
     sentinel::{MASTER, Sentinels, query, replication},
 };
+
+/// A limiter timeout shorter than a lookup of the master that waits for a
+/// sentinel that does not answer (its response timeout, 0.5 s).
+const SHORT: Duration = Duration::from_millis(200);
+
+/// How long a test waits for the store to decide again after the fault.
+const RECOVERY: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_follows_a_failover_and_keeps_counting_on_the_promoted_replica() {
@@ -93,4 +103,117 @@ async fn the_store_follows_a_failover_and_keeps_counting_on_the_promoted_replica
     );
     let next = limiter.check("user:1", 1).await.unwrap();
     assert_eq!(next.remaining(), 88);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_leaves_a_frozen_master_once_the_sentinels_promote_its_replica() {
+    let mut deployment = Sentinels::start().await;
+    let limiter = short_limiter(&deployment).await;
+    spend_ten_and_replicate(&limiter, &deployment).await;
+
+    // Its connections stay open and it answers nothing: no call on it ever
+    // fails, each is dropped at the limiter's timeout.
+    deployment.master.freeze(true);
+    let decision = decided_again(&limiter, &deployment, "the master froze").await;
+    assert_counted_on_the_promoted_replica(&decision, &deployment).await;
+    // SIGKILL ends a stopped process too.
+    deployment.master.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_sentinel_does_not_stop_the_store_finding_the_new_master() {
+    let mut deployment = Sentinels::start().await;
+    let limiter = short_limiter(&deployment).await;
+    spend_ten_and_replicate(&limiter, &deployment).await;
+
+    // The first sentinel listed accepts connections and answers nothing: a
+    // lookup reads its answer first, so each waits for its response
+    // timeout, longer than the limiter's. The other two still vote the
+    // failover (quorum 2).
+    deployment.sentinels[0].freeze(true);
+    deployment.master.kill();
+    let decision = decided_again(&limiter, &deployment, "the master died").await;
+    assert_counted_on_the_promoted_replica(&decision, &deployment).await;
+    deployment.sentinels[0].kill();
+}
+
+/// A limiter of 100 an hour on the deployment's master whose every check
+/// reaches the store (no breaker, no deny cache) and gives up after
+/// [`SHORT`].
+async fn short_limiter(deployment: &Sentinels) -> Limiter {
+    let store = RedisStore::sentinel(deployment.urls(), MASTER)
+        .await
+        .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()));
+    every_check("100/1h".parse().unwrap(), store)
+        .timeout(SHORT)
+        .build()
+        .unwrap()
+}
+
+/// Spends 10 of `user:1`'s 100, and waits until the replica has them.
+async fn spend_ten_and_replicate(limiter: &Limiter, deployment: &Sentinels) {
+    for spent in 1..=10 {
+        let decision = limiter.check("user:1", 1).await.unwrap();
+        assert!(decision.is_allowed());
+        assert_eq!(decision.remaining(), 100 - spent);
+    }
+    let acked: i64 = query(
+        deployment.master.port(),
+        redis::cmd("WAIT").arg(1).arg(5000),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        acked,
+        1,
+        "the replica did not acknowledge\n{}",
+        deployment.log()
+    );
+}
+
+/// Checks `user:1` every 50 ms until the store decides one, for at most
+/// [`RECOVERY`] after the fault (`fault` names it).
+async fn decided_again(limiter: &Limiter, deployment: &Sentinels, fault: &str) -> Decision {
+    let since = Instant::now();
+    let mut failures = 0;
+    loop {
+        match limiter.check("user:1", 1).await {
+            Ok(decision) => {
+                println!(
+                    "decided again {:?} after {fault}, after {failures} failed checks; {} remaining",
+                    since.elapsed(),
+                    decision.remaining()
+                );
+                return decision;
+            }
+            Err(_) => failures += 1,
+        }
+        assert!(
+            since.elapsed() < RECOVERY,
+            "no decision within {RECOVERY:?} after {fault} ({failures} failed checks)\n{}",
+            deployment.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The replica was promoted and `decision` counted on from the 10 spent
+/// before the fault.
+async fn assert_counted_on_the_promoted_replica(decision: &Decision, deployment: &Sentinels) {
+    assert!(
+        replication(deployment.replica.port())
+            .await
+            .contains("role:master"),
+        "the replica was not promoted\n{}",
+        deployment.log()
+    );
+    assert!(decision.is_allowed());
+    // 89, unless a check on the new master timed out after Redis ran it
+    // (its unit spent all the same); a count started over would read 99.
+    assert!(
+        (80..=89).contains(&decision.remaining()),
+        "the count did not carry on: {} remaining\n{}",
+        decision.remaining(),
+        deployment.log()
+    );
 }

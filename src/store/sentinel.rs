@@ -5,45 +5,84 @@
 //! reconnect to the same address for ever after a failover: to a dead host,
 //! or to the old master now serving as a read-only replica. Instead, the
 //! store's connection is a [`Sentinel`]: a multiplexed connection to the
-//! master the sentinels named, which is dropped, and the master asked for
-//! again, when a call finds it gone (closed, reset, refused) or read-only
-//! (`READONLY`: that node is a replica now). That call is then sent once
-//! more, to the master the sentinels name now. Redis may have run it before
-//! its connection dropped (the reply was lost): a decision is then charged
-//! twice, a limit reached early, never passed; a refund or a reset runs once
-//! however often it is sent (`lua/once.lua`). All the repair is in
-//! [`Sentinel::send`].
+//! master the sentinels named, which a lookup of the master replaces in two
+//! cases.
+//!
+//! * **A call finds the master gone** (the connection closed, reset,
+//!   refused) **or read-only** (`READONLY`: that node is a replica now). The
+//!   connection is dropped, and the call waits for a lookup, then is sent
+//!   once more, to the master the sentinels name now. Redis may have run it
+//!   before its connection dropped (the reply was lost): a decision is then
+//!   charged twice, a limit reached early, never passed; a refund or a reset
+//!   runs once however often it is sent (`lua/once.lua`).
+//! * **A call on the master is dropped before its reply** (its limiter's
+//!   timeout) after waiting [`STALLED`] (50 ms) or more: the master may be
+//!   frozen (`SIGSTOP`, a stalled host), its connections open and nothing
+//!   answered, which fails no call. A lookup then asks the sentinels which
+//!   master they name: at another address, the store connects to it and
+//!   sends every call after to it; at the same address, nothing changes.
+//!   Calls go on using the connection in use meanwhile. Such a lookup
+//!   starts at most once per 500 ms, and not while another one runs.
+//!
+//! All the repair is in [`Sentinel::send`]; the lookups are in
+//! `sentinel_lookup.rs`. A lookup runs in a task of its own, one at a time,
+//! so that it ends, and installs the connection it made, even when every
+//! call that waited for it gave up first (each waits within its own
+//! deadline). That matters because a lookup can take longer than a
+//! limiter's timeout (200 ms by default): redis-rs reads the sentinels'
+//! answers in the order they are listed, so a first sentinel that does not
+//! answer holds every lookup for redis-rs's timeouts, 0.5 to 1.5 s (0.5 s
+//! for a reply and 1 s to connect; once a reply has timed out, redis-rs
+//! connects to that sentinel again and asks once more). A failed
+//! lookup's error stands for 100 ms (`RETRY`): calls that need a connection
+//! meanwhile fail at once with it.
 //!
 //! During a failover, until the sentinels have promoted a replica, calls
 //! fail (and the limiter applies its [`OnStoreError`](crate::OnStoreError)
-//! policy); the sentinels are asked at most once per [`RETRY`] meanwhile.
-//! A master that stops answering without closing its connections is left
-//! only when a call sees an error on it: within seconds for a link that
-//! loses every packet (the store's TCP settings, `tcp.rs`), and for a
-//! frozen Redis when Sentinel, having demoted it, closes every client's
-//! connection to it.
+//! policy). A dead master is left by the first lookup that ends after the
+//! sentinels name the new one. A frozen one is left by the first lookup
+//! for a stalled call that starts after that: once a call has timed out,
+//! and at most 500 ms after the last such lookup started (or when the one
+//! running ends), then one lookup's time. So it is left only while calls
+//! come and time out: under a limiter timeout shorter than 50 ms no call
+//! waits long enough, and a frozen master is left only once it answers
+//! again (`READONLY`, or its connections closed by Sentinel demoting it).
+//! A link that loses every packet is also closed within seconds by the
+//! store's TCP settings (`tcp.rs`), and a call on it then fails.
+//!
+//! In the tests (`tests/sentinel.rs`: down-after-milliseconds 1000, a
+//! limiter timeout of 200 ms, every check sent to the store), the store
+//! decided again about 0.1 s after the sentinels switched to the replica
+//! when the master was frozen (3.3 s after the freeze), and about 1.5 s
+//! after the switch when the master was killed while the first sentinel
+//! was frozen (3.7 s after the kill).
 //!
 //! A child module of `redis.rs`, so that it reaches the store's backends.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
 use redis::{
-    AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
-    Value,
+    Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value,
     aio::{ConnectionLike, MultiplexedConnection},
     sentinel::{SentinelClient, SentinelServerType},
 };
+use tokio::sync::watch;
 
+use self::lookup::State;
 use super::super::pool;
 use super::{Backend, Batcher, RedisStore, self_test};
 use crate::Error;
 
-/// How long a failed lookup of the master stands before the sentinels are
-/// asked again: calls in between fail at once with its error.
-const RETRY: Duration = Duration::from_millis(100);
+#[path = "sentinel_lookup.rs"]
+mod lookup;
+
+/// How long a call must have waited for the master's reply, when it is
+/// dropped unanswered (its caller's timeout), for the sentinels to be asked
+/// whether they name another master now (see the [module docs](self)).
+const STALLED: Duration = Duration::from_millis(50);
 
 /// The store's connection to the master the sentinels name; clones share it.
 #[derive(Clone)]
@@ -54,25 +93,20 @@ pub(crate) struct Sentinel {
 struct Shared {
     /// The master's name, for messages.
     name: String,
-    /// The connection in use, if any.
-    master: Mutex<Option<Master>>,
-    /// Asks the sentinels; one lookup at a time.
-    lookup: tokio::sync::Mutex<Lookup>,
+    /// The connection in use and the lookups' state.
+    state: Mutex<State>,
+    /// Counts the lookups that ended, for the calls that wait for one.
+    ended: watch::Sender<u64>,
+    /// Asks the sentinels: the one lookup running holds it.
+    client: tokio::sync::Mutex<SentinelClient>,
 }
 
 /// A connection to the master, numbered so that a call repairs only the
-/// connection it failed on, not one a concurrent call already replaced.
+/// connection it failed on, not one a lookup installed meanwhile.
 #[derive(Clone)]
 struct Master {
     conn: MultiplexedConnection,
     generation: u64,
-}
-
-struct Lookup {
-    client: SentinelClient,
-    generation: u64,
-    /// The last lookup's error, while it stands.
-    failed: Option<(Instant, RedisError)>,
 }
 
 impl Sentinel {
@@ -80,22 +114,23 @@ impl Sentinel {
         Self {
             shared: Arc::new(Shared {
                 name,
-                master: Mutex::new(None),
-                lookup: tokio::sync::Mutex::new(Lookup {
-                    client,
-                    generation: 0,
-                    failed: None,
-                }),
+                state: Mutex::new(State::default()),
+                ended: watch::Sender::new(0),
+                client: tokio::sync::Mutex::new(client),
             }),
         }
     }
 
-    fn current(&self) -> Option<Master> {
+    /// The state, held briefly: nothing that holds it awaits or panics.
+    fn state(&self) -> MutexGuard<'_, State> {
         self.shared
-            .master
+            .state
             .lock()
-            .expect("no panic holds it")
-            .clone()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn current(&self) -> Option<Master> {
+        self.state().master()
     }
 
     /// The master's connection: the current one, or a new one.
@@ -103,55 +138,6 @@ impl Sentinel {
         match self.current() {
             Some(master) => Ok(master),
             None => self.replace(None).await,
-        }
-    }
-
-    /// Asks the sentinels for the master and connects to it, dropping the
-    /// connection numbered `broken` (if it is still the current one). A
-    /// connection that another call made meanwhile is used as it is.
-    async fn replace(&self, broken: Option<u64>) -> RedisResult<Master> {
-        let mut lookup = self.shared.lookup.lock().await;
-        {
-            let mut master = self.shared.master.lock().expect("no panic holds it");
-            match &*master {
-                Some(m) if Some(m.generation) == broken => *master = None,
-                Some(m) => return Ok(m.clone()),
-                None => {}
-            }
-        }
-        if let Some((at, e)) = &lookup.failed
-            && at.elapsed() < RETRY
-        {
-            return Err(e.clone());
-        }
-        let found = async {
-            let client = lookup.client.async_get_client().await?;
-            let client = super::tcp::tuned_client(&client)?;
-            // As the ConnectionManager's: the limiter's timeout bounds calls.
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(Duration::from_secs(1)))
-                .set_response_timeout(None);
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-        }
-        .await;
-        match found {
-            Ok(conn) => {
-                lookup.generation += 1;
-                lookup.failed = None;
-                let master = Master {
-                    conn,
-                    generation: lookup.generation,
-                };
-                *self.shared.master.lock().expect("no panic holds it") = Some(master.clone());
-                tracing::info!(master = %self.shared.name, "connected to the master the sentinels name");
-                Ok(master)
-            }
-            Err(e) => {
-                lookup.failed = Some((Instant::now(), e.clone()));
-                Err(e)
-            }
         }
     }
 
@@ -174,7 +160,8 @@ impl Sentinel {
         F: Future<Output = RedisResult<T>>,
     {
         let master = self.master().await?;
-        let result = request(master.conn).await;
+        let generation = master.generation;
+        let result = self.awaited(generation, request(master.conn)).await;
         let lost = match &result {
             Ok(reply) => read_only(reply),
             Err(e) => needs_new_master(e),
@@ -191,10 +178,47 @@ impl Sentinel {
             }
         }
         // Still no master: keep the first answer.
-        let Ok(master) = self.replace(Some(master.generation)).await else {
+        let Ok(master) = self.replace(Some(generation)).await else {
             return result;
         };
-        request(master.conn).await
+        self.awaited(master.generation, request(master.conn)).await
+    }
+
+    /// `call`, sent on the master numbered `generation`, noting it if it
+    /// is dropped unanswered.
+    async fn awaited<T>(&self, generation: u64, call: impl Future<Output = T>) -> T {
+        let awaiting = Awaiting {
+            sentinel: self,
+            generation,
+            since: Instant::now(),
+        };
+        let reply = call.await;
+        awaiting.answered();
+        reply
+    }
+}
+
+/// A call waiting for the master's reply. Dropped before the reply, after
+/// waiting [`STALLED`] or more, it has the sentinels asked whether they name
+/// another master now ([`Sentinel::stalled`]).
+struct Awaiting<'a> {
+    sentinel: &'a Sentinel,
+    generation: u64,
+    since: Instant,
+}
+
+impl Awaiting<'_> {
+    /// The reply came: nothing to note.
+    fn answered(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        if self.since.elapsed() >= STALLED {
+            self.sentinel.stalled(self.generation);
+        }
     }
 }
 
@@ -238,10 +262,15 @@ impl RedisStore {
     ///
     /// The store follows failovers: when the master is gone or has become a
     /// replica, it asks the sentinels again and sends the call to the new
-    /// master (see the `sentinel` module's docs in the source); a refund or
-    /// a reset sent again runs once all the same. Until a replica is
-    /// promoted, checks fail into the
-    /// [`OnStoreError`](crate::OnStoreError) policy.
+    /// master; a refund or a reset sent again runs once all the same. When
+    /// a call times out after waiting 50 ms or more (a frozen master fails
+    /// no call), it asks them in the background, at most once per 500 ms,
+    /// and moves to the master they name if it is another one. Lookups run
+    /// in a task of their own, so that one slower than the limiter's
+    /// timeout (a first sentinel that does not answer) still ends and is
+    /// used. Until a replica is promoted, checks fail (or time out, on a
+    /// frozen master) into the [`OnStoreError`](crate::OnStoreError)
+    /// policy. The `sentinel` module's docs in the source give the bounds.
     ///
     /// The master is reached without a password or TLS; for those (or a
     /// database other than 0), build a [`SentinelClient`] with redis-rs's
