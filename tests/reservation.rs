@@ -248,8 +248,46 @@ async fn a_frozen_redis_admits_only_units_already_reserved_and_never_after_their
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     let after = l.check(KEY, 1).await;
     assert!(matches!(after, Err(Error::Timeout(_))), "{after:?}");
+    // Its reserve call waits a whole timeout from being sent, a moment
+    // after the check gave up: a check that joined it would share its
+    // timeout. Redis thaws once it has given up.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     server.freeze(false);
     assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+}
+
+/// A request that goes away once its reserve call is sent (its client gave
+/// up, a reset stream, its timeout) loses none of the call's units: Redis
+/// spends them all the same, and the flight keeps them for the requests
+/// after it, the gone request's own unit included. Three requests give up
+/// behind a frozen Redis; one call was sent, and the whole quota is then
+/// admitted.
+#[tokio::test]
+async fn a_reserve_call_whose_request_went_away_keeps_its_units() {
+    let server = RedisServer::start();
+    // The timeout is the call's to wait for Redis to thaw: generous.
+    let l = Limiter::builder("100/60s".parse().unwrap())
+        .store(server.store().await)
+        .timeout(Duration::from_secs(1))
+        .breaker(Breaker::disabled())
+        .local_reservation(40)
+        .build()
+        .unwrap();
+    server.freeze(true);
+    for i in 0..3 {
+        let gave_up = tokio::time::timeout(Duration::from_millis(50), l.check(KEY, 1)).await;
+        assert!(gave_up.is_err(), "request {i}: {gave_up:?}");
+    }
+    server.freeze(false);
+    // One reserve call: the first request's. The others waited for it.
+    settled(&server, &l, 40).await;
+    for i in 0..100 {
+        let d = l.check(KEY, 1).await.unwrap();
+        assert!(d.is_allowed(), "check {i}: {d:?}");
+    }
+    assert!(!l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!(counter(&server, &l).await, 100);
+    server.assert_every_key_has_ttl().await;
 }
 
 #[tokio::test]

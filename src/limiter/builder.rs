@@ -231,6 +231,14 @@ impl LimiterBuilder {
     ///   request still waiting when it ends is
     ///   [`Error::Timeout`](crate::Error::Timeout), never a wait of one
     ///   store call per request queued before it.
+    /// - A reserve call, once sent, is kept whatever becomes of its
+    ///   request: it runs in a task of its own that holds the key's flight
+    ///   and waits up to a whole timeout from sending for the answer, so a
+    ///   request dropped by its client (a reset stream) or timed out loses
+    ///   none of the units the store spent for it: they stay reserved for
+    ///   the key's next requests. Only an answer later than that timeout
+    ///   is lost (units the store spent and no one holds, within the
+    ///   under-admission bound above).
     /// - A decision from the reservation reports as `remaining` the units
     ///   this instance still holds plus what the store had left at its last
     ///   reservation (other instances may have spent some since), and as

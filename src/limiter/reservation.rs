@@ -15,17 +15,32 @@
 //!
 //! The limiter's timeout bounds all of it, counted from when the request
 //! was asked: a request still waiting for the flight when it ends is
-//! [`Error::Timeout`], and the reserve call it makes once it holds the
-//! flight gets only what is left of it, so that requests queued behind a
+//! [`Error::Timeout`], and it waits for the reserve call it makes once it
+//! holds the flight only what is left of it, so that requests queued behind a
 //! slow store follow the store-error policy in time rather than each
-//! waiting for the calls of those before it. A refill waits and calls
-//! within one timeout too.
+//! waiting for the calls of those before it. A refill waits within one
+//! timeout too.
+//!
+//! A reserve call, once sent, is not the request's to cancel: Redis spends
+//! its units whether or not anyone reads the answer. So the call and its
+//! write-back run in a task of their own ([`fly`]) that holds the key's
+//! flight, and waits a whole timeout from sending for the answer; the
+//! request waits for that task within its own timeout. A grant that
+//! arrives after its request has gone (dropped by its client, or timed
+//! out) is kept for the requests after it.
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use tokio::time::Instant;
+use tokio::{
+    sync::{OwnedMutexGuard, oneshot},
+    time::Instant,
+};
 
-use super::{Inner, deciding::ProbeGuard, slots::Slots};
+use super::{
+    Inner,
+    deciding::ProbeGuard,
+    slots::{Flight, Slots},
+};
 use crate::{
     Decision, Error, Key, LimitState,
     breaker::Pass,
@@ -148,6 +163,23 @@ impl Pool {
         state
     }
 
+    /// Gives `units` back if the pool holds units of the window that ends
+    /// (locally) at `end`: a reservation of the same window ends within the
+    /// reserve calls' latency of it, one of a later window a whole window
+    /// later, so `half_window` tells them apart. False if it holds none of
+    /// that window.
+    fn give_back(&mut self, units: u64, end: Instant, half_window: Duration) -> bool {
+        let Some(held) = self.end.filter(|_| self.live(Instant::now())) else {
+            return false;
+        };
+        let apart = held.max(end) - held.min(end);
+        if apart >= half_window {
+            return false;
+        }
+        self.units = self.units.saturating_add(units);
+        true
+    }
+
     /// The state a request admitted now would report: `remaining` is the
     /// units held here plus what the store had left at the last reservation.
     fn peek(&self, now: Instant) -> Option<LimitState> {
@@ -210,10 +242,8 @@ impl Reservations {
     }
 
     /// Gives `cost` back to `key`'s reservation if it holds units of the
-    /// window that ends (locally) at `end`: a reservation of the same
-    /// window ends within the reserve calls' latency of it, one of a later
-    /// window a whole window later, so `half_window` tells them apart.
-    /// False if there is none (the caller refunds the store instead).
+    /// window that ends (locally) at `end` ([`Pool::give_back`]). False if
+    /// there is none (the caller refunds the store instead).
     pub(super) fn give_back(
         &self,
         key: &str,
@@ -222,15 +252,7 @@ impl Reservations {
         half_window: Duration,
     ) -> bool {
         let given = self.slots.with(key.as_bytes(), |pool| {
-            let Some(held) = pool.end.filter(|_| pool.live(Instant::now())) else {
-                return false;
-            };
-            let apart = held.max(end) - held.min(end);
-            if apart >= half_window {
-                return false;
-            }
-            pool.units = pool.units.saturating_add(cost);
-            true
+            pool.give_back(cost, end, half_window)
         });
         given.unwrap_or(false)
     }
@@ -272,6 +294,14 @@ enum Looked {
 /// and if still short and no flight it waited on answered for it,
 /// reserves; all within its timeout, else [`Error::Timeout`].
 ///
+/// Its reserve call and the call's write-back run in a task of their own
+/// ([`fly`]), which holds the key's flight until the answer is kept: a
+/// request that goes away (dropped, or its timeout ended) once the call
+/// is sent loses none of the units Redis spends for it. The task waits a
+/// whole timeout from sending for the answer, and a grant that arrives
+/// after the request has gone stays in the reservation for the requests
+/// after it, the request's own cost included ([`Awaiting`]).
+///
 /// Should the key's entry be dropped meanwhile (evicted, or a reset), its
 /// write-backs find a new flight or none and keep nothing: the request is
 /// answered all the same, and the units it reserved are not spent.
@@ -290,7 +320,8 @@ pub(super) async fn reserving(
     let slots = &reservations.slots;
     let key = check.key.clone().into_bytes();
     let (flight, seen) = slots.entry(&key, |pool| pool.flights);
-    let Ok(_flight) = tokio::time::timeout(inner.time_left(asked), flight.lock()).await else {
+    let Ok(guard) = tokio::time::timeout(inner.time_left(asked), flight.clone().lock_owned()).await
+    else {
         return Err(timed_out(&inner));
     };
     let now = Instant::now();
@@ -338,55 +369,208 @@ pub(super) async fn reserving(
         pass,
         settled: false,
     };
+    let back = Back {
+        inner: inner.clone(),
+        key,
+        flight,
+        half_window: Duration::from_millis(check.quota.window_ms() / 2),
+    };
+    let (tx, rx) = oneshot::channel();
+    let mut awaiting = Awaiting {
+        rx,
+        back: back.clone(),
+    };
     let want = reservations.n.max(cost);
+    let call = ReserveCall {
+        back,
+        store,
+        probe,
+        check,
+        cost,
+        want,
+        cache_key,
+        guard,
+    };
+    let flying = tracing::Instrument::in_current_span(fly(call, tx));
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(flying)),
+        // No runtime to spawn it on (the timer above needs one all the
+        // same): in place.
+        Err(_) => flying.await,
+    }
+    match tokio::time::timeout(inner.time_left(asked), &mut awaiting.rx).await {
+        Ok(Ok(flown)) => flown.result,
+        // Timed out; or the task was dropped unanswered (a runtime
+        // shutting down).
+        Ok(Err(_)) | Err(_) => Err(timed_out(&inner)),
+    }
+}
+
+/// Where a flight writes back: `key`'s entry, while it is `flight`'s.
+#[derive(Clone)]
+struct Back {
+    inner: Arc<Inner>,
+    key: Vec<u8>,
+    flight: Flight,
+    /// Half the limit's window: see [`Reservations::give_back`].
+    half_window: Duration,
+}
+
+impl Back {
+    /// `f` on the key's pool, if the entry is still the flight's.
+    fn with<R>(&self, f: impl FnOnce(&mut Pool) -> R) -> Option<R> {
+        let reservations = self.inner.reservations.as_ref()?;
+        reservations.slots.with_flight(&self.key, &self.flight, f)
+    }
+
+    /// Gives units a grant kept for a request that has gone back to the
+    /// pool, if it still holds that grant's window.
+    fn give_back(&self, held: Held) {
+        self.with(|pool| pool.give_back(held.units, held.end, self.half_window));
+    }
+}
+
+/// One reserve call, sent by [`fly`] for the request that holds the
+/// key's flight.
+struct ReserveCall {
+    back: Back,
+    store: Arc<dyn Store>,
+    probe: ProbeGuard,
+    check: LimitCheck,
+    cost: u64,
+    want: u64,
+    cache_key: Option<Key>,
+    /// The key's flight, held until the call's answer is kept.
+    guard: OwnedMutexGuard<()>,
+}
+
+/// What a flight answers the request that sent it.
+struct Flown {
+    result: Result<Decision, Error>,
+    /// The units of a grant that are the request's (its cost), if the
+    /// pool kept the grant.
+    held: Option<Held>,
+}
+
+/// A request's units in a grant the pool kept, of the window that ends
+/// (locally) at `end`.
+#[derive(Clone, Copy)]
+struct Held {
+    units: u64,
+    end: Instant,
+}
+
+/// The request that sent a flight, waiting for its answer. Dropped
+/// before it took the answer (the request went away, or its timeout
+/// ended), it gives the units the grant held for it back to the pool:
+/// Redis spent them, and the requests after it spend them now.
+struct Awaiting {
+    rx: oneshot::Receiver<Flown>,
+    back: Back,
+}
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        // Closed first: the flight then either answered already (and the
+        // answer is taken here) or finds no one to answer, and gives the
+        // units back itself.
+        self.rx.close();
+        if let Ok(Flown {
+            held: Some(held), ..
+        }) = self.rx.try_recv()
+        {
+            self.back.give_back(held);
+        }
+    }
+}
+
+/// Sends `call`'s reserve call and keeps its answer: a grant in the pool
+/// (less the request's cost), a denial or an error for the requests that
+/// waited on the flight; then answers the request, or, if it has gone,
+/// gives its cost back to the pool. The call has a whole timeout from
+/// when it is sent, whatever is left of the request's: an answer dropped
+/// unread would lose the units Redis spent. The flight is held until all
+/// of it is done.
+async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
+    let ReserveCall {
+        back,
+        store,
+        probe,
+        check,
+        cost,
+        want,
+        cache_key,
+        guard: _guard,
+    } = call;
+    let inner = &back.inner;
     // The window ends `window_left_ms` after Redis ran the script, which
     // was after this instant: counting from here ends the local units first.
     let sent = Instant::now();
-    let reply = probe.call(store.reserve(check, cost, want), asked).await;
+    let reply = probe.call(store.reserve(check, cost, want), sent).await;
     let ended = |last: Outcome, left: Option<u64>| {
-        slots.with_flight(&key, &flight, |pool| {
+        back.with(|pool| {
             pool.flights += 1;
             pool.left = left.unwrap_or(pool.left);
             pool.last = Some(Box::new(last));
         });
     };
-    let r = match reply {
-        Ok(r) => r,
+    let flown = match reply {
         Err(e) => {
             ended(Outcome::Failed(copy(&e)), None);
-            return Err(e);
+            Flown {
+                result: Err(e),
+                held: None,
+            }
+        }
+        Ok(r) if r.granted < cost => {
+            // Nothing taken: a denial until the window ends, as the store
+            // would give it.
+            let state = LimitState {
+                allowed: false,
+                remaining: r.remaining,
+                reset_ms: r.window_left_ms,
+                retry_ms: r.window_left_ms,
+            };
+            let result = inner.conclude([state].into(), cost, cache_key, Some(Stamp::Local(sent)));
+            if let Ok(d) = &result {
+                let at = Instant::now();
+                ended(
+                    Outcome::Denied(r.remaining, d.clone(), at),
+                    Some(r.remaining),
+                );
+            }
+            Flown { result, held: None }
+        }
+        Ok(r) => {
+            let granted = back.with(|pool| {
+                pool.flights += 1;
+                pool.last = None;
+                let state = pool.grant(&r, cost, sent);
+                let held = (pool.end)
+                    .filter(|end| *end > Instant::now())
+                    .map(|end| Held { units: cost, end });
+                (state, held)
+            });
+            // A dropped entry keeps nothing: the request's own state still
+            // counts.
+            let (state, held) =
+                granted.unwrap_or_else(|| (Pool::default().grant(&r, cost, sent), None));
+            let result = inner.conclude(
+                [state].into(),
+                cost,
+                None,
+                Some(Stamp::Local(Instant::now())),
+            );
+            Flown { result, held }
         }
     };
-    if r.granted < cost {
-        // Nothing taken: a denial until the window ends, as the store
-        // would give it.
-        let state = LimitState {
-            allowed: false,
-            remaining: r.remaining,
-            reset_ms: r.window_left_ms,
-            retry_ms: r.window_left_ms,
-        };
-        let d = inner.conclude([state].into(), cost, cache_key, Some(Stamp::Local(sent)))?;
-        let at = Instant::now();
-        ended(
-            Outcome::Denied(r.remaining, d.clone(), at),
-            Some(r.remaining),
-        );
-        return Ok(d);
+    if let Err(Flown {
+        held: Some(held), ..
+    }) = tx.send(flown)
+    {
+        // The request has gone: its units stay for the next ones.
+        back.give_back(held);
     }
-    let granted = slots.with_flight(&key, &flight, |pool| {
-        pool.flights += 1;
-        pool.last = None;
-        pool.grant(&r, cost, sent)
-    });
-    // A dropped entry keeps nothing: the request's own state still counts.
-    let state = granted.unwrap_or_else(|| Pool::default().grant(&r, cost, sent));
-    inner.conclude(
-        [state].into(),
-        cost,
-        None,
-        Some(Stamp::Local(Instant::now())),
-    )
 }
 
 /// Starts refilling `check`'s key in the background, for the request that
@@ -421,8 +605,9 @@ impl Drop for Refilling {
 
 /// One refill: in the key's single flight, reserves `n` more units (so a
 /// key holds fewer than `n + n / 4`), if the breaker lets it, waiting for
-/// the flight and the call within one timeout (a refill that gets no time
-/// gives up: requests that run short reserve themselves). A denial goes
+/// the flight within one timeout (a refill that gets no time gives up:
+/// requests that run short reserve themselves), and for the call's answer
+/// a whole timeout from sending it, as [`fly`] does. A denial goes
 /// to the deny cache, for the requests that run short next. An error keeps
 /// nothing and answers no one: requests that then run short reserve
 /// themselves and get the store's answer (the breaker and the metrics have
@@ -459,9 +644,10 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         pass,
         settled: false,
     };
+    // A whole timeout from sending, as a request's flight ([`fly`]).
     let sent = Instant::now();
     let Ok(r) = probe
-        .call(store.reserve(check, 1, reservations.n), asked)
+        .call(store.reserve(check, 1, reservations.n), sent)
         .await
     else {
         return;
