@@ -7,7 +7,10 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use futures_util::future::join_all;
 use redis_ratelimit::{
@@ -15,6 +18,7 @@ use redis_ratelimit::{
     store::{BoxFuture, LimitCheck, LimitState, Reservation, Store},
 };
 use support::{RedisServer, TEST_TIMEOUT};
+use tokio::sync::watch;
 
 const KEY: &str = "all";
 
@@ -501,6 +505,138 @@ impl Store for SlowReserve {
             Ok(Reservation::new(want, 1_000_000, 60_000))
         })
     }
+}
+
+/// A store whose reserve calls take their units from one counter of
+/// `limit` per minute when they are made (as Redis runs a call sent to it),
+/// and answer only once the test opens the gate: a Redis whose replies the
+/// test holds back. `reset` empties the counter; checks go to the
+/// in-memory store.
+#[derive(Debug, Clone)]
+struct Gated {
+    memory: MemoryStore,
+    limit: u64,
+    state: Arc<GatedState>,
+}
+
+#[derive(Debug)]
+struct GatedState {
+    /// The units reserve calls took from the counter since the last reset.
+    count: Mutex<u64>,
+    /// Reserve calls made.
+    calls: watch::Sender<u64>,
+    /// Whether reserve calls answer.
+    open: watch::Sender<bool>,
+}
+
+impl Gated {
+    fn new(limit: u64, open: bool) -> Self {
+        Self {
+            memory: MemoryStore::new(),
+            limit,
+            state: Arc::new(GatedState {
+                count: Mutex::new(0),
+                calls: watch::Sender::new(0),
+                open: watch::Sender::new(open),
+            }),
+        }
+    }
+
+    fn open(&self, open: bool) {
+        self.state.open.send_replace(open);
+    }
+
+    fn count(&self) -> u64 {
+        *self.state.count.lock().unwrap()
+    }
+
+    fn calls(&self) -> u64 {
+        *self.state.calls.borrow()
+    }
+
+    /// Waits until `calls` reserve calls have been made.
+    async fn made(&self, calls: u64) {
+        let mut made = self.state.calls.subscribe();
+        made.wait_for(|made| *made >= calls).await.unwrap();
+    }
+}
+
+impl Store for Gated {
+    fn decide(
+        &self,
+        checks: Vec<LimitCheck>,
+        cost: u64,
+    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        self.memory.decide(checks, cost)
+    }
+
+    fn supports_reservation(&self) -> bool {
+        true
+    }
+
+    fn reserve(
+        &self,
+        _check: LimitCheck,
+        need: u64,
+        want: u64,
+    ) -> BoxFuture<'static, Result<Reservation, Error>> {
+        let reply = {
+            let mut count = self.state.count.lock().unwrap();
+            let left = self.limit - *count;
+            let granted = if left < need { 0 } else { want.min(left) };
+            *count += granted;
+            Reservation::new(granted, left - granted, 60_000)
+        };
+        self.state.calls.send_modify(|calls| *calls += 1);
+        let mut open = self.state.open.subscribe();
+        Box::pin(async move {
+            open.wait_for(|open| *open).await.unwrap();
+            Ok(reply)
+        })
+    }
+
+    fn reset(&self, _keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
+        *self.state.count.lock().unwrap() = 0;
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// A limiter reserving `n` units at a time on a [`Gated`] store.
+fn gated(store: &Gated, n: u64) -> Limiter {
+    Limiter::builder(Quota::per_minute(store.limit))
+        .store(store.clone())
+        .timeout(TEST_TIMEOUT)
+        .breaker(Breaker::disabled())
+        .local_reservation(n)
+        .build()
+        .unwrap()
+}
+
+/// A reset while requests wait for their key's flight: the flight's grant
+/// is kept nowhere (its units may be of the counter the reset deleted),
+/// and the requests that waited join the key's new flight, one reserve
+/// call for all of them, rather than each reserving `n` units for itself
+/// and keeping none.
+#[tokio::test]
+async fn requests_waiting_on_a_flight_through_a_reset_share_one_new_reserve_call() {
+    let store = Gated::new(1_000, false);
+    let l = gated(&store, 40);
+    let checks: Vec<_> = (0..20)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.check(KEY, 1).await })
+        })
+        .collect();
+    // The first request's call is on its way, the others wait for it.
+    store.made(1).await;
+    l.reset(KEY).await.unwrap();
+    store.open(true);
+    for check in join_all(checks).await {
+        let d = check.unwrap().unwrap();
+        assert!(d.is_allowed(), "{d:?}");
+    }
+    // The call before the reset, and one after it for the 19 waiters.
+    assert_eq!((store.calls(), store.count()), (2, 40));
 }
 
 /// Requests queued for a hot key's single flight behind a slow store follow

@@ -247,7 +247,9 @@ impl LimiterBuilder {
     ///   enough, else asks the store; [`refund`](Limiter::refund) of a
     ///   reserved decision gives the units back to the reservation it came
     ///   from while it lives, else to the store's window;
-    ///   [`reset`](Limiter::reset) drops this instance's reservation too.
+    ///   [`reset`](Limiter::reset) drops this instance's reservation too
+    ///   (a reserve call on its way keeps nothing, and the requests that
+    ///   waited for it share one new call).
     ///   Other instances keep theirs (under `n + n / 4` units each) until their
     ///   window ends, on top of the fresh counter; so does a Redis that loses
     ///   its data.

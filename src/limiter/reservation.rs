@@ -302,9 +302,12 @@ enum Looked {
 /// after the request has gone stays in the reservation for the requests
 /// after it, the request's own cost included ([`Awaiting`]).
 ///
-/// Should the key's entry be dropped meanwhile (evicted, or a reset), its
-/// write-backs find a new flight or none and keep nothing: the request is
-/// answered all the same, and the units it reserved are not spent.
+/// Should the key's entry be dropped meanwhile (a reset), its write-backs
+/// find a new flight or none and keep nothing: the request is answered all
+/// the same, and the units it reserved are not spent (they may be of the
+/// counter the reset deleted, so keeping them could over-admit). Requests
+/// that waited on the dropped entry's flight then join the new entry's,
+/// so that a reset costs at most one more reserve call per key.
 pub(super) async fn reserving(
     inner: Arc<Inner>,
     store: Arc<dyn Store>,
@@ -319,40 +322,49 @@ pub(super) async fn reserving(
         .expect("a limiter with reservations");
     let slots = &reservations.slots;
     let key = check.key.clone().into_bytes();
-    let (flight, seen) = slots.entry(&key, |pool| pool.flights);
-    let Ok(guard) = tokio::time::timeout(inner.time_left(asked), flight.clone().lock_owned()).await
-    else {
-        return Err(timed_out(&inner));
-    };
-    let now = Instant::now();
-    let looked = slots.with_flight(&key, &flight, |pool| {
-        if let Some(state) = pool.take(cost, now) {
-            return Looked::Taken(state);
-        }
-        if pool.flights != seen {
-            // A flight ended while this request waited: share its answer.
-            match pool.last.as_deref() {
-                Some(Outcome::Denied(left, d, at)) if cost > *left => {
-                    return Looked::Denied(d.clone().aged(now.saturating_duration_since(*at)));
-                }
-                Some(Outcome::Failed(e)) => return Looked::Failed(copy(e)),
-                _ => {}
+    let (flight, guard) = loop {
+        let (flight, seen) = slots.entry(&key, |pool| pool.flights);
+        let Ok(guard) =
+            tokio::time::timeout(inner.time_left(asked), flight.clone().lock_owned()).await
+        else {
+            return Err(timed_out(&inner));
+        };
+        let now = Instant::now();
+        let looked = slots.with_flight(&key, &flight, |pool| {
+            if let Some(state) = pool.take(cost, now) {
+                return Looked::Taken(state);
             }
+            if pool.flights != seen {
+                // A flight ended while this request waited: share its answer.
+                match pool.last.as_deref() {
+                    Some(Outcome::Denied(left, d, at)) if cost > *left => {
+                        return Looked::Denied(d.clone().aged(now.saturating_duration_since(*at)));
+                    }
+                    Some(Outcome::Failed(e)) => return Looked::Failed(copy(e)),
+                    _ => {}
+                }
+            }
+            Looked::Reserve
+        });
+        match looked {
+            Some(Looked::Taken(state)) => return Ok(inner.reserved_decision(state, cost)),
+            Some(Looked::Denied(d)) => {
+                metrics::decision(&d, true);
+                return Ok(d);
+            }
+            Some(Looked::Failed(e)) => {
+                metrics::store_error(std::iter::once(inner.policies.metric_keys(0)));
+                return Err(e);
+            }
+            Some(Looked::Reserve) => break (flight, guard),
+            // The entry was dropped while this request waited (a reset: a
+            // key in a flight is never evicted), and what its flight got
+            // was kept nowhere. The request joins the key's new entry and
+            // its single flight, rather than each waiter reserving for
+            // itself a grant that no one would keep.
+            None => continue,
         }
-        Looked::Reserve
-    });
-    match looked.unwrap_or(Looked::Reserve) {
-        Looked::Taken(state) => return Ok(inner.reserved_decision(state, cost)),
-        Looked::Denied(d) => {
-            metrics::decision(&d, true);
-            return Ok(d);
-        }
-        Looked::Failed(e) => {
-            metrics::store_error(std::iter::once(inner.policies.metric_keys(0)));
-            return Err(e);
-        }
-        Looked::Reserve => {}
-    }
+    };
     if inner.time_left(asked).is_zero() {
         // No time to wait for a call of its own: none is made.
         return Err(timed_out(&inner));
