@@ -388,6 +388,36 @@ async fn refund_gives_a_reserved_unit_back_to_the_reservation() {
     assert_eq!(counter(&server, &l).await, 10);
 }
 
+/// A shadow limit's denial admits the request but spends nothing, in Redis
+/// or in the reservation: refunding it gives nothing back to the
+/// reservation, and the next request is shadow-denied too.
+#[tokio::test]
+async fn refunding_a_shadow_denial_gives_nothing_to_the_reservation() {
+    let server = RedisServer::start();
+    let l = Limiter::builder("12/60s".parse().unwrap())
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .shadow(true)
+        .local_reservation(10)
+        .build()
+        .unwrap();
+    // The 12 units, then a shadow denial: admitted, spending nothing.
+    for i in 0..12 {
+        let d = l.check(KEY, 1).await.unwrap();
+        assert!(d.is_allowed() && !d.is_shadow_denied(), "check {i}: {d:?}");
+    }
+    let denied = l.check(KEY, 1).await.unwrap();
+    assert!(
+        denied.is_allowed() && denied.is_shadow_denied(),
+        "{denied:?}"
+    );
+    assert_eq!(counter(&server, &l).await, 12);
+    l.refund(KEY, &denied).await.unwrap();
+    let next = l.check(KEY, 1).await.unwrap();
+    assert!(next.is_shadow_denied(), "{next:?}");
+    assert_eq!(counter(&server, &l).await, 12);
+}
+
 #[tokio::test]
 async fn reset_drops_the_reservation_and_a_refund_does_not_revive_it() {
     let server = RedisServer::start();

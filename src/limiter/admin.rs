@@ -151,6 +151,9 @@ impl Limiter {
     ///   [`peek`](Self::peek), a cached denial) refunds nothing, without a
     ///   store call. Otherwise it is one atomic store call (in process for
     ///   the [`MemoryStore`]), bounded by the [timeout](super::LimiterBuilder::timeout).
+    ///   A limit that denied in [shadow](super::LimiterBuilder::shadow) mode
+    ///   spent nothing and gets nothing back, in the store or a
+    ///   [local reservation](super::LimiterBuilder::local_reservation).
     /// - **Not idempotent**: refunding the same decision twice gives its cost
     ///   back twice (within the bounds above). Refund each decision once.
     /// - A decision from another limiter is [`Error::ForeignDecision`]; store
@@ -315,11 +318,16 @@ impl Limiter {
 
     /// With reservations, gives an admitted decision's cost back to the
     /// reservation of the window it spent, if this limiter still holds one:
-    /// the window ended (locally) `reset` after the decision.
+    /// the window ended (locally) `reset` after the decision. Only if its
+    /// limit admitted it: a shadow limit's denial admits the request and
+    /// spends nothing, in the store or the reservation.
     fn gave_back(&self, keys: &[&[u8]], decision: &Decision, at: tokio::time::Instant) -> bool {
         let (Some(reservations), Some(spent)) = (&self.inner.reservations, decision.spent()) else {
             return false;
         };
+        if !decision.state_of(0).allowed {
+            return false;
+        }
         let end = at + Duration::from_millis(decision.state_of(0).reset_ms);
         let half_window = Duration::from_millis(self.quota().window_ms() / 2);
         reservations.give_back(&self.key_of(0, keys[0]), spent.cost, end, half_window)
