@@ -669,6 +669,53 @@ async fn requests_waiting_on_a_flight_through_a_reset_share_one_new_reserve_call
     assert_eq!((store.calls(), store.count()), (2, 40));
 }
 
+/// A refill ahead that finds the store spent caches its denial, for the
+/// requests that run short next; but not one answered after a reset
+/// dropped its key: the client starts afresh, not denied from the cache.
+/// Paused time: a sleep returns once every other task has run.
+#[tokio::test(start_paused = true)]
+async fn a_refills_denial_answered_after_a_reset_is_not_cached() {
+    let store = Gated::new(4, true);
+    let l = gated(&store, 4);
+    // The 4 units reserved, 3 held.
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    store.open(false);
+    // The last one held: a refill ahead, which finds the store spent.
+    for _ in 0..3 {
+        assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    store.made(2).await;
+    l.reset(KEY).await.unwrap();
+    store.open(true);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let d = l.check(KEY, 1).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!((store.calls(), store.count()), (3, 4));
+}
+
+/// As a refill's, a request's denial answered after a reset dropped its
+/// key is the request's answer, and is not cached for those after it.
+#[tokio::test]
+async fn a_requests_denial_answered_after_a_reset_is_not_cached() {
+    let store = Gated::new(4, true);
+    let l = gated(&store, 4);
+    assert!(l.check(KEY, 4).await.unwrap().is_allowed());
+    store.open(false);
+    let denied = tokio::spawn({
+        let l = l.clone();
+        async move { l.check(KEY, 1).await }
+    });
+    store.made(2).await;
+    l.reset(KEY).await.unwrap();
+    store.open(true);
+    // Asked before the reset: denied.
+    let d = denied.await.unwrap().unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    let d = l.check(KEY, 1).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!((store.calls(), store.count()), (3, 4));
+}
+
 /// Requests queued for a hot key's single flight behind a slow store follow
 /// the store-error path within the timeout: each reserve call takes 150 ms
 /// of a 200 ms timeout, and with `n = 1` every request reserves, so four

@@ -222,7 +222,8 @@ impl LimiterBuilder {
     ///   units each.
     /// - A denial is the store's: `Retry-After` is the window's time left,
     ///   and it goes to the [deny cache](crate::Limiter#the-local-deny-cache)
-    ///   as ever. Store errors, the timeout and the
+    ///   as ever, unless a [`reset`](Limiter::reset) dropped the key's
+    ///   reservation while the call was on its way. Store errors, the timeout and the
     ///   [circuit breaker](crate::Breaker) apply to reserve calls as to
     ///   checks: a failing store never admits more than the units already
     ///   reserved, and never after their window ends. The

@@ -519,16 +519,12 @@ async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
     // was after this instant: counting from here ends the local units first.
     let sent = Instant::now();
     let reply = probe.call(store.reserve(check, cost, want), sent).await;
-    let ended = |last: Outcome, left: Option<u64>| {
-        back.with(|pool| {
-            pool.flights += 1;
-            pool.left = left.unwrap_or(pool.left);
-            pool.last = Some(Box::new(last));
-        });
-    };
     let flown = match reply {
         Err(e) => {
-            ended(Outcome::Failed(copy(&e)), None);
+            back.with(|pool| {
+                pool.flights += 1;
+                pool.last = Some(Box::new(Outcome::Failed(copy(&e))));
+            });
             Flown {
                 result: Err(e),
                 held: None,
@@ -543,13 +539,21 @@ async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
                 reset_ms: r.window_left_ms,
                 retry_ms: r.window_left_ms,
             };
-            let result = inner.conclude([state].into(), cost, cache_key, Some(Stamp::Local(sent)));
+            let result = inner.conclude([state].into(), cost, None, Some(Stamp::Local(sent)));
             if let Ok(d) = &result {
                 let at = Instant::now();
-                ended(
-                    Outcome::Denied(r.remaining, d.clone(), at),
-                    Some(r.remaining),
-                );
+                back.with(|pool| {
+                    // Cached only while the key's entry lives, under its
+                    // lock: a reset drops the entry, then clears the cache
+                    // once the store has forgotten the key, so a denial of
+                    // the counter it deleted is never left cached.
+                    if let (Some(cache), Some(key)) = (&inner.deny_cache, &cache_key) {
+                        cache.insert(key.as_bytes(), cost, d);
+                    }
+                    pool.flights += 1;
+                    pool.left = r.remaining;
+                    pool.last = Some(Box::new(Outcome::Denied(r.remaining, d.clone(), at)));
+                });
             }
             Flown { result, held: None }
         }
@@ -620,7 +624,8 @@ impl Drop for Refilling {
 /// the flight within one timeout (a refill that gets no time gives up:
 /// requests that run short reserve themselves), and for the call's answer
 /// a whole timeout from sending it, as [`fly`] does. A denial goes
-/// to the deny cache, for the requests that run short next. An error keeps
+/// to the deny cache, for the requests that run short next, unless a reset
+/// dropped the key meanwhile. An error keeps
 /// nothing and answers no one: requests that then run short reserve
 /// themselves and get the store's answer (the breaker and the metrics have
 /// recorded it).
@@ -668,24 +673,24 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         pool.left = r.remaining;
         if r.granted > 0 {
             pool.grant(&r, 0, sent);
+        } else if let Some(cache) = &inner.deny_cache {
+            // The store is spent: the requests that run short next are
+            // denied from the deny cache, as after any denial, rather than
+            // each asking again. Only while the key's entry lives, under
+            // its lock: a reset drops the entry, then clears the cache once
+            // the store has forgotten the key, so a denial of the counter
+            // it deleted is never left cached.
+            let state = LimitState {
+                allowed: false,
+                remaining: r.remaining,
+                reset_ms: r.window_left_ms,
+                retry_ms: r.window_left_ms,
+            };
+            let d = Decision::new([state], inner.policies_here()).with_spent(1, Stamp::Local(sent));
+            // `key` is the check's store key: the deny cache's for one limit.
+            cache.insert(key, 1, &d);
         }
     });
-    if r.granted == 0
-        && let Some(cache) = &inner.deny_cache
-    {
-        // The store is spent: the requests that run short next are
-        // denied from the deny cache, as after any denial, rather than
-        // each asking again.
-        let state = LimitState {
-            allowed: false,
-            remaining: r.remaining,
-            reset_ms: r.window_left_ms,
-            retry_ms: r.window_left_ms,
-        };
-        let d = Decision::new([state], inner.policies_here()).with_spent(1, Stamp::Local(sent));
-        // `key` is the check's store key: the deny cache's for one limit.
-        cache.insert(key, 1, &d);
-    }
 }
 
 /// A request whose timeout ended before the store answered it:
