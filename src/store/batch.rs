@@ -294,14 +294,18 @@ async fn run<C: Batched>(
         if room > 0 && !queue.is_empty() {
             queue.recv_many(&mut jobs, room).await;
         }
-        // A stale router is read again, by the round's earliest deadline.
+        // A stale router is read again, by the round's earliest deadline
+        // and the queue's next sweep. A sweep due at or before now bounds
+        // nothing (it is set only while the task waits for a permit, and
+        // left behind once the burst ends): it would leave the read no time.
         let doubt = stale.swap(Doubt::None as u8, Ordering::Relaxed);
         let reread = doubt == Doubt::Failed as u8;
         let until = reread
             .then(|| {
+                let now = Instant::now();
                 earliest(
                     jobs.iter().filter_map(|job| job.waiter.due()).min(),
-                    sweep.next,
+                    sweep.next.filter(|next| *next > now),
                 )
             })
             .flatten();
@@ -382,7 +386,8 @@ enum Doubt {
     /// their deadlines.
     TimedOut = 1,
     /// A call failed (`MOVED`, `CROSSSLOT`, a lost connection): the router
-    /// is read again before the next round.
+    /// is read again before the next round (in the background at once, if
+    /// it cannot be read by the round's earliest deadline).
     Failed = 2,
 }
 

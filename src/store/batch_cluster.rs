@@ -1,7 +1,8 @@
 //! Batching on a Redis Cluster: a round's requests grouped by the node that
 //! holds their hash slot, from a slot map the batching task reads with
 //! `CLUSTER SLOTS` (in the background every `ROUTER_AGE`, and before the next
-//! round after a failed call).
+//! round after a failed call, or in the background at once if it cannot be
+//! read before that round's requests are due).
 //!
 //! A script call may only declare keys of one hash slot, so grouping by slot
 //! alone sent about one request per call when clients spread over many

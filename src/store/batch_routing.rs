@@ -15,8 +15,9 @@ use super::{Batched, ROUTER_AGE};
 
 /// The router a batching task groups by: read again every [`ROUTER_AGE`]
 /// in the background, so that no round waits for it; at once (bounded by
-/// [`ROUTER_WAIT`]) after a failed call; and in the background at once
-/// after a call whose requests all timed out (its node may be the one
+/// [`ROUTER_WAIT`]) after a failed call, or in the background at once if
+/// it could not be read by the round's deadline; and in the background at
+/// once after a call whose requests all timed out (its node may be the one
 /// that does not answer, and `CLUSTER SLOTS` may go to it).
 pub(super) struct Routing<R> {
     router: Arc<R>,
@@ -39,7 +40,9 @@ impl<R: Default + Send + Sync + 'static> Routing<R> {
 
     /// The router for the next round: read now if `stale` (waiting at most
     /// until `until`, the round's earliest deadline), else the newest one
-    /// (and a background read started once it is old, or `doubtful`).
+    /// (and a background read started once it is old, or `doubtful`, or
+    /// `stale` but not read in time: otherwise the stale router would be
+    /// used until it is old).
     pub(super) async fn current<C: Batched<Router = R>>(
         &mut self,
         conn: &C,
@@ -48,12 +51,17 @@ impl<R: Default + Send + Sync + 'static> Routing<R> {
         until: Option<Instant>,
     ) -> Arc<R> {
         let now = tokio::time::Instant::now();
-        if stale && let Some(router) = read_router(conn, until).await {
+        let read = match stale {
+            true => read_router(conn, until).await,
+            false => None,
+        };
+        let late = stale && read.is_none();
+        if let Some(router) = read {
             (self.router, self.read_at) = (router, now);
         } else if let Some(router) = lock(&self.fresh).take() {
             self.router = router;
         }
-        let due = doubtful || self.read_at.elapsed() >= ROUTER_AGE;
+        let due = doubtful || late || self.read_at.elapsed() >= ROUTER_AGE;
         if due && !self.reading.swap(true, Ordering::Relaxed) {
             self.read_at = now;
             let (conn, fresh, reading) = (conn.clone(), self.fresh.clone(), self.reading.clone());
