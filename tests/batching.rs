@@ -303,3 +303,101 @@ async fn an_answered_extra_call_lets_waiting_requests_go() {
     }
     server.assert_every_key_has_ttl().await;
 }
+
+/// A current-thread runtime, as each of actix-web's workers runs.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A limiter of 1,000 a minute with `timeout`, on a store connected on
+/// `io`, a multi-thread runtime whose threads keep its connection's I/O
+/// going (as actix-web's system runtime, which runs no handler, does for a
+/// store connected at startup).
+fn limiter_on(server: &RedisServer, io: &tokio::runtime::Runtime, timeout: Duration) -> Limiter {
+    Limiter::builder("1000/1m".parse().unwrap())
+        .store(io.block_on(server.store()))
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+/// Two current-thread runtimes on threads of their own share a limiter,
+/// as actix-web's workers do, and the batching task lives on the runtime
+/// of the store's first check (A). While a handler blocks A's thread, a
+/// check on the other (B) still ends by its timeout. Before, the batching
+/// task was the only timer of a queued request, and B's check waited for
+/// A to unblock (2 s).
+#[test]
+fn a_check_ends_by_its_timeout_while_the_batching_tasks_runtime_is_blocked() {
+    const BLOCKED: Duration = Duration::from_secs(2);
+    const TIMEOUT: Duration = Duration::from_millis(200);
+    let server = RedisServer::start();
+    let io = tokio::runtime::Runtime::new().unwrap();
+    let limiter = limiter_on(&server, &io, TIMEOUT);
+    let b = current_thread();
+    let (blocking, blocked) = std::sync::mpsc::channel();
+    let a = std::thread::spawn({
+        let limiter = limiter.clone();
+        move || {
+            current_thread().block_on(async {
+                assert!(limiter.check("a", 1).await.unwrap().is_allowed());
+                blocking.send(()).unwrap();
+                // A handler that blocks its worker's thread.
+                std::thread::sleep(BLOCKED);
+            });
+        }
+    });
+    blocked.recv().unwrap();
+    let (result, took) = b.block_on(async {
+        let start = Instant::now();
+        (limiter.check("b", 1).await, start.elapsed())
+    });
+    a.join().unwrap();
+    assert!(
+        took < Duration::from_millis(500),
+        "a check with a timeout of {TIMEOUT:?} ended in {took:?}: {result:?}"
+    );
+    assert!(
+        matches!(result, Err(redis_ratelimit::Error::Timeout(t)) if t == TIMEOUT),
+        "{result:?}"
+    );
+}
+
+/// The batching task goes with its runtime: once the runtime of the
+/// store's first check (A) is dropped, concurrent checks on another (B)
+/// share script calls again, through a task started on B. Before, the
+/// store kept the dead task's queue, and every check went in a call of its
+/// own for as long as the store lived.
+#[test]
+fn checks_are_batched_again_once_the_batching_tasks_runtime_is_gone() {
+    let server = RedisServer::start();
+    let io = tokio::runtime::Runtime::new().unwrap();
+    let limiter = limiter_on(&server, &io, support::TEST_TIMEOUT);
+    let b = current_thread();
+    std::thread::spawn({
+        let limiter = limiter.clone();
+        move || {
+            current_thread().block_on(async {
+                assert!(limiter.check("a", 1).await.unwrap().is_allowed());
+            });
+        }
+    })
+    .join()
+    .unwrap();
+    b.block_on(async {
+        assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+        let before = server.script_calls().await;
+        let keys = ["a", "b", "c", "d"];
+        let decisions = join_all((0..400).map(|i| limiter.check(keys[i % 4], 1))).await;
+        let calls = server.script_calls().await - before;
+        assert!(decisions.iter().all(|d| d.as_ref().unwrap().is_allowed()));
+        assert!(
+            calls < 100,
+            "{calls} script calls for 400 concurrent decisions"
+        );
+        server.assert_every_key_has_ttl().await;
+    });
+}

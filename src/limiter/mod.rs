@@ -325,8 +325,7 @@ impl Limiter {
         match redis {
             Some(redis) => {
                 let deadline = Deadline::after(inner.timeout);
-                let states = redis.decide_states(checks, cost, deadline);
-                let bounded = states.bounded(deadline);
+                let (states, bounded) = redis.decide_states(checks, cost, deadline);
                 probe.settling(states, bounded, cost, cache_key, span)
             }
             None => {

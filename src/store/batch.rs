@@ -28,6 +28,19 @@
 //! timed out is dropped, so a Redis that never answers holds no round's
 //! permit past their deadlines.
 //!
+//! That holds while the task runs. It runs on the Tokio runtime of the
+//! store's first check, and a runtime can stop running it:
+//!
+//! * a handler that blocks the thread of a current-thread runtime (each of
+//!   actix-web's workers has one) holds up every task of that runtime. So a
+//!   request counts on the task for its deadline only when the task runs on
+//!   a multi-thread runtime (whose other workers go on running it, as a
+//!   rule), or on the request's own runtime (which then runs, since it
+//!   polls the request); a request from another runtime keeps a timer of
+//!   its own, on its own runtime ([`Batcher::submit`]);
+//! * a runtime that is dropped drops the task: the next request finds its
+//!   queue closed and starts a task again, on its own runtime.
+//!
 //! Calls go out on long-lived tasks (`batch_lanes.rs`), one for each call
 //! that may be in flight, not a task spawned per call, which cost a call
 //! about 3,000 instructions.
@@ -43,10 +56,16 @@ use std::{
     time::Duration,
 };
 
+use arc_swap::{ArcSwapOption, Guard};
 use redis::aio::ConnectionLike;
 use smallvec::{SmallVec, smallvec};
 use tokio::{
-    sync::{Semaphore, mpsc, oneshot},
+    runtime::{Handle, RuntimeFlavor},
+    sync::{
+        Semaphore,
+        mpsc::{self, error::TrySendError},
+        oneshot,
+    },
     time::Instant,
 };
 
@@ -156,10 +175,26 @@ impl Batched for super::redis::SentinelMaster {
     fn group(_: &(), _: &[LimitCheck], _: u64) {}
 }
 
-/// The handle to a connection's batching task, started on first use.
+/// The handle to a connection's batching task, started on first use, and
+/// again on the runtime of a later request once the task's own runtime is
+/// gone.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Batcher {
-    link: Arc<OnceLock<Link>>,
+    links: Arc<Links>,
+}
+
+/// The ways to a connection's batching tasks: the first, and the one
+/// started last after the first one's runtime was gone.
+///
+/// The first is a `OnceLock`, which a request reads with one load, as
+/// before: a task that another runtime must take over (a runtime dropped
+/// while the store lives on) is rare, and a request pays for the swappable
+/// `later` (its load writes a slot of this thread's, and the failed send
+/// to the first task before it) only once that has happened.
+#[derive(Debug, Default)]
+struct Links {
+    first: OnceLock<Link>,
+    later: ArcSwapOption<Link>,
 }
 
 /// The way to a running batching task.
@@ -168,44 +203,122 @@ struct Link {
     queue: mpsc::Sender<Job>,
     shortest: Arc<Shortest>,
     fill: Arc<Fill>,
+    host: Host,
+}
+
+/// What the runtime a batching task runs on says of the task's deadlines.
+#[derive(Debug, Clone, Copy)]
+enum Host {
+    /// A multi-thread runtime: a handler that blocks one of its workers
+    /// leaves the others to run the task (as a rule: Tokio's workers do not
+    /// steal the one task a worker keeps in its LIFO slot), which answers
+    /// every request by its deadline.
+    Shared,
+    /// A current-thread runtime (this one, by its id): a handler that
+    /// blocks its thread holds the task up, so that only the runtime's own
+    /// requests may count on the task for their deadlines.
+    Alone(tokio::runtime::Id),
+}
+
+impl Host {
+    fn of(runtime: &Handle) -> Self {
+        match runtime.runtime_flavor() {
+            RuntimeFlavor::CurrentThread => Host::Alone(runtime.id()),
+            _ => Host::Shared,
+        }
+    }
+
+    /// Whether a request asked here gets its answer by its deadline from
+    /// the task alone.
+    fn bounds_here(self) -> bool {
+        match self {
+            Host::Shared => true,
+            // On the task's runtime, which runs (it polls the request);
+            // with no runtime here for a timer, the task's is the only one.
+            Host::Alone(id) => Handle::try_current().map_or(true, |here| here.id() == id),
+        }
+    }
+}
+
+impl Link {
+    /// A link to a task not yet started on `runtime`, and the task's queue.
+    fn new<C: Batched>(runtime: &Handle) -> (Self, mpsc::Receiver<Job>) {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        let link = Link {
+            queue,
+            shortest: Arc::new(Shortest::new()),
+            fill: Arc::new(Fill::new(C::FILLS)),
+            host: Host::of(runtime),
+        };
+        (link, rx)
+    }
+
+    /// Starts the task of a link from [`new`](Self::new) on `runtime`.
+    fn spawn<C: Batched>(&self, queue: mpsc::Receiver<Job>, conn: &C, runtime: &Handle) {
+        let (shortest, fill) = (self.shortest.clone(), self.fill.clone());
+        runtime.spawn(run(queue, conn.clone(), shortest, fill));
+    }
+
+    /// A link to a task started on `runtime`.
+    fn start<C: Batched>(conn: &C, runtime: &Handle) -> Self {
+        let (link, queue) = Self::new::<C>(runtime);
+        link.spawn(queue, conn, runtime);
+        link
+    }
+
+    /// Queues `job`, or hands it back.
+    fn send(&self, job: Job) -> Sending {
+        if let Some(deadline) = job.waiter.deadline {
+            self.shortest.note(deadline);
+        }
+        match self.queue.try_send(job) {
+            Ok(()) => {
+                let queue = &self.queue;
+                self.fill.queued(queue.max_capacity() - queue.capacity());
+                Sending::Queued
+            }
+            Err(TrySendError::Full(job)) => Sending::Full(job),
+            Err(TrySendError::Closed(job)) => Sending::Gone(job),
+        }
+    }
+}
+
+/// What became of a request sent to a task ([`Link::send`]).
+enum Sending {
+    Queued,
+    /// Handed back: the queue is full.
+    Full(Job),
+    /// Handed back: the task is gone, with its runtime.
+    Gone(Job),
 }
 
 impl Batcher {
     /// The same for every clone of this batcher (of one store).
     pub(super) fn instance(&self) -> usize {
-        Arc::as_ptr(&self.link) as *const () as usize
+        Arc::as_ptr(&self.links) as *const () as usize
     }
 
     /// Queues a request, or hands it back when it cannot be batched (no
-    /// Tokio runtime to run the task, the task gone, or the queue full).
-    /// With a `deadline`, the answer comes by it.
+    /// Tokio runtime to run the task, or the queue full). With a
+    /// `deadline`, the task answers by it, and with the answer comes
+    /// whether the request may count on that alone: it has a deadline, and
+    /// the task runs on a multi-thread runtime or on the request's own
+    /// (see the module docs). Otherwise the caller keeps a timer of its
+    /// own.
     pub(super) fn submit<C: Batched>(
         &self,
         conn: &C,
         checks: Checks,
         cost: u64,
         deadline: Option<Deadline>,
-    ) -> Result<Answer, (Checks, u64)> {
-        let link = match self.link.get() {
+    ) -> Result<(Answer, bool), (Checks, u64)> {
+        let link = match self.links.first.get() {
             Some(link) => link,
-            None => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => self.link.get_or_init(|| {
-                    let (queue, rx) = mpsc::channel(QUEUE);
-                    let shortest = Arc::new(Shortest::new());
-                    let fill = Arc::new(Fill::new(C::FILLS));
-                    runtime.spawn(run(rx, conn.clone(), shortest.clone(), fill.clone()));
-                    Link {
-                        queue,
-                        shortest,
-                        fill,
-                    }
-                }),
+            None => match Handle::try_current() {
+                Ok(runtime) => self.links.first.get_or_init(|| Link::start(conn, &runtime)),
                 Err(_) => return Err((checks, cost)),
             },
         };
-        if let Some(deadline) = deadline {
-            link.shortest.note(deadline);
-        }
         let (reply, answer) = oneshot::channel();
         let job = Job {
             checks,
@@ -215,23 +328,67 @@ impl Batcher {
                 deadline,
             },
         };
-        match link.queue.try_send(job) {
-            Ok(()) => {
-                let queue = &link.queue;
-                link.fill.queued(queue.max_capacity() - queue.capacity());
-                Ok(Answer { answer })
+        let host = match link.send(job) {
+            Sending::Queued => link.host,
+            Sending::Gone(job) => self.again(conn, job)?,
+            Sending::Full(job) => return Err((job.checks, job.cost)),
+        };
+        let bounded = deadline.is_some() && host.bounds_here();
+        Ok((Answer { answer }, bounded))
+    }
+
+    /// Queues `job` for the task started after the first one's runtime was
+    /// gone (dropped, and the task with it), starting one on this runtime
+    /// if there is none or its runtime is gone too; the runtime the job's
+    /// task runs on.
+    fn again<C: Batched>(&self, conn: &C, job: Job) -> Result<Host, (Checks, u64)> {
+        let later = self.links.later.load();
+        let job = match &*later {
+            Some(link) => match link.send(job) {
+                Sending::Queued => return Ok(link.host),
+                Sending::Gone(job) => job,
+                Sending::Full(job) => return Err((job.checks, job.cost)),
+            },
+            None => job,
+        };
+        let Ok(runtime) = Handle::try_current() else {
+            return Err((job.checks, job.cost));
+        };
+        let (link, queue) = Link::new::<C>(&runtime);
+        let link = Arc::new(link);
+        let before = self
+            .links
+            .later
+            .compare_and_swap(&later, Some(link.clone()));
+        let link = match same(&before, &later) {
+            true => {
+                link.spawn(queue, conn, &runtime);
+                link
             }
-            Err(e) => {
-                let job = e.into_inner();
-                Err((job.checks, job.cost))
-            }
+            // Another request started one first: this job goes to it.
+            false => match Guard::into_inner(before) {
+                Some(link) => link,
+                None => return Err((job.checks, job.cost)),
+            },
+        };
+        match link.send(job) {
+            Sending::Queued => Ok(link.host),
+            Sending::Full(job) | Sending::Gone(job) => Err((job.checks, job.cost)),
         }
+    }
+}
+
+/// Whether two loads of [`Links::later`] found the same link.
+fn same(a: &Option<Arc<Link>>, b: &Option<Arc<Link>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (a, b) => a.is_none() && b.is_none(),
     }
 }
 
 /// A queued request's answer, from the batching task: by the request's
 /// [`Deadline`], if it had one (a timeout then), so that the caller needs no
-/// timer.
+/// timer, where [`Batcher::submit`] says so.
 pub(crate) struct Answer {
     answer: oneshot::Receiver<Reply>,
 }

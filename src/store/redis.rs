@@ -368,13 +368,18 @@ impl RedisStore {
     /// [`Store::decide`] for the crate's [`Limiter`](crate::Limiter): the
     /// checks inline when there is one, and a batched request's answer
     /// unboxed, straight from the batching task, which answers a timeout
-    /// at `deadline` ([`StoreReply::bounded`]).
+    /// at `deadline`. With it, whether the reply comes by `deadline` (a
+    /// timeout then), so that the caller needs no timer of its own: a
+    /// batched request's does, unless the batching task runs on another
+    /// current-thread runtime, which a blocking handler may hold up
+    /// ([`Batcher::submit`]). Kept beside the reply, not in it, which would
+    /// grow every decision in flight by a word.
     pub(crate) fn decide_states(
         &self,
         checks: Checks,
         cost: u64,
         deadline: Option<Deadline>,
-    ) -> StoreReply {
+    ) -> (StoreReply, bool) {
         let submitted = match &self.backend {
             Backend::Manager(manager) => self.batcher.submit(manager, checks, cost, deadline),
             #[cfg(feature = "cluster")]
@@ -386,8 +391,11 @@ impl RedisStore {
             _ => Err((checks, cost)),
         };
         match submitted {
-            Ok(answer) => StoreReply::Batched(answer),
-            Err((checks, cost)) => StoreReply::Alone(self.decide_one(checks.into_vec(), cost)),
+            Ok((answer, bounded)) => (StoreReply::Batched(answer), bounded),
+            Err((checks, cost)) => {
+                let reply = self.decide_one(checks.into_vec(), cost);
+                (StoreReply::Alone(reply), false)
+            }
         }
     }
 }
@@ -409,15 +417,6 @@ impl StoreReply {
                 .await
                 .map(|states| (States::from_vec(states), Ends::none()))
         }))
-    }
-}
-
-impl StoreReply {
-    /// Whether it comes by `deadline`, the one it was asked with (a timeout
-    /// then), so that the caller needs no timer of its own: a batched
-    /// request's does.
-    pub(crate) fn bounded(&self, deadline: Option<Deadline>) -> bool {
-        matches!(self, StoreReply::Batched(_)) && deadline.is_some()
     }
 }
 
@@ -485,7 +484,7 @@ impl Store for RedisStore {
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
         // Unbounded: the caller keeps its own timer.
-        match self.decide_states(checks.into(), cost, None) {
+        match self.decide_states(checks.into(), cost, None).0 {
             StoreReply::Batched(answer) => {
                 Box::pin(async move { answer.await.map(|(states, _)| states.into_vec()) })
             }
