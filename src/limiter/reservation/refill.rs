@@ -1,0 +1,127 @@
+//! The refill that runs behind a busy key's requests
+//! ([`refill_behind`]): `n` more units, reserved in the key's single flight
+//! before the key runs dry.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::{
+    Decision, LimitState,
+    breaker::Pass,
+    decision::Stamp,
+    limiter::{Inner, deciding::ProbeGuard},
+    store::{LimitCheck, Store},
+};
+
+/// Starts refilling `check`'s key in the background, for the request that
+/// [`Reservations::take`] named: `n` more units, so that a busy key is
+/// topped up before it runs dry and its requests need not wait. Without a
+/// Tokio runtime to run it, nothing is refilled ahead (requests then
+/// reserve as they run short, as ever).
+///
+/// [`Reservations::take`]: super::Reservations::take
+pub(in crate::limiter) fn refill_behind(
+    inner: &Arc<Inner>,
+    store: &Arc<dyn Store>,
+    check: LimitCheck,
+) {
+    let refilling = Refilling {
+        inner: inner.clone(),
+        key: check.key.clone().into_bytes(),
+    };
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(refill(refilling, store.clone(), check));
+    }
+}
+
+/// A refill on its way: clears the key's `refilling` flag when it ends,
+/// or is dropped unfinished (a runtime shutting down).
+struct Refilling {
+    inner: Arc<Inner>,
+    key: Vec<u8>,
+}
+
+impl Drop for Refilling {
+    fn drop(&mut self) {
+        if let Some(r) = &self.inner.reservations {
+            r.slots.with(&self.key, |pool| pool.refilling = false);
+        }
+    }
+}
+
+/// One refill: in the key's single flight, reserves `n` more units (so a
+/// key holds fewer than `n + n / 4`), if the breaker lets it, waiting for
+/// the flight within one timeout (a refill that gets no time gives up:
+/// requests that run short reserve themselves), and for the call's answer
+/// a whole timeout from sending it, as [`fly`] does. A denial goes
+/// to the deny cache, for the requests that run short next, unless a reset
+/// dropped the key meanwhile. An error keeps
+/// nothing and answers no one: requests that then run short reserve
+/// themselves and get the store's answer (the breaker and the metrics have
+/// recorded it).
+///
+/// [`fly`]: super::flight::fly
+async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) {
+    let asked = Instant::now();
+    let inner = refilling.inner.clone();
+    let reservations = inner
+        .reservations
+        .as_ref()
+        .expect("a limiter with reservations");
+    let (slots, key) = (&reservations.slots, &refilling.key);
+    let (flight, ()) = slots.entry(key, |_| ());
+    let Ok(_flight) = tokio::time::timeout(inner.time_left(asked), flight.lock()).await else {
+        return;
+    };
+    let low = reservations.low_water();
+    let full = slots.with_flight(key, &flight, |pool| {
+        pool.live(Instant::now()) && pool.units >= low
+    });
+    if full != Some(false) || inner.time_left(asked).is_zero() {
+        // Refilled meanwhile, by a request that ran short; dropped; or no
+        // time left for the call.
+        return;
+    }
+    let domain = crate::breaker::domain(store.fault_domain(&check.key));
+    let pass = inner.breaker.pass(domain);
+    if pass == Pass::Open {
+        return;
+    }
+    let probe = ProbeGuard {
+        inner: inner.clone(),
+        domain,
+        pass,
+        settled: false,
+    };
+    // A whole timeout from sending, as a request's flight ([`fly`]).
+    let sent = Instant::now();
+    let Ok(r) = probe
+        .call(store.reserve(check, 1, reservations.n), sent)
+        .await
+    else {
+        return;
+    };
+    slots.with_flight(key, &flight, |pool| {
+        pool.left = r.remaining;
+        if r.granted > 0 {
+            pool.grant(&r, 0, sent);
+        } else if let Some(cache) = &inner.deny_cache {
+            // The store is spent: the requests that run short next are
+            // denied from the deny cache, as after any denial, rather than
+            // each asking again. Only while the key's entry lives, under
+            // its lock: a reset drops the entry, then clears the cache once
+            // the store has forgotten the key, so a denial of the counter
+            // it deleted is never left cached.
+            let state = LimitState {
+                allowed: false,
+                remaining: r.remaining,
+                reset_ms: r.window_left_ms,
+                retry_ms: r.window_left_ms,
+            };
+            let d = Decision::new([state], inner.policies_here()).with_spent(1, Stamp::Local(sent));
+            // `key` is the check's store key: the deny cache's for one limit.
+            cache.insert(key, 1, &d);
+        }
+    });
+}
