@@ -438,3 +438,45 @@ async fn a_refund_after_a_reset_never_credits_the_new_window() {
         );
     }
 }
+
+/// A store of your own that keeps checks and nothing else: it cannot
+/// refund (the `Store` trait's default answers `Unsupported`).
+#[derive(Debug, Default)]
+struct NoRefunds(redis_ratelimit::MemoryStore);
+
+impl redis_ratelimit::Store for NoRefunds {
+    fn decide(
+        &self,
+        checks: Vec<redis_ratelimit::store::LimitCheck>,
+        cost: u64,
+    ) -> redis_ratelimit::store::BoxFuture<
+        'static,
+        Result<Vec<redis_ratelimit::store::LimitState>, Error>,
+    > {
+        self.0.decide(checks, cost)
+    }
+}
+
+/// A shadow limit's denial admits the request and spends nothing: its
+/// refund makes no store call. (It called `Store::refund` with no refund
+/// in it, which a store that cannot refund answered with an error.)
+#[tokio::test]
+async fn a_shadow_denials_refund_asks_the_store_nothing() {
+    let l = Limiter::builder("1/1m".parse().unwrap())
+        .store(NoRefunds::default())
+        .shadow(true)
+        .build()
+        .unwrap();
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    let d = l.check("k", 1).await.unwrap();
+    assert!(d.is_allowed() && d.is_shadow_denied(), "{d:?}");
+    l.refund("k", &d)
+        .await
+        .unwrap_or_else(|e| panic!("a refund of nothing spent: {e}"));
+    // The admitted request's refund does need the store.
+    let admitted = l.check("other", 1).await.unwrap();
+    assert!(matches!(
+        l.refund("other", &admitted).await,
+        Err(Error::Unsupported("refund"))
+    ));
+}

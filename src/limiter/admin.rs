@@ -303,7 +303,13 @@ impl Limiter {
                             None => refund,
                         }
                     })
-                    .collect();
+                    .collect::<Vec<_>>();
+                if refunds.is_empty() {
+                    // No limit spent (a shadow limit's denial admits, and
+                    // spends nothing): no store call, which a store that
+                    // cannot refund would answer with an error.
+                    return Ok(RefundWork::Nothing);
+                }
                 let cache_key = inner.deny_cache.as_ref().map(|_| self.cache_key(keys));
                 Ok(RefundWork::Store(
                     store.clone(),
