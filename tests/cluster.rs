@@ -253,9 +253,10 @@ async fn a_stale_slot_map_fails_its_call_then_recovers() {
 #[tokio::test]
 async fn a_stale_slot_map_is_read_again_at_once_after_a_burst() {
     let cluster = RedisCluster::start();
+    let timeout = Duration::from_millis(300);
     let limiter = Limiter::builder("2/1m".parse().unwrap())
         .store(cluster.store().await)
-        .timeout(Duration::from_millis(300))
+        .timeout(timeout)
         .breaker(Breaker::disabled())
         .build()
         .unwrap();
@@ -263,7 +264,10 @@ async fn a_stale_slot_map_is_read_again_at_once_after_a_burst() {
     let burst: Vec<String> = (0..1500).map(|i| format!("burst{i}")).collect();
     // Some may time out on a loaded machine: only the task's wait counts.
     join_all(burst.iter().map(|c| limiter.check(c, 1))).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Idle until the burst's last sweep time, at most a timeout after its
+    // last check began, is past: the state the fix is about (no event
+    // marks it, so the test waits it out).
+    tokio::time::sleep(2 * timeout).await;
 
     let (rounds, took) = rounds_until_a_moved_slot_is_followed(&cluster, &limiter).await;
     assert!(rounds > 1, "no call failed: the map was not stale?");
