@@ -192,4 +192,44 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
         .sum();
     assert_eq!(store_full, 3);
     assert_eq!(counter(&snapshot, "ratelimit_denied_total", "full"), 3);
+
+    // A reserving request that times out while its reserve call is in the
+    // air is one store error: its own timeout, not that and then the
+    // call's failure once the call's own timeout ends too.
+    let frozen = RedisServer::start();
+    let reserved = Limiter::builder("1000/1h".parse().unwrap())
+        .name("reserved")
+        .store(frozen.store().await)
+        .timeout(Duration::from_millis(200))
+        .breaker(Breaker::disabled())
+        .local_reservation(10)
+        .build()
+        .unwrap();
+    frozen.freeze(true);
+    assert!(reserved.check("k", 1).await.is_err());
+    // The call's end is its latency sample. A snapshot takes the counts
+    // it reads (it resets them), so they are added up.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut errors = 0;
+    loop {
+        let snapshot = snapshotter.snapshot().into_vec();
+        errors += counter(&snapshot, "ratelimit_store_errors_total", "reserved");
+        let ended = snapshot.iter().any(|(k, .., v)| {
+            k.key().name() == "ratelimit_store_latency_seconds"
+                && k.key().labels().any(|l| l.value() == "reserved")
+                && matches!(v, DebugValue::Histogram(s) if !s.is_empty())
+        });
+        if ended {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reserve call never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    frozen.freeze(false);
+    let snapshot = snapshotter.snapshot().into_vec();
+    errors += counter(&snapshot, "ratelimit_store_errors_total", "reserved");
+    assert_eq!(errors, 1, "store errors counted for one failed check");
 }

@@ -129,7 +129,7 @@ impl Then {
     fn finish(&mut self, result: Result<Answered, Error>) -> Result<Decision, Error> {
         let Rare { span, partition } = self.rare.take().map(|rare| *rare).unwrap_or_default();
         let _entered = span.as_ref().map(tracing::Span::enter);
-        let (states, ends) = self.probe.record(result, self.started)?;
+        let (states, ends) = self.probe.record(result, self.started, true)?;
         let at = Stamp::answered(ends);
         let decision =
             (self.probe.inner).conclude(states, self.cost, self.cache_key.take(), Some(at));
@@ -272,7 +272,7 @@ impl ProbeGuard {
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
         let timeout = inner.timeout;
-        let (states, ends) = self.call_bounded(answer, bounded, timeout).await?;
+        let (states, ends) = self.call_bounded(answer, bounded, timeout, true).await?;
         let at = spends.then(|| Stamp::answered(ends));
         inner.conclude(states, cost, cache_key, at)
     }
@@ -326,24 +326,28 @@ impl ProbeGuard {
     /// Awaits one store call for a request asked at `asked`, bounded by
     /// what is left of its timeout (a request that waited for its key's
     /// flight has less than all of it), and records its outcome with the
-    /// breaker and the metrics.
+    /// breaker and its latency. A failure is not counted as a store error:
+    /// the caller counts it once it knows a request got it (a reservation's
+    /// flight, whose request may have timed out and counted itself).
     pub(super) async fn call<T>(
         self,
         reply: impl Future<Output = Result<T, Error>> + Unpin,
         asked: Instant,
     ) -> Result<T, Error> {
         let left = self.inner.time_left(asked);
-        self.call_bounded(reply, false, left).await
+        self.call_bounded(reply, false, left, false).await
     }
 
-    /// As [`call`](Self::call), within `left`; `bounded` as for [`Timed`].
-    /// A timeout is [`Error::Timeout`] of the limiter's timeout, however
-    /// little was left of it.
+    /// As [`call`](Self::call), within `left`; `bounded` as for [`Timed`];
+    /// a failure counted as a store error if `counts`. A timeout is
+    /// [`Error::Timeout`] of the limiter's timeout, however little was
+    /// left of it.
     async fn call_bounded<T>(
         mut self,
         reply: impl Future<Output = Result<T, Error>> + Unpin,
         bounded: bool,
         left: Duration,
+        counts: bool,
     ) -> Result<T, Error> {
         let started = metrics::clock();
         let timeout = self.inner.timeout;
@@ -351,12 +355,18 @@ impl ProbeGuard {
             Ok(mut reply) => std::future::poll_fn(|cx| reply.poll_within(timeout, cx)).await,
             Err(result) => result,
         };
-        self.record(result, started)
+        self.record(result, started, counts)
     }
 
     /// Records a call's outcome (`started` by [`metrics::clock`]) with the
-    /// breaker and the metrics; the guard is settled.
-    fn record<T>(&mut self, result: Result<T, Error>, started: metrics::Clock) -> Result<T, Error> {
+    /// breaker and its latency, and a failure as a store error if
+    /// `counts`; the guard is settled.
+    fn record<T>(
+        &mut self,
+        result: Result<T, Error>,
+        started: metrics::Clock,
+        counts: bool,
+    ) -> Result<T, Error> {
         let inner = &self.inner;
         metrics::store_latency(inner.policies.metric_keys(0), started);
         self.settled = true;
@@ -371,7 +381,9 @@ impl ProbeGuard {
                 {
                     tracing::warn!(error = %e, domain = self.domain, unlogged, "rate limit store failing: circuit breaker open; store-error policy applies without calling the store until it recovers");
                 }
-                metrics::store_error(inner.policies.all_metric_keys());
+                if counts {
+                    metrics::store_error(inner.policies.all_metric_keys());
+                }
                 Err(e)
             }
         }

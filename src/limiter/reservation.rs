@@ -410,9 +410,19 @@ pub(super) async fn reserving(
     }
     match tokio::time::timeout(inner.time_left(asked), &mut awaiting.rx).await {
         Ok(Ok(flown)) => flown.result,
-        // Timed out; or the task was dropped unanswered (a runtime
-        // shutting down).
-        Ok(Err(_)) | Err(_) => Err(timed_out(&inner)),
+        // The task was dropped unanswered (a runtime shutting down).
+        Ok(Err(_)) => Err(timed_out(&inner)),
+        // Timed out. Closed first, so that the flight either answered
+        // already (and its answer, counted by the flight if a failure, is
+        // this request's) or finds the request gone and counts nothing:
+        // a failure is counted once.
+        Err(_) => {
+            awaiting.rx.close();
+            match awaiting.rx.try_recv() {
+                Ok(flown) => flown.result,
+                Err(_) => Err(timed_out(&inner)),
+            }
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use crate::{
     Decision, Error, Key, LimitState,
     decision::Stamp,
     limiter::{Inner, deciding::ProbeGuard, slots::Flight},
+    metrics,
     store::{LimitCheck, Store},
 };
 
@@ -120,6 +121,7 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
     // was after this instant: counting from here ends the local units first.
     let sent = Instant::now();
     let reply = probe.call(store.reserve(check, cost, want), sent).await;
+    let failed = reply.is_err();
     let flown = match reply {
         Err(e) => {
             back.with(|pool| {
@@ -181,11 +183,15 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
             Flown { result, held }
         }
     };
-    if let Err(Flown {
-        held: Some(held), ..
-    }) = tx.send(flown)
-    {
+    match tx.send(flown) {
+        // The request got the failure: it is counted once, here. One that
+        // had gone (or timed out, and counted its timeout) got nothing.
+        Ok(()) if failed => metrics::store_error(std::iter::once(inner.policies.metric_keys(0))),
+        Ok(()) => {}
         // The request has gone: its units stay for the next ones.
-        back.give_back(held);
+        Err(Flown {
+            held: Some(held), ..
+        }) => back.give_back(held),
+        Err(_) => {}
     }
 }
