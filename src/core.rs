@@ -285,11 +285,28 @@ impl<K, R, L> Core<K, R, L> {
     }
 }
 
+/// A rate-limit check the middleware started ([`Core::start`]).
+pub(crate) struct Pending {
+    /// The decision on its way.
+    pub(crate) deciding: Deciding,
+    /// With refunds on, what it spends.
+    pub(crate) spent: Option<Charged>,
+    /// Its limiter enforces nothing (every limit a shadow limit): no
+    /// failure denies the request.
+    pub(crate) dry: bool,
+}
+
 impl<K, R> Core<K, R> {
     /// Derives the request's keys, cost and limiter (its tier's) and starts
     /// its check; skips it; or rejects it at once when no key can be
     /// derived.
-    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Started<(Deciding, Option<Charged>)>
+    ///
+    /// A limiter whose every limit is a shadow limit denies nothing: a
+    /// request it finds no key for is let through unchecked (the key error
+    /// is logged as for an enforced limiter), and a failed store lets the
+    /// request through whatever the store-error policy
+    /// ([`verdict`](Self::verdict), from [`Pending::dry`]).
+    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Started<Pending>
     where
         K: KeyExtractor<Req>,
     {
@@ -298,19 +315,31 @@ impl<K, R> Core<K, R> {
         }
         let limiter = self.extractor.tier(req).unwrap_or(&self.limiter);
         let cost = self.extractor.cost(req);
+        let dry = limiter.enforces_nothing();
         if self.extractor.key_count() == 1 {
-            let key = self.key(req)?;
+            let key = match self.key(req) {
+                Ok(key) => key,
+                Err(_) if dry => return Ok(Start::Skip),
+                Err(rejection) => return Err(rejection),
+            };
             let deciding = limiter.decide(&[key.as_bytes()], cost);
             let deciding = self.partitioned(deciding, &[key.as_bytes()]);
             let spent = self
                 .refund
                 .as_ref()
                 .map(|_| Charged::new(limiter, smallvec::smallvec![key]));
-            return Ok(Start::Check((deciding, spent)));
+            return Ok(Start::Check(Pending {
+                deciding,
+                spent,
+                dry,
+            }));
         }
         let mut keys = Vec::with_capacity(self.extractor.key_count());
         if let Err(e) = self.extractor.extract_all(req, &mut keys) {
             self.logs.key_error(&e);
+            if dry {
+                return Ok(Start::Skip);
+            }
             return Err(Rejection::KeyUnavailable(e));
         }
         let bytes: Vec<&[u8]> = keys.iter().map(Key::as_bytes).collect();
@@ -320,7 +349,11 @@ impl<K, R> Core<K, R> {
             .refund
             .as_ref()
             .map(|_| Charged::new(limiter, SmallVec::from_vec(keys)));
-        Ok(Start::Check((deciding, spent)))
+        Ok(Start::Check(Pending {
+            deciding,
+            spent,
+            dry,
+        }))
     }
 
     /// After a passed request's response head `res`: gives `spent` back
@@ -360,11 +393,17 @@ impl<K, R> Core<K, R> {
         }
     }
 
-    /// Applies the store-error policy to a finished check.
-    pub(crate) fn verdict(&self, result: Result<Decision, Error>) -> Verdict {
+    /// Applies the store-error policy to a finished check; for a limiter
+    /// that enforces nothing (`dry`), every failure passes, but a custom
+    /// extractor's wrong key count, which is a bug to fix.
+    pub(crate) fn verdict(&self, result: Result<Decision, Error>, dry: bool) -> Verdict {
         match result {
             Ok(d) if d.is_allowed() => Verdict::Pass(Some(d)),
             Ok(d) => Verdict::Reject(Rejection::Denied(d)),
+            Err(e) if dry && !matches!(e, Error::KeyCount { .. }) => {
+                self.logs.store_error(&e, OnStoreError::Allow);
+                Verdict::Pass(None)
+            }
             Err(Error::CostExceedsLimit { cost, limit }) => {
                 Verdict::Reject(Rejection::CostExceedsLimit { cost, limit })
             }

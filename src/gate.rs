@@ -23,10 +23,9 @@ use std::{
 
 use crate::{
     Decision, Limiter, Rejection,
-    core::{Core, Verdict},
+    core::{Core, Pending, Verdict},
     headers::HeaderSink,
     key::KeyExtractor,
-    limiter::Deciding,
     refund::{Charged, ResponseHead},
 };
 
@@ -112,7 +111,7 @@ impl Gate for Limiter {
 /// response's `grpc-status`, when it is at the head).
 impl Admit for Limiter {
     /// The decision on its way and, with refunds on, what it spends.
-    type Pending = (Deciding, Option<Charged>);
+    type Pending = Pending;
     /// The decision (none when a failed store let the request through) and
     /// what it spent.
     type Held = (Option<Decision>, Option<Charged>);
@@ -127,19 +126,19 @@ impl Admit for Limiter {
 
     fn now<K, R>(
         core: &Core<K, R, Self>,
-        (check, spent): &mut Self::Pending,
+        check: &mut Self::Pending,
     ) -> Option<Result<Self::Held, Rejection>> {
-        let result = check.now()?;
-        Some(pass(core.verdict(result), spent))
+        let result = check.deciding.now()?;
+        Some(pass(core.verdict(result, check.dry), &mut check.spent))
     }
 
     fn poll<K, R>(
         core: &Core<K, R, Self>,
-        (check, spent): &mut Self::Pending,
+        check: &mut Self::Pending,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Self::Held, Rejection>> {
-        let result = ready!(Pin::new(check).poll(cx));
-        Poll::Ready(pass(core.verdict(result), spent))
+        let result = ready!(Pin::new(&mut check.deciding).poll(cx));
+        Poll::Ready(pass(core.verdict(result, check.dry), &mut check.spent))
     }
 
     fn finish<K, R>(

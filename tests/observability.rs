@@ -9,7 +9,9 @@ use metrics_util::{
     CompositeKey, MetricKind,
     debugging::{DebugValue, DebuggingRecorder, Snapshotter},
 };
-use redis_ratelimit::{Breaker, Limiter, MemoryStore, Quota, RateLimitLayer, key::Header};
+use redis_ratelimit::{
+    Breaker, Limiter, MemoryStore, OnStoreError, Quota, RateLimitLayer, key::Header,
+};
 use support::{
     RedisServer,
     http::Caller,
@@ -89,6 +91,12 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
     );
     let last = caller.get(&url).await;
     assert!(last.header("retry-after").is_none(), "{last:?}");
+    // Nor a request it finds no key for.
+    assert_eq!(
+        Caller::with_key(None).statuses(&url, 2).await,
+        [200; 2],
+        "shadow mode rejected a request without a key"
+    );
 
     // Shadow for one limit: "day" observes, "second" enforces.
     let mixed = Limiter::builder("3/1m".parse().unwrap())
@@ -104,6 +112,8 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
     )
     .await;
     assert_eq!(caller.statuses(&url, 5).await, [200, 200, 200, 429, 429]);
+    // An enforced limit still needs the key.
+    assert_eq!(Caller::with_key(None).statuses(&url, 1).await, [400]);
 
     let snapshot = snapshotter.snapshot().into_vec();
     assert_eq!(
@@ -136,10 +146,31 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
         .breaker(Breaker::new().failures(2))
         .build()
         .unwrap();
+    // A shadow limiter under `OnStoreError::Deny` denies nothing when its
+    // store fails either, where an enforced one answers 503.
+    let failing = |name: &'static str, shadow: bool| {
+        let store = server.store();
+        async move {
+            let limiter = Limiter::builder("3/1m".parse().unwrap())
+                .name(name)
+                .store(store.await)
+                .timeout(Duration::from_millis(200))
+                .shadow(shadow)
+                .build()
+                .unwrap();
+            let layer = RateLimitLayer::new(limiter, Header::new("x-api-key"))
+                .on_store_error(OnStoreError::Deny);
+            spawn_axum(app().layer(layer), true).await
+        }
+    };
+    let dry_url = failing("dry-down", true).await;
+    let enforced_url = failing("enforced-down", false).await;
     server.kill();
     for _ in 0..5 {
         assert!(broken.check("k", 1).await.is_err());
     }
+    assert_eq!(caller.statuses(&dry_url, 2).await, [200; 2]);
+    assert_eq!(caller.statuses(&enforced_url, 1).await, [503]);
     let snapshot = snapshotter.snapshot().into_vec();
     assert_eq!(
         counter(&snapshot, "ratelimit_store_errors_total", "broken"),

@@ -90,6 +90,14 @@ impl LimiterBuilder {
     /// Shadow (dry-run) mode for every limit: decisions are made, counted,
     /// logged and reported in headers, but nothing is denied. Each limit then
     /// spends only what it admits, independently of the others.
+    ///
+    /// Under the middleware ([`RateLimitLayer`](crate::RateLimitLayer), the
+    /// actix-web adapter), a limiter whose every limit is a shadow limit
+    /// also lets through, unchecked, a request it finds no key for (where
+    /// an enforced limit answers 400, or 500 for a missing peer address),
+    /// and one whose check failed in the store, whatever the
+    /// [`OnStoreError`](crate::OnStoreError) policy; both are logged and
+    /// counted as usual. [`Limiter::check`] still returns the error.
     pub fn shadow(mut self, enabled: bool) -> Self {
         self.shadow_all = enabled;
         self
@@ -428,10 +436,12 @@ impl LimiterBuilder {
             (Backend::Memory(memory), [(_, prefix)]) => Some(memory.key_hasher(prefix)),
             _ => None,
         };
+        let shadow: Vec<bool> = shadow.collect();
         let inner = Arc::new(Inner {
+            enforces_nothing: shadow.iter().all(|s| *s),
             memory_prefix,
             limits: limits.into(),
-            policies: Arc::new(Policies::new(&self.limits).with_shadow(shadow.collect())),
+            policies: Arc::new(Policies::new(&self.limits).with_shadow(shadow)),
             thread_policies: PerThread::new(),
             shared_tag,
             store,

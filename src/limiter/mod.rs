@@ -139,6 +139,9 @@ struct Inner {
     /// Local reservations of the lone limit's keys, if enabled (never for
     /// the in-memory store).
     reservations: Option<reservation::Reservations>,
+    /// Every limit is a shadow limit: the middleware denies nothing for it,
+    /// not even a request it finds no key for or one the store fails.
+    enforces_nothing: bool,
 }
 
 /// Where the counts live. The in-memory store is called directly: it decides
@@ -221,6 +224,12 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         let keys: Vec<&[u8]> = keys.iter().map(AsRef::as_ref).collect();
         self.decide(&keys, cost).await
+    }
+
+    /// Whether every limit is a [shadow](LimiterBuilder::shadow) limit:
+    /// then the middleware denies nothing, whatever fails.
+    pub(crate) fn enforces_nothing(&self) -> bool {
+        self.inner.enforces_nothing
     }
 
     /// Decides `cost` for `keys`: one key for every limit, or one per limit.
