@@ -14,7 +14,8 @@
 //! go to the logs). They are `text/plain; charset=utf-8`, unless the
 //! request's `Accept` prefers `application/problem+json` or
 //! `application/json` to `text/plain` ([`Format`]): then they are RFC 9457
-//! problem details, `application/problem+json`. A denial by quota (or by
+//! problem details, `application/problem+json` (or `application/json`, for
+//! a client whose `Accept` refuses `application/problem+json`). A denial by quota (or by
 //! concurrency) uses the problem type of the IETF draft "RateLimit header
 //! fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11, section 5.1),
 //! with `violated-policies` naming the limits that denied (never a shadow

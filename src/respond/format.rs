@@ -18,8 +18,9 @@ use http::{
 /// Otherwise `Accept`
 /// decides: [`ProblemJson`](Self::ProblemJson) when it
 /// prefers `application/problem+json` or `application/json` over
-/// `text/plain` (q-values count; a tie keeps text), else
-/// [`Text`](Self::Text). An `Accept` over [`ACCEPT_MAX`] bytes in total, or
+/// `text/plain` (q-values count; a tie keeps text), or [`Json`](Self::Json)
+/// when it does so but refuses `application/problem+json` (a range that
+/// matches it with `q=0`); else [`Text`](Self::Text). An `Accept` over [`ACCEPT_MAX`] bytes in total, or
 /// a malformed one, is ignored: the answer is text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -29,6 +30,9 @@ pub enum Format {
     Text,
     /// `application/problem+json` (RFC 9457).
     ProblemJson,
+    /// The same RFC 9457 body as `application/json`, for a client that
+    /// accepts JSON but refuses `application/problem+json` by name.
+    Json,
     /// A gRPC call (a `POST` with `content-type: application/grpc` or
     /// `application/grpc+..`, over HTTP/2 or with `te: trailers`): a
     /// trailers-only gRPC status ([`GrpcResponse`](super::GrpcResponse)),
@@ -165,10 +169,14 @@ fn negotiate_accept<'a>(values: impl Iterator<Item = &'a [u8]>) -> Format {
         }
     }
     let json_q = problem.q.max(json.q);
-    if json_q > text.q {
-        Format::ProblemJson
-    } else {
+    if json_q <= text.q {
         Format::Text
+    } else if problem.q == 0 && problem.best != Specificity::None {
+        // A range that matches it says q=0: not acceptable (RFC 9110,
+        // section 12.4.2), though `application/json` is.
+        Format::Json
+    } else {
+        Format::ProblemJson
     }
 }
 
@@ -267,6 +275,13 @@ mod tests {
             ("*/*;q=0.1, application/*;q=0.2", Format::ProblemJson),
             ("application/problem+json;q=0.001", Format::ProblemJson),
             ("application/json;q=0", Format::Text),
+            // problem+json refused by name or by its type: plain JSON.
+            (
+                "application/problem+json;q=0, application/json",
+                Format::Json,
+            ),
+            ("application/*;q=0, application/json", Format::Json),
+            ("application/problem+json;q=0, text/plain", Format::Text),
         ];
         for (value, want) in cases {
             assert_eq!(accept(&[value]), want, "{value}");

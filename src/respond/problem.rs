@@ -13,6 +13,9 @@ use crate::{headers::retry_after_secs, key::KeyError};
 pub(crate) const TEXT: &str = "text/plain; charset=utf-8";
 /// `Content-Type` of the problem details answers.
 pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
+/// `Content-Type` of the same answers to a client that refuses
+/// `application/problem+json`.
+pub(crate) const JSON: &str = "application/json";
 
 /// The problem type of a denial by quota, registered by the IETF draft
 /// "RateLimit header fields for HTTP" (section 5.1), and its title there.
@@ -33,6 +36,10 @@ pub(crate) fn body(rejection: &Rejection, format: Format) -> Body {
     match format {
         Format::ProblemJson => Body {
             content_type: PROBLEM_JSON,
+            text: problem_json(rejection, &detail),
+        },
+        Format::Json => Body {
+            content_type: JSON,
             text: problem_json(rejection, &detail),
         },
         // A gRPC call's answer has no body (GrpcResponse); where a body is
