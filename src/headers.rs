@@ -260,9 +260,13 @@ impl Policies {
 }
 
 /// Seconds for `t`: when denied, until the request could be admitted (as
-/// `Retry-After` says); when allowed, until the quota is fully available.
+/// `Retry-After` says, so at least 1, even for a store that said 0 ms);
+/// when allowed, until the quota is fully available.
 fn t_secs(d: &Decision) -> u64 {
-    ceil_secs(d.retry_after().unwrap_or_else(|| d.reset_after()))
+    match d.retry_after() {
+        Some(wait) => retry_after_secs(wait),
+        None => ceil_secs(d.reset_after()),
+    }
 }
 
 /// `RateLimit` for a decision: the binding limit,
@@ -411,6 +415,15 @@ mod tests {
             retry_ms: if allowed { 0 } else { reset_ms },
         };
         Decision::new(vec![state], policies)
+    }
+
+    #[test]
+    fn a_denial_with_no_wait_left_says_one_second_in_both_headers() {
+        // A custom store may answer a denial with 0 ms left.
+        let mut h = HeaderMap::new();
+        write(&decision(false, "5/60s", 0, 0), &mut h, false);
+        assert_eq!(h["retry-after"], "1");
+        assert_eq!(h["ratelimit"], r#""default";r=0;t=1"#);
     }
 
     #[test]

@@ -108,8 +108,16 @@ pub(crate) fn response<B: Default>(rejection: &Rejection) -> Response<B> {
     headers.insert(GRPC_STATUS, rejection.grpc_code().into());
     headers.insert(GRPC_MESSAGE, grpc_message(message(rejection)));
     if let Some(wait) = rejection.retry_after() {
-        let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        // At least 1 ms: a pushback of 0 would have the client retry at
+        // once (a custom store may answer a denial with no wait left).
+        let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000))
+            .unwrap_or(u64::MAX)
+            .max(1);
         headers.insert(GRPC_RETRY_PUSHBACK_MS, ms.into());
+    } else if matches!(rejection, Rejection::CostExceedsLimit { .. }) {
+        // No wait can admit it: a negative pushback asks the client's retry
+        // policy not to retry (gRFC A6), where RESOURCE_EXHAUSTED alone may.
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
     }
     res
 }
@@ -138,7 +146,8 @@ pub(crate) fn response<B: Default>(rejection: &Rejection) -> Response<B> {
 /// busy call also carries its retry hint as metadata: `retry-after` (whole
 /// seconds, as for HTTP, with `ratelimit` and `ratelimit-policy`) and
 /// `grpc-retry-pushback-ms`, the server pushback a gRPC client's retry
-/// policy honours (gRFC A6).
+/// policy honours (gRFC A6). A cost no window can hold gets a pushback of
+/// `-1`, which asks the client not to retry.
 ///
 /// The [`DefaultResponse`](super::DefaultResponse) answers gRPC calls this
 /// way and everything else with an HTTP status. `GrpcResponse` answers every
@@ -261,6 +270,24 @@ mod tests {
     }
 
     #[test]
+    fn a_denial_with_no_wait_left_pushes_back_one_ms() {
+        // A custom store may answer a denial with 0 ms left.
+        let policies = std::sync::Arc::new(crate::headers::Policies::new(&[(
+            "default".into(),
+            Quota::per_minute(5),
+        )]));
+        let state = crate::store::LimitState {
+            allowed: false,
+            remaining: 0,
+            reset_ms: 0,
+            retry_ms: 0,
+        };
+        let d = crate::Decision::new(vec![state], policies);
+        let res: Response<String> = response(&Rejection::Denied(d));
+        assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1");
+    }
+
+    #[test]
     fn store_and_key_errors_map_to_their_codes() {
         let res: Response<String> = response(&Rejection::StoreUnavailable(Error::CircuitOpen));
         assert_eq!(res.headers()["grpc-status"], "14");
@@ -276,6 +303,7 @@ mod tests {
         assert_eq!(res.headers()["grpc-status"], "13");
         let res: Response<String> = response(&Rejection::CostExceedsLimit { cost: 5, limit: 1 });
         assert_eq!(res.headers()["grpc-status"], "8");
+        assert_eq!(res.headers()["grpc-retry-pushback-ms"], "-1", "never retry");
         let status = |s: u16| code_for_status(StatusCode::from_u16(s).unwrap());
         assert_eq!(
             [400, 401, 403, 404, 418, 429, 500, 502, 503, 504].map(status),
