@@ -86,7 +86,11 @@
 --
 -- Time is Redis's own (TIME, PTTL), never the caller's. Every argument of
 -- every request is validated before the first write; every key written gets
--- a TTL.
+-- a TTL. A TTL computed from TIME never ends early: from Redis 7.2, TIME and
+-- PEXPIRE read one snapshot, the script's start (redis#10300); before it,
+-- TIME advances inside a script and PEXPIRE counts from its own later
+-- clock, so a key lives longer by the script's run so far (seen on 7.0.15:
+-- TIME 291 ms apart across a busy loop, PEXPIRETIME from the second).
 
 local function bad(what)
   return redis.error_reply('ERR decide: ' .. what)
