@@ -36,6 +36,30 @@ pub(super) enum Entry {
 }
 
 impl Entry {
+    /// A GCRA entry whose TAT is `tat_l` (in units of `1/per_us` µs, with
+    /// `per_ms = 1000 × per_us`): it expires at the TAT rounded up to a whole
+    /// ms (see [`Entry::Gcra`]).
+    pub(super) fn gcra_at(tat_l: u128, per_ms: u128) -> Entry {
+        let expires_ms = tat_l.div_ceil(per_ms);
+        Entry::Gcra {
+            early: (expires_ms * per_ms - tat_l) as u64,
+            expires_ms: expires_ms as u64,
+        }
+    }
+
+    /// How far a GCRA entry's TAT runs ahead of `now_l` (both in units of
+    /// `1/per_us` µs, with `per_ms = 1000 × per_us`), unclamped; 0 for an
+    /// entry of another algorithm.
+    pub(super) fn gcra_ahead(&self, now_l: u128, per_ms: u128) -> u128 {
+        let Entry::Gcra { early, expires_ms } = *self else {
+            return 0;
+        };
+        // An `early` from another limit rounds the TAT up, never down.
+        let early = u128::from(early).min(per_ms - 1);
+        let tat_l = u128::from(expires_ms) * per_ms - early;
+        tat_l.saturating_sub(now_l)
+    }
+
     /// When the entry's key expires (ms).
     pub(super) fn expires_ms(&self) -> u64 {
         match *self {
@@ -256,13 +280,17 @@ fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) ->
     // µs in units of 1/per_us, to ms, rounded up.
     let ms = |x: u64| x.div_ceil(per_us).div_ceil(1000);
     let ahead = match entry {
-        Some(&mut Entry::Gcra { early, expires_ms }) => {
-            // An `early` from another limit rounds the TAT up, never down.
-            let early = u128::from(early).min(per_ms - 1);
-            let tat_l = u128::from(expires_ms) * per_ms - early;
-            tat_l.saturating_sub(now_l).min(u128::from(cap)) as u64
+        Some(entry) => {
+            let ahead = entry.gcra_ahead(now_l, per_ms);
+            if ahead > u128::from(cap) {
+                // Booked further ahead than a full bucket (the burst was
+                // lowered since): held to a full bucket from now, and the
+                // key's expiry cut to it, as `gcra.lua`'s undo heals the TTL.
+                *entry = Entry::gcra_at(now_l + u128::from(cap), per_ms);
+            }
+            ahead.min(u128::from(cap)) as u64
         }
-        _ => 0,
+        None => 0,
     };
     let room = cap - ahead;
     let allowed = cost <= burst && cost * step <= room;
@@ -281,14 +309,7 @@ fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) ->
         reset_after_ms: ms(after),
         reset_after_us: after.div_ceil(per_us),
         retry_ms,
-        spent: (allowed && cost > 0).then(|| {
-            let tat_l = now_l + u128::from(after);
-            let expires_ms = tat_l.div_ceil(per_ms);
-            Entry::Gcra {
-                early: (expires_ms * per_ms - tat_l) as u64,
-                expires_ms: expires_ms as u64,
-            }
-        }),
+        spent: (allowed && cost > 0).then(|| Entry::gcra_at(now_l + u128::from(after), per_ms)),
     }
 }
 
@@ -317,20 +338,43 @@ mod tests {
         ("1/366d", 142),
     ];
 
+    /// One request of `cost` at `us`, as the store decides it: against the
+    /// entry if it is live, healing it in place, and spending what it
+    /// admits.
+    fn decide(entry: &mut Option<Entry>, q: Quota, cost: u64, us: u64) -> Checked {
+        let now = Now { us, ms: us / 1000 };
+        let live = entry.as_ref().is_some_and(|e| e.expires_ms() > now.ms);
+        let c = check(entry.as_mut().filter(|_| live), q, cost, now);
+        if c.allowed && c.spent.is_some() {
+            *entry = c.spent;
+        }
+        c
+    }
+
     /// `n` requests of cost 1 at one instant, each spending what it
     /// admits: how many were admitted.
     fn admitted(entry: &mut Option<Entry>, q: Quota, n: u64, us: u64) -> u64 {
-        let now = Now { us, ms: us / 1000 };
-        let mut count = 0;
-        for _ in 0..n {
-            let live = entry.as_ref().is_some_and(|e| e.expires_ms() > now.ms);
-            let c = check(entry.as_mut().filter(|_| live), q, 1, now);
-            if c.allowed {
-                *entry = c.spent;
-                count += 1;
-            }
-        }
-        count
+        (0..n).filter(|_| decide(entry, q, 1, us).allowed).count() as u64
+    }
+
+    /// A key booked further ahead than its bucket holds (a limit's burst
+    /// lowered on a live key) is held to a full bucket from now, and its
+    /// expiry cut to it, as `gcra.lua`'s undo cuts the key's TTL: it admits
+    /// again once that bucket has drained, not when the old booking ends
+    /// (which denied, with a retry of 1 s, for 99 s more).
+    #[test]
+    fn gcra_heals_a_booking_beyond_a_lowered_burst() {
+        let wide = "1/1s".parse::<Quota>().unwrap().gcra(100).unwrap();
+        let narrow = "1/1s".parse::<Quota>().unwrap().gcra(1).unwrap();
+        let t0 = 1_000_000_000_000;
+        let mut entry = None;
+        assert_eq!(admitted(&mut entry, wide, 100, t0), 100);
+        let c = decide(&mut entry, narrow, 1, t0);
+        assert_eq!((c.allowed, c.retry_ms, c.reset_ms), (false, 1000, 1000));
+        let expires_ms = entry.map(|e| e.expires_ms());
+        assert_eq!(expires_ms, Some(t0 / 1000 + 1000));
+        let c = decide(&mut entry, narrow, 1, t0 + 1_100_000);
+        assert!(c.allowed, "{c:?}");
     }
 
     /// Exact GCRA, in rationals: the TAT times the limit, in µs (so every
