@@ -13,7 +13,10 @@ use crate::QuotaError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Redis answered with an error, or the connection failed.
+    /// Redis answered with an error, or the connection failed. Also what
+    /// a [`MemoryStore`](crate::MemoryStore) lease call returns for the
+    /// arguments the Redis store's script refuses (see
+    /// [`LeaseStore`](crate::store::LeaseStore)).
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     /// The bb8 pool could not hand out a connection in time.

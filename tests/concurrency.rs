@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_ratelimit::{Error, concurrency::Acquired};
+use redis_ratelimit::{Error, concurrency::Acquired, store::LeaseStore};
 use support::{
     Backend, RedisServer,
     lease::{LEASE, unrenewed},
@@ -321,6 +321,56 @@ async fn scripts_validate_their_arguments_before_writing() {
         .await
         .unwrap();
     assert_eq!(kind, "string", "an invalid call deleted a key");
+}
+
+/// The kind of a Redis error, or what came instead.
+fn kind<T: std::fmt::Debug>(reply: Result<T, Error>) -> Result<redis::ErrorKind, String> {
+    match reply {
+        Err(Error::Redis(e)) => Ok(e.kind()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// The memory store refuses what the scripts refuse (a limit or lease of
+/// 0 or past 2^53, a token empty or over 128 bytes) with the error the
+/// Redis store gives for the script's error reply, and grants nothing: it
+/// once granted a lease of 0 ms (`held` 1).
+#[tokio::test]
+async fn the_memory_store_refuses_the_lease_calls_the_scripts_refuse() {
+    let server = RedisServer::start();
+    let redis = server.store().await;
+    let memory = redis_ratelimit::MemoryStore::new();
+    let stores: [(&str, &dyn LeaseStore); 2] = [("redis", &redis), ("memory", &memory)];
+    let long_token = "t".repeat(129);
+    let past = (1 << 53) + 1;
+    for (name, store) in stores {
+        let refused = redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError);
+        for (limit, lease_ms, token) in [
+            (0, 1000, "t"),
+            (past, 1000, "t"),
+            (1, 0, "t"),
+            (1, past, "t"),
+            (1, 1000, ""),
+            (1, 1000, long_token.as_str()),
+        ] {
+            let reply = store.acquire("k", token, limit, lease_ms).await;
+            let context = format!("{name}: acquire {limit} {lease_ms} {token:?}");
+            assert_eq!(kind(reply), Ok(refused), "{context}");
+        }
+        for (lease_ms, token) in [(0, "t"), (past, "t"), (1000, ""), (1000, &long_token)] {
+            let reply = store.renew("k", token, lease_ms).await;
+            let context = format!("{name}: renew {lease_ms} {token:?}");
+            assert_eq!(kind(reply), Ok(refused), "{context}");
+        }
+        for token in ["", &long_token] {
+            let reply = store.release("k", token).await;
+            let context = format!("{name}: release {token:?}");
+            assert_eq!(kind(reply), Ok(refused), "{context}");
+        }
+        // Nothing was granted: the one slot is free.
+        let state = store.acquire("k", "t", 1, 1000).await.unwrap();
+        assert_eq!((state.acquired, state.held), (true, 1), "{name}");
+    }
 }
 
 #[tokio::test]

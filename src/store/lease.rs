@@ -30,6 +30,15 @@ pub struct LeaseState {
 ///
 /// Tokens are at most 128 bytes; keys are built by the
 /// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter).
+///
+/// # Errors
+///
+/// Both stores refuse arguments the scripts do not take, changing nothing:
+/// a `limit` or `lease_ms` of 0 or above 2^53, a token that is empty or
+/// longer than 128 bytes. The Redis store's script answers an error reply,
+/// which comes back as an [`Error::Redis`] of kind
+/// `ServerErrorKind::ResponseError`; the memory store returns the same kind
+/// of error, naming the script and what to fix.
 pub trait LeaseStore: fmt::Debug + Send + Sync + 'static {
     /// Grants `token` a lease of `lease_ms` on `key` if fewer than `limit`
     /// live leases are held there.

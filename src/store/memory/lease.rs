@@ -119,8 +119,44 @@ impl Leases {
     }
 }
 
-fn ready<T: Send + 'static>(value: T) -> BoxFuture<'static, Result<T, Error>> {
-    Box::pin(std::future::ready(Ok(value)))
+fn ready<T: Send + 'static>(value: Result<T, Error>) -> BoxFuture<'static, Result<T, Error>> {
+    Box::pin(std::future::ready(value))
+}
+
+/// The largest whole number the scripts take for `limit` or `lease_ms`:
+/// 2^53, the largest their doubles hold exactly (`whole` in `lua/lib.lua`).
+const MAX_WHOLE: u64 = 1 << 53;
+
+/// The scripts' argument checks, with their messages: `Err` where `script`
+/// answers an error reply, before it changes anything. `limit` and
+/// `lease_ms` are checked when the script takes them.
+fn valid(
+    script: &str,
+    limit: Option<u64>,
+    lease_ms: Option<u64>,
+    token: &str,
+) -> Result<(), Error> {
+    let whole = |n: Option<u64>| n.is_none_or(|n| (1..=MAX_WHOLE).contains(&n));
+    if !whole(limit) || !whole(lease_ms) {
+        let what = if limit.is_some() {
+            "limit and lease_ms must be integers >= 1"
+        } else {
+            "lease_ms must be an integer >= 1"
+        };
+        return Err(refused(script, what));
+    }
+    if token.is_empty() || token.len() > 128 {
+        return Err(refused(script, "token must be 1 to 128 bytes"));
+    }
+    Ok(())
+}
+
+/// The error a script's error reply becomes through the Redis store: an
+/// [`Error::Redis`] of kind `ResponseError`, naming the script and what to
+/// fix, as its reply does.
+fn refused(script: &str, what: &str) -> Error {
+    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError);
+    Error::Redis((kind, "invalid lease call", format!("{script}: {what}")).into())
 }
 
 impl LeaseStore for MemoryStore {
@@ -131,8 +167,11 @@ impl LeaseStore for MemoryStore {
         limit: u64,
         lease_ms: u64,
     ) -> BoxFuture<'static, Result<LeaseState, Error>> {
-        let lease = Duration::from_millis(lease_ms);
-        ready(self.leases.acquire(key, token, limit, lease))
+        let acquired = valid("concurrency_acquire", Some(limit), Some(lease_ms), token).map(|()| {
+            let lease = Duration::from_millis(lease_ms);
+            self.leases.acquire(key, token, limit, lease)
+        });
+        ready(acquired)
     }
 
     fn renew(
@@ -141,14 +180,17 @@ impl LeaseStore for MemoryStore {
         token: &str,
         lease_ms: u64,
     ) -> BoxFuture<'static, Result<bool, Error>> {
-        ready(
+        let renewed = valid("concurrency_renew", None, Some(lease_ms), token).map(|()| {
             self.leases
-                .renew(key, token, Duration::from_millis(lease_ms)),
-        )
+                .renew(key, token, Duration::from_millis(lease_ms))
+        });
+        ready(renewed)
     }
 
     fn release(&self, key: &str, token: &str) -> BoxFuture<'static, Result<bool, Error>> {
-        ready(self.leases.release(key, token))
+        let released = valid("concurrency_release", None, None, token)
+            .map(|()| self.leases.release(key, token));
+        ready(released)
     }
 }
 
