@@ -215,8 +215,8 @@ fn fixed_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Che
 
 fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> Checked {
     let (limit, window) = (q.limit(), q.window_ms());
-    let (mut s, mut c, mut p) = match entry {
-        Some(&mut Entry::Sliding { s, c, p, .. }) => (s.min(now.ms), c, p),
+    let (mut s, mut c, mut p) = match entry.as_deref() {
+        Some(&Entry::Sliding { s, c, p, .. }) => (s.min(now.ms), c, p),
         _ => (now.ms, 0, 0),
     };
     let mut elapsed = now.ms - s;
@@ -228,6 +228,14 @@ fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> C
         elapsed = now.ms - s;
     }
     let expires_ms = s + 2 * window;
+    if let Some(Entry::Sliding {
+        expires_ms: held, ..
+    }) = entry
+    {
+        // An expiry beyond two windows (the window shortened since) is cut,
+        // as `sliding_window.lua`'s undo heals the key's TTL.
+        *held = (*held).min(expires_ms);
+    }
     let (l, w, e) = (limit as f64, window as f64, elapsed as f64);
     let (cf, pf, costf) = (c as f64, p as f64, cost as f64);
     let left = w - e;
@@ -355,6 +363,28 @@ mod tests {
     /// admits: how many were admitted.
     fn admitted(entry: &mut Option<Entry>, q: Quota, n: u64, us: u64) -> u64 {
         (0..n).filter(|_| decide(entry, q, 1, us).allowed).count() as u64
+    }
+
+    /// A sliding window's expiry is cut to two windows after its (rolled)
+    /// start when read, as `sliding_window.lua`'s undo cuts the key's TTL:
+    /// a limit's window shortened on a live key (10/1h to 10/1m) forgets
+    /// the hour's count when Redis does, and a window begun after it is
+    /// weighed as Redis weighs it.
+    #[test]
+    fn sliding_window_heals_an_expiry_beyond_a_shortened_window() {
+        let hour = "10/1h".parse::<Quota>().unwrap().sliding_window();
+        let minute = "10/1m".parse::<Quota>().unwrap().sliding_window();
+        let t0 = 1_000_000_000_000;
+        let sec = 1_000_000;
+        let mut entry = None;
+        assert!(decide(&mut entry, hour, 10, t0).allowed);
+        assert!(!decide(&mut entry, minute, 1, t0 + 30 * sec).allowed);
+        let expires_ms = entry.map(|e| e.expires_ms());
+        assert_eq!(expires_ms, Some(t0 / 1000 + 120_000));
+        // Redis: the key is gone, a window begins at 150 s.
+        assert!(decide(&mut entry, minute, 10, t0 + 150 * sec).allowed);
+        let c = decide(&mut entry, minute, 1, t0 + 186 * sec);
+        assert!(!c.allowed, "{c:?}");
     }
 
     /// A key booked further ahead than its bucket holds (a limit's burst
