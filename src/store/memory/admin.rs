@@ -183,15 +183,17 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
                 expires_ms,
             })
         }
-        Entry::Gcra { early, expires_ms } => {
-            let Algorithm::Gcra { .. } = r.quota.algorithm() else {
+        Entry::Gcra { .. } => {
+            let Algorithm::Gcra { burst } = r.quota.algorithm() else {
                 return Some(entry);
             };
             let (step, per_us) = r.quota.gcra_units();
             let per_ms = 1000 * u128::from(per_us);
             let now_l = u128::from(now.us) * u128::from(per_us);
-            let tat_l = u128::from(expires_ms) * per_ms - u128::from(early).min(per_ms - 1);
-            let ahead = tat_l.saturating_sub(now_l);
+            // A booking beyond a full bucket (a burst lowered since) counts
+            // as a full bucket, as in the script and in a check.
+            let cap = u128::from(burst) * u128::from(step);
+            let ahead = entry.gcra_ahead(now_l, per_ms).min(cap);
             // At most the spend, and at most what is still outstanding of it.
             let outstanding = (r.end_us - now.us as i64).max(0) as u128 * u128::from(per_us);
             let back = (u128::from(r.cost) * u128::from(step)).min(outstanding);
@@ -199,12 +201,48 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
             if ahead == 0 {
                 return None;
             }
-            let tat_l = now_l + ahead;
-            let expires_ms = tat_l.div_ceil(per_ms);
-            Some(Entry::Gcra {
-                early: (expires_ms * per_ms - tat_l) as u64,
-                expires_ms: expires_ms as u64,
-            })
+            Some(Entry::gcra_at(now_l + ahead, per_ms))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn gcra(burst: u64) -> Quota {
+        "1/1s".parse::<Quota>().unwrap().gcra(burst).unwrap()
+    }
+
+    fn check(store: &MemoryStore, key: &str, quota: Quota, cost: u64) -> LimitState {
+        let check = LimitCheck {
+            key: key.into(),
+            quota,
+            shadow: false,
+        };
+        store.decide_now(vec![check], cost)[0]
+    }
+
+    /// A GCRA credit clamps the booking to a full bucket before taking the
+    /// refund off, as `refund.lua` does: a key booked 100 s ahead, credited
+    /// one unit under a burst of 1, is back to an empty bucket (the script
+    /// deletes it), not 99 s ahead.
+    #[tokio::test(start_paused = true)]
+    async fn a_gcra_credit_clamps_the_booking_to_the_bucket_first() {
+        let store = MemoryStore::new();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(check(&store, "k", gcra(100), 100).allowed);
+        let refund = Refund {
+            key: "k".into(),
+            quota: gcra(1),
+            cost: 1,
+            window_end_in_ms: 100_000,
+            spend_ends_at_us: None,
+        };
+        Store::refund(&store, vec![refund]).await.unwrap();
+        let s = check(&store, "k", gcra(1), 1);
+        assert!(s.allowed, "{s:?}");
     }
 }
