@@ -195,7 +195,10 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
             let cap = u128::from(burst) * u128::from(step);
             let ahead = entry.gcra_ahead(now_l, per_ms).min(cap);
             // At most the spend, and at most what is still outstanding of it.
-            let outstanding = (r.end_us - now.us as i64).max(0) as u128 * u128::from(per_us);
+            // Saturating: an end long past (`i64::MIN`) is no credit, not
+            // an overflow.
+            let left_us = r.end_us.saturating_sub(now.us as i64).max(0);
+            let outstanding = left_us as u128 * u128::from(per_us);
             let back = (u128::from(r.cost) * u128::from(step)).min(outstanding);
             let ahead = ahead.saturating_sub(back);
             if ahead == 0 {
@@ -244,5 +247,24 @@ mod tests {
         Store::refund(&store, vec![refund]).await.unwrap();
         let s = check(&store, "k", gcra(1), 1);
         assert!(s.allowed, "{s:?}");
+    }
+
+    /// A GCRA credit whose spend ended before the clock's epoch, however
+    /// long before (`i64::MIN`, as an absurd `window_end_in_ms` saturates
+    /// to), credits nothing, as in the script: not an overflow (a panic in
+    /// a debug build, the whole spend credited in a release one).
+    #[tokio::test(start_paused = true)]
+    async fn a_gcra_credit_of_a_spend_ended_long_ago_credits_nothing() {
+        let store = MemoryStore::new();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(check(&store, "k", gcra(2), 1).allowed);
+        store.refund_now(&[Credit {
+            key: b"k",
+            quota: gcra(2),
+            cost: 1,
+            end_us: i64::MIN,
+            exact: false,
+        }]);
+        assert_eq!(check(&store, "k", gcra(2), 0).remaining, 1);
     }
 }
