@@ -2,9 +2,12 @@
 //! peek script (decide.lua keeping no spend), `lua/refund.lua` and
 //! `lua/reset.lua`, in Rust.
 
+use smallvec::SmallVec;
+
 use super::{
     MemoryStore,
     algorithms::{Entry, Now, Packed},
+    locked_shard,
 };
 use crate::{
     Algorithm, Error, Quota,
@@ -105,11 +108,19 @@ impl MemoryStore {
         }
     }
 
-    /// Forgets `keys`' counters.
+    /// Forgets `keys`' counters, all in one step, as `reset.lua`'s one
+    /// `DEL`: every key's shard is locked (in ascending order, as a
+    /// decision of several limits locks them) before any is reset, so no
+    /// decision sees some of the keys reset and others not.
     pub(crate) fn reset_now<K: AsRef<[u8]>>(&self, keys: &[K]) {
-        for key in keys {
-            let id = self.secret.id(key.as_ref());
-            let mut shard = self.inner.lock(self.inner.index(id));
+        let ids: SmallVec<[_; 4]> = keys.iter().map(|k| self.secret.id(k.as_ref())).collect();
+        let mut indices: SmallVec<[usize; 4]> =
+            ids.iter().map(|&id| self.inner.index(id)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let mut locked = self.inner.lock_all(&indices);
+        for id in ids {
+            let shard = locked_shard(&mut locked, &indices, self.inner.index(id));
             // Marked expired: they read as absent, and are reclaimed as
             // expired entries are (a full shard sweeps them out).
             if let Some(e) = shard.short.get_mut(id) {
@@ -266,5 +277,41 @@ mod tests {
             exact: false,
         }]);
         assert_eq!(check(&store, "k", gcra(2), 0).remaining, 1);
+    }
+
+    /// A reset of several keys is one step, as `reset.lua`'s one `DEL`:
+    /// while one key's shard is held (by this test, standing for a
+    /// decision of several limits), the other key is not reset either. It
+    /// once locked one key's shard after the other, so a decision could
+    /// see the first limit reset and the second not.
+    #[test]
+    fn a_reset_of_several_keys_is_one_step() {
+        let store = MemoryStore::new();
+        let shard = |key: &str| store.inner.index(store.secret.id(key.as_bytes()));
+        let first = "first";
+        let second = (0..)
+            .map(|i| format!("second{i}"))
+            .find(|key| shard(key) != shard(first))
+            .unwrap();
+        let quota = Quota::per_hour(1);
+        assert!(check(&store, first, quota, 1).allowed);
+        assert!(check(&store, &second, quota, 1).allowed);
+        let held = store.inner.lock(shard(&second));
+        let keys = [first.to_owned(), second.clone()];
+        let resetting = std::thread::spawn({
+            let store = store.clone();
+            move || store.reset_now(&keys)
+        });
+        // Time for the reset to reach the held shard, and stop there.
+        std::thread::sleep(Duration::from_millis(200));
+        let id = store.secret.id(first.as_bytes());
+        if let Some(mut s) = store.inner.try_lock(shard(first)) {
+            let expires_ms = s.short.get_mut(id).map(|e| e.expires_ms());
+            assert_ne!(expires_ms, Some(0), "the first key was reset alone");
+        }
+        drop(held);
+        resetting.join().unwrap();
+        assert!(check(&store, first, quota, 1).allowed);
+        assert!(check(&store, &second, quota, 1).allowed);
     }
 }
