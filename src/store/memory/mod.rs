@@ -10,7 +10,7 @@ pub(crate) use self::admin::Credit;
 use self::{
     algorithms::{Checked, Entry, Now, Packed},
     ids::{Secret, Table},
-    shards::{Shard, Shards},
+    shards::{Room, Shard, Shards},
 };
 use super::{LimitCheck, LimitState};
 use crate::{Algorithm, Quota, decision::Ends};
@@ -323,7 +323,8 @@ impl<'a> Pick<'a> {
     /// reclaiming cursor, as every new key does before it takes room
     /// ([`Shards::reclaim_step`]); until then, `None`: the caller lets go
     /// of its shards, moves the cursor (which locks shards of its own), and
-    /// checks again.
+    /// checks again. Also `None`, without `spend`, when making room swept
+    /// the shard ([`Room::Swept`]): the caller checks all its limits again.
     fn check(
         self,
         id: KeyId,
@@ -354,8 +355,14 @@ impl<'a> Pick<'a> {
             return None;
         }
         let long = matches!(spent, Entry::Sliding { .. });
-        if let Err(retry_ms) = self.shards.make_room(shard, self.i, long, pending, now) {
-            return Some((refused(retry_ms), true));
+        match self.shards.make_room(shard, self.i, long, pending, now) {
+            Err(retry_ms) => return Some((refused(retry_ms), true)),
+            // Without `spend`, a limit of a decision of several, which
+            // stores its spends after checking them all: the sweep may have
+            // removed an expired entry an earlier limit found in place, and
+            // took no room for. Checked again, it takes room as a new key.
+            Ok(Room::Swept) if !spend => return None,
+            Ok(_) => {}
         }
         if spend {
             spend_in(shard, id, spent);
@@ -591,11 +598,8 @@ mod tests {
             tokio::time::advance(Duration::from_millis(250)).await;
             let now = store.now();
             let mut shard = store.inner.lock(0);
-            assert_eq!(
-                store.inner.make_room(&mut shard, 0, false, 0, now),
-                Ok(()),
-                "{how}"
-            );
+            let room = store.inner.make_room(&mut shard, 0, false, 0, now);
+            assert!(room.is_ok(), "{how}: {room:?}");
             drop(shard);
             assert_eq!(store.len(), 0, "{how}");
         }
@@ -614,6 +618,32 @@ mod tests {
         // All or nothing: "a" was not stored either.
         assert!(store.is_empty());
         assert!(store.decide_now(vec![check("a")], 1)[0].allowed);
+    }
+
+    /// A full shard's sweep, made for a new key of a decision of several
+    /// limits, removes the expired entries that the decision's earlier
+    /// limits found in place (and so took no room for): the decision checks
+    /// its limits again, and they take room as the new keys they now are.
+    /// It once stored them all, one shard of one store past its bound.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_within_a_decision_never_stores_past_the_bound() {
+        let store = MemoryStore::with_max_keys(3072);
+        let check = |key: String, quota: &str| LimitCheck {
+            key,
+            quota: quota.parse().unwrap(),
+            shadow: false,
+        };
+        let ended: Vec<_> = (0..10).map(|i| check(format!("a{i}"), "1/1s")).collect();
+        assert!(store.decide_now(ended.clone(), 1).iter().all(|s| s.allowed));
+        for i in 0..3062 {
+            assert!(one(&store, &format!("k{i}"), "1/1h", 1).allowed);
+        }
+        assert_eq!(store.len(), 3072);
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let mut checks = ended;
+        checks.push(check("new".into(), "1/1h"));
+        let states = store.decide_now(checks, 1);
+        assert!(store.len() <= 3072, "{} keys: {states:?}", store.len());
     }
 
     #[tokio::test(start_paused = true)]

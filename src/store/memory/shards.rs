@@ -102,6 +102,17 @@ impl Shard {
     }
 }
 
+/// A new key fits in its shard: [`Shards::make_room`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    /// As the shard was.
+    Fits,
+    /// Once its expired entries were swept out: entries that a caller
+    /// found in place before (expired, and so needing no room then) may be
+    /// gone.
+    Swept,
+}
+
 /// Where the reclaiming cursor is.
 #[derive(Debug, Default)]
 struct Cursor {
@@ -215,10 +226,11 @@ impl Shards {
     /// Before a new key goes into `shard`, shard `i`, locked by the caller
     /// (into its `long` table or its short one, where this decision already
     /// placed `pending` new keys), and after the caller moved the cursor
-    /// ([`reclaim_step`](Self::reclaim_step)): says whether it fits; if
-    /// not, in how many milliseconds the shard may have room. A shard that
-    /// is full, or whose table would grow, is first swept if it may hold
-    /// expired entries, so that tables grow for live keys only.
+    /// ([`reclaim_step`](Self::reclaim_step)): says whether it fits, and
+    /// whether the shard was swept for it; if not, in how many milliseconds
+    /// the shard may have room. A shard that is full, or whose table would
+    /// grow, is first swept if it may hold expired entries, so that tables
+    /// grow for live keys only.
     pub(super) fn make_room(
         &self,
         shard: &mut Shard,
@@ -226,7 +238,7 @@ impl Shards {
         long: bool,
         pending: usize,
         now: Now,
-    ) -> Result<(), u64> {
+    ) -> Result<Room, u64> {
         let cap = self.capacity(i);
         let fits = |s: &Shard| s.len() + pending < cap;
         let grows = |s: &Shard| {
@@ -237,13 +249,15 @@ impl Shards {
             }
         };
         if fits(shard) && !grows(shard) {
-            return Ok(());
+            return Ok(Room::Fits);
         }
+        let mut room = Room::Fits;
         if now.ms >= shard.soonest_ms.max(shard.sweep_after_ms) {
             shard.sweep(now);
+            room = Room::Swept;
         }
         if fits(shard) {
-            return Ok(());
+            return Ok(room);
         }
         // The soonest expiry, or if it has passed (and the sweep waits for
         // its gap), the next sweep; the cursor may free room sooner.
