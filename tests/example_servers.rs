@@ -413,6 +413,19 @@ fn bad_values_stop_the_server_naming_the_variable() {
             assert!(!stderr.contains("None"), "{name} {vars:?}: {stderr}");
         }
     }
+    // A tier's quota too fast for GCRA is the tier's fault, not RATE_LIMIT's
+    // (left at its default).
+    for name in EXAMPLES {
+        let vars = [
+            ("RATE_LIMIT_ALGORITHM", "gcra"),
+            ("RATE_LIMIT_TIERS", "pro=2000/1ms"),
+        ];
+        let stderr = refused(name, &vars);
+        assert!(
+            stderr.contains("RATE_LIMIT_TIERS") && !stderr.contains("RATE_LIMIT="),
+            "{name} {vars:?}: {stderr}"
+        );
+    }
     // A reservation needs one fixed-window quota.
     for (var, value) in [
         ("RATE_LIMIT", "10/1s;100/1m"),

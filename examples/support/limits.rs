@@ -105,7 +105,7 @@ impl Limits {
                 Error::config("RATE_LIMIT", &text, fix)
             };
             let quota: Quota = part.trim().parse().map_err(|e| fix(&e))?;
-            let quota = shape(quota, &algorithm, burst)?;
+            let quota = shape(quota, "RATE_LIMIT", &algorithm, burst)?;
             if quotas.contains(&quota) {
                 return Err(fix(&format!("{part} is given twice")));
             }
@@ -186,9 +186,10 @@ impl Limits {
     }
 
     /// `quota` under `RATE_LIMIT_ALGORITHM` and `RATE_LIMIT_BURST`, as
-    /// every quota of `RATE_LIMIT`.
-    pub(super) fn shape(&self, quota: Quota) -> Result<Quota, Error> {
-        shape(quota, &self.algorithm, self.burst)
+    /// every quota of `RATE_LIMIT`; errors blame `source`, the setting that
+    /// gave it (such as `RATE_LIMIT_TIERS tier pro`).
+    pub(super) fn shape(&self, quota: Quota, source: &str) -> Result<Quota, Error> {
+        shape(quota, source, &self.algorithm, self.burst)
     }
 
     /// A builder for one tier's limiter: `quota`, named `name`, with the
@@ -202,8 +203,9 @@ impl Limits {
     }
 }
 
-/// `quota` counted with `algorithm` (and `burst`, for GCRA).
-fn shape(quota: Quota, algorithm: &str, burst: Option<u64>) -> Result<Quota, Error> {
+/// `quota` counted with `algorithm` (and `burst`, for GCRA); errors name
+/// `source`, the setting `quota` comes from, as in `{source}={quota}`.
+fn shape(quota: Quota, source: &str, algorithm: &str, burst: Option<u64>) -> Result<Quota, Error> {
     Ok(match algorithm {
         "sliding-window" => quota.sliding_window(),
         // Default burst: the quota's own count.
@@ -215,11 +217,11 @@ fn shape(quota: Quota, algorithm: &str, burst: Option<u64>) -> Result<Quota, Err
                     Error::config("RATE_LIMIT_BURST", &burst.to_string(), e)
                 }
                 (e, Some(burst)) => Error::usage(format!(
-                    "RATE_LIMIT={quota} with RATE_LIMIT_ALGORITHM=gcra and \
+                    "{source}={quota} with RATE_LIMIT_ALGORITHM=gcra and \
                      RATE_LIMIT_BURST={burst} is invalid: {e}"
                 )),
                 (e, None) => Error::usage(format!(
-                    "RATE_LIMIT={quota} with RATE_LIMIT_ALGORITHM=gcra (a burst of its \
+                    "{source}={quota} with RATE_LIMIT_ALGORITHM=gcra (a burst of its \
                      limit) is invalid: {e}"
                 )),
             }

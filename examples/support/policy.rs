@@ -63,7 +63,7 @@ impl Policy {
                 let name = name.trim();
                 let quota: Quota = quota.trim().parse().map_err(|e| fix(&format!("{e}")))?;
                 let quota = match limits {
-                    Some(l) => l.shape(quota)?,
+                    Some(l) => l.shape(quota, &format!("RATE_LIMIT_TIERS tier {name}"))?,
                     None => quota,
                 };
                 // The name must be a limiter name: check it now.
