@@ -367,6 +367,8 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("RATE_LIMIT_TIERS", "free=3/60s;free=5/60s"),
         ("RATE_LIMIT_TIERS", "a b=3/60s"),
         ("RATE_LIMIT_TIERS", "default=3/60s"),
+        // The counters of the default limiter (RATE_LIMIT=100/1s, unnamed).
+        ("RATE_LIMIT_TIERS", "default.100-1000=3/60s"),
         ("RATE_LIMIT_TIER_HEADER", "x-plan"),
         ("RATE_LIMIT_SKIP", "10.0.0.0/33"),
         ("RATE_LIMIT_REFUND", "5xx"),

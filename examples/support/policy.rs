@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use http::HeaderName;
 use redis_ratelimit::{
-    Limiter, LimiterBuilder, Quota, RateLimitLayer, Tiers,
+    ConfigError, Limiter, LimiterBuilder, MemoryStore, Quota, RateLimitLayer, Tiers,
     key::{self, RequestInfo},
     refund::Refund,
     skip::{ClientAddr, Networks, Skipping},
@@ -56,6 +56,14 @@ impl Policy {
                 );
                 Error::config("RATE_LIMIT_TIERS", text, fix)
             };
+            // Every limiter the layer builds, built now on a store of their
+            // own and kept to the end: a tier that cannot be built, or that
+            // would count on the default's counters (`default.100-1000`,
+            // those of an unnamed 100/1s), is refused here, naming the
+            // variable, not once the real store is connected.
+            let probe = MemoryStore::new();
+            let default = limits.and_then(|l| l.builder().store(probe.clone()).build().ok());
+            let mut kept = Vec::new();
             for part in text.split(';').filter(|p| !p.trim().is_empty()) {
                 let Some((name, quota)) = part.split_once('=') else {
                     return Err(fix(&format!("{:?} has no `=`", part.trim())));
@@ -66,19 +74,26 @@ impl Policy {
                     Some(l) => l.shape(quota, &format!("RATE_LIMIT_TIERS tier {name}"))?,
                     None => quota,
                 };
-                // The name must be a limiter name: check it now.
-                Limiter::builder(quota)
-                    .name(name)
-                    .build()
-                    .map_err(|e| fix(&e.to_string()))?;
                 if tiers.iter().any(|(n, _)| n == name) {
                     return Err(fix(&format!("tier {name:?} is given twice")));
                 }
-                if limits.is_some_and(|l| l.builder().build().is_ok_and(|d| d.name() == name)) {
+                if default.as_ref().is_some_and(|d| d.name() == name) {
                     return Err(fix(&format!(
                         "tier {name:?} has the default limiter's name; pick another"
                     )));
                 }
+                let builder = match limits {
+                    Some(l) => l.tier_builder(name, quota),
+                    None => Limiter::builder(quota).name(name),
+                };
+                let limiter = builder.store(probe.clone()).build().map_err(|e| match e {
+                    ConfigError::SharedCounters(taken) => fix(&format!(
+                        "tier {name:?} would count on the default limiter's counters \
+                         ({taken:?}); pick another name"
+                    )),
+                    e => fix(&e.to_string()),
+                })?;
+                kept.push(limiter);
                 tiers.push((name.to_owned(), quota));
             }
             if tiers.is_empty() {
