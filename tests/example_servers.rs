@@ -389,6 +389,12 @@ fn bad_values_stop_the_server_naming_the_variable() {
         &[("RATE_LIMIT", "off"), ("RATE_LIMIT_SHADOW", "maybe")][..],
         &[("RATE_LIMIT", "off"), ("RATE_LIMIT_RESERVE", "ten")][..],
         &[("RATE_LIMIT_RESERVE", "50")][..],
+        // No hop trusted: every client behind the proxy would share its key.
+        &[
+            ("RATE_LIMIT_KEY", "client-ip"),
+            ("TRUSTED_PROXIES", "10.0.0.0/8"),
+            ("TRUSTED_HOPS", "0"),
+        ][..],
     ] {
         let var = vars.last().unwrap().0;
         for name in EXAMPLES {
@@ -441,14 +447,26 @@ fn bad_values_stop_the_server_naming_the_variable() {
 }
 
 /// Runs example `name` with `vars`, which it must refuse (exit status 2):
-/// what it wrote to stderr.
+/// what it wrote to stderr. One that takes them is stopped once it listens.
 fn refused(name: &str, vars: &[(&str, &str)]) -> String {
-    let out = Command::new(examples_dir().join(name))
+    let mut child = Command::new(examples_dir().join(name))
         .env("BIND", "127.0.0.1:0")
         .envs(vars.iter().copied())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let started = stdout
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("listening on"));
+    if started {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!started, "{name} {vars:?} started: {stderr}");
     assert_eq!(out.status.code(), Some(2), "{name} {vars:?}: {stderr}");
     stderr
 }

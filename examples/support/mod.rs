@@ -20,7 +20,7 @@
 //! | `RATE_LIMIT_RESERVE_KEYS` | unset: 10000 | with `RATE_LIMIT_RESERVE`: how many keys may hold a reservation at once (`LimiterBuilder::local_reservation_keys`, 1 to 10000000, about 300 bytes each); size it to the keys hit again within a window |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
 //! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
-//! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended) |
+//! | `TRUSTED_HOPS` | unset | with `client-ip`: trust this many proxies in front of the server whatever their addresses (the client is the entry the n-th appended), 1 to 32 |
 //! | `FORWARDED_HEADER` | `x-forwarded-for` | with `client-ip`: the header read, `x-forwarded-for`, `forwarded` or `x-real-ip` |
 //! | `RATE_LIMIT_ON_ERROR` | `allow` | when the store fails: `allow` the request or `deny` it (503) |
 //! | `RATE_LIMIT_TIERS` | unset: one tier | named tiers with their own quota, `<name>=<quota>` separated by `;`, e.g. `free=3/60s;pro=8/60s`; the tier header picks one, and a request without it, or naming no tier, gets `RATE_LIMIT`; every tier uses `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`, `RATE_LIMIT_DENY_CACHE` and `RATE_LIMIT_SHADOW`, and its `RateLimit` headers show its name and quota |
@@ -544,9 +544,11 @@ fn client_ip_settings(key: KeyBy) -> Result<KeyBy, Error> {
     }
     if let Some(text) = hops {
         let n = match text.trim().parse::<u8>() {
-            Ok(n) if n <= 32 => n,
+            // 0 reads no header: every client behind a proxy would share
+            // the proxy's key.
+            Ok(n) if (1..=32).contains(&n) => n,
             _ => {
-                let fix = "use the number of proxies in front of the server, 0 to 32";
+                let fix = "use the number of proxies in front of the server, 1 to 32, or unset it";
                 return Err(Error::config("TRUSTED_HOPS", &text, fix));
             }
         };

@@ -158,7 +158,9 @@ impl ClientIp {
     /// peer as the first: the client is the entry the `n`-th proxy appended,
     /// the `n`-th from the right (`hops(1)`: the rightmost). With fewer
     /// entries, the leftmost; with no header, the peer. `n` is capped at 32,
-    /// and `hops(0)` means the peer address.
+    /// and `hops(0)` means the peer address, even from a proxy trusted with
+    /// [`trust`](Self::trust): no header is read, so every client behind it
+    /// shares its key.
     ///
     /// Only safe if clients cannot reach the server except through those
     /// proxies. If proxies are also trusted by address, the header is read
