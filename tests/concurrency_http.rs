@@ -221,6 +221,35 @@ async fn the_lease_covers_the_body_and_a_client_that_goes_away_frees_it() {
     .await;
 }
 
+/// A response future dropped before its first poll (the caller went away
+/// between `call` and `.await`) asks Redis nothing: no acquire runs for a
+/// request that never ran, so none takes a slot from real requests.
+#[tokio::test]
+async fn a_response_future_dropped_unpolled_sends_nothing_to_redis() {
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    let b = Backend::redis().await;
+    let server = b.server().unwrap();
+    let limiter = b.concurrency(1).build().unwrap();
+    let mut events = server.key_events(&limiter.store_key("k")).await;
+    let app = service_fn(|_| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    });
+    let mut svc = InFlightLimitLayer::new(limiter, Header::new("x-api-key")).layer(app);
+    let req = || {
+        let req = http::Request::get("/").header("x-api-key", "k");
+        req.body(String::new()).unwrap()
+    };
+    server.reset_stats().await;
+    drop(svc.ready().await.unwrap().call(req()));
+    // An acquire sent for it would be applied within a round trip, well
+    // under a second on a local Redis.
+    events.expect_none(Duration::from_secs(1)).await;
+    assert_eq!(server.script_calls().await, 0, "{}", server.log());
+    let res = svc.ready().await.unwrap().call(req()).await.unwrap();
+    assert_eq!(res.status(), 200);
+}
+
 async fn boom() -> &'static str {
     panic!("handler panicked on purpose")
 }

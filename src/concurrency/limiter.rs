@@ -1,7 +1,7 @@
 //! [`ConcurrencyLimiter`]: a concurrency limit plus a lease store; the
 //! framework-free entry point.
 
-use std::{fmt, mem, sync::Arc, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use tokio::runtime::Handle;
 
@@ -137,7 +137,8 @@ impl ConcurrencyLimiter {
     /// first). The release is owner-checked, hence harmless if nothing was
     /// granted. Dropping the future before it finishes (a client that went
     /// away, a `select!` that took another branch) leaks nothing either: its
-    /// token is released the same way.
+    /// token is released the same way. The store is first called when the
+    /// future is first polled, so one dropped unpolled asks it nothing.
     ///
     /// While the [circuit breaker](crate::Breaker) is open, the store is not
     /// called: [`Error::CircuitOpen`] at once.
@@ -154,15 +155,13 @@ impl ConcurrencyLimiter {
         if pass == Pass::Open {
             return Box::pin(std::future::ready(Err(Error::CircuitOpen)));
         }
-        let token = next_token(inner.lease_ms());
-        let limit = inner.policy.limit();
-        // Made now, so that dropping the future unpolled releases the token
-        // (a store may act before it is polled) and frees a probe's slot.
+        // Made now, so that dropping the future unpolled frees a probe's
+        // slot; the store's acquire is only made at the first poll.
         let pending = Pending {
             limiter: self.clone(),
-            key: key.clone(),
-            token: token.clone(),
-            call: inner.store.acquire(&key, &token, limit, inner.lease_ms()),
+            key,
+            token: next_token(inner.lease_ms()),
+            call: None,
             domain,
             pass,
             settled: false,
@@ -188,8 +187,13 @@ impl ConcurrencyLimiter {
 /// Waits for `pending`'s acquire within the timeout and settles it,
 /// recording its outcome with the breaker.
 async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
-    let timeout = pending.limiter.inner.timeout;
-    let outcome = tokio::time::timeout(timeout, &mut pending.call).await;
+    let inner = &pending.limiter.inner;
+    let (limit, lease_ms, timeout) = (inner.policy.limit(), inner.lease_ms(), inner.timeout);
+    let call = inner
+        .store
+        .acquire(&pending.key, &pending.token, limit, lease_ms);
+    let call = pending.call.insert(call);
+    let outcome = tokio::time::timeout(timeout, call).await;
     pending.settled = true;
     let (key, token) = (pending.key.clone(), pending.token.clone());
     let (domain, pass) = (pending.domain, pending.pass);
@@ -225,7 +229,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
             let e = Error::Timeout(timeout);
             limiter.record(domain, pass, Some(&e));
             let limiter = limiter.clone();
-            limiter.release_later(key, token, Some(pending.take_call()));
+            limiter.release_later(key, token, pending.call.take());
             Err(e)
         }
     }
@@ -297,12 +301,14 @@ impl ConcurrencyLimiter {
 /// An acquire on its way. If it is dropped before its outcome is known (the
 /// caller went away: a client that disconnected, a `select!` that took
 /// another branch), the acquire may still be applied, so its token is
-/// released in the background as after a timeout.
+/// released in the background as after a timeout; if it is dropped before
+/// its first poll, the store was never called, and nothing is sent.
 struct Pending {
     limiter: ConcurrencyLimiter,
     key: Arc<str>,
     token: Arc<str>,
-    call: BoxFuture<'static, Result<LeaseState, Error>>,
+    /// The store's acquire, made at the first poll.
+    call: Option<BoxFuture<'static, Result<LeaseState, Error>>>,
     /// The breaker's fault domain of the key, and what the breaker let the
     /// acquire do.
     domain: u8,
@@ -311,18 +317,13 @@ struct Pending {
     settled: bool,
 }
 
-impl Pending {
-    fn take_call(&mut self) -> BoxFuture<'static, Result<LeaseState, Error>> {
-        mem::replace(&mut self.call, Box::pin(std::future::pending()))
-    }
-}
-
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.settled {
-            let call = self.take_call();
-            let (key, token) = (self.key.clone(), self.token.clone());
-            self.limiter.release_later(key, token, Some(call));
+            if let Some(call) = self.call.take() {
+                let (key, token) = (self.key.clone(), self.token.clone());
+                self.limiter.release_later(key, token, Some(call));
+            }
             self.limiter.inner.breaker.abandon(self.domain, self.pass);
         }
     }

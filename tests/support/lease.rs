@@ -121,6 +121,15 @@ impl KeyEvents {
             }
         }
     }
+
+    /// Fails if any event comes within `limit`: for what must not happen,
+    /// waited for about as long as it would take if it did.
+    pub async fn expect_none(&mut self, limit: Duration) {
+        if let Ok(Some(msg)) = tokio::time::timeout(limit, self.stream.next()).await {
+            let seen: String = msg.get_payload().unwrap();
+            panic!("unexpected {seen:?} within {limit:?}; saw {}", self.log);
+        }
+    }
 }
 
 /// A lease acquired on a runtime that is then shut down, taking the lease's
