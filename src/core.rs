@@ -477,7 +477,7 @@ impl Logs {
         if !e.is_server_error() {
             tracing::debug!(error = %e, "rate limit: no key for request");
         } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
-            tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500 (logged once)");
+            tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500, or letting them through unchecked under a limiter whose every limit is a shadow limit (logged once)");
         }
     }
 
