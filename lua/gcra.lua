@@ -31,7 +31,8 @@
 --         µs: refund.lua).
 --
 -- A TAT further ahead than the capacity (a burst lowered since, or a corrupt
--- value) is clamped to now + cap instead of being obeyed; a remainder b >=
+-- value) is clamped to now + cap instead of being obeyed, and written back
+-- so (undo) when the call spends nothing on the key; a remainder b >=
 -- per_us (a limit changed since) rounds the TAT up to a + 1. A value that is
 -- neither format, or of the wrong type, is deleted; any other error is
 -- raised (lib.lua's corruption). check only reads (but for deleting a corrupt
@@ -123,7 +124,8 @@ local function gcra_module()
 
   -- How far a stored TAT (a, b) runs ahead of now, in units, clamped to
   -- [0, cap] (see the header); 0 when there is none (a is nil). Also
-  -- decide.lua's compact form's.
+  -- decide.lua's compact form's. A second result, true, says the TAT ran
+  -- beyond cap and was clamped.
   local function ahead_of(s, a, b, now)
     if a == nil then
       return 0
@@ -133,13 +135,13 @@ local function gcra_module()
     end
     local d = a - now
     if d > s.cap_us then
-      return s.cap
+      return s.cap, true
     elseif d < 0 then
       return 0
     end
     local ahead = d * s.per_us + b
     if ahead > s.cap then
-      return s.cap
+      return s.cap, true
     end
     return ahead
   end
@@ -147,7 +149,7 @@ local function gcra_module()
   function gcra.check(key, s, cost, now)
     local step, per_us, cap = s.step, s.per_us, s.cap
     local a, b = read_tat(key)
-    local ahead = ahead_of(s, a, b, now)
+    local ahead, beyond = ahead_of(s, a, b, now)
     local ttl = redis.call('PTTL', key)
     local room = cap - ahead
     local allowed = cost <= s.burst and cost * step <= room
@@ -171,15 +173,27 @@ local function gcra_module()
     -- spend must be the first write (see the header).
     return {
       key = key, now = now, per_us = per_us, ahead = ahead, after = after,
-      heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
+      beyond = beyond, heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
       allowed = allowed, remaining = divmod(room, step), remaining_after = remaining_after,
       reset = reset, reset_after = reset_after, ttl = reset_after + 1, retry = retry,
       reset_us = reset_us, reset_after_us = reset_after_us,
     }
   end
 
-  -- Nothing to take back (check never writes a spend): only a TTL to heal.
+  -- Nothing to take back (check never writes a spend): only a TTL to heal,
+  -- or a TAT booked beyond a full bucket (a burst lowered since) to pull
+  -- back to a full bucket from now, so that it drains from now as the
+  -- memory store's does, rather than denying until the old booking ends.
+  -- A Redis that refuses the SET (maxmemory) keeps the denial, and the key
+  -- gets the heal below if its TTL runs beyond the full bucket's.
   function gcra.undo(st)
+    if st.beyond then
+      local q, r = divmod(st.ahead, st.per_us)
+      local set = redis.pcall('SET', st.key, string.format('%d:%d', st.now + q, r), 'PX', int(st.reset + 1))
+      if type(set) ~= 'table' or not set.err then
+        return
+      end
+    end
     if st.heal then
       if st.ahead > 0 then
         redis.call('PEXPIRE', st.key, int(st.reset + 1))

@@ -73,6 +73,37 @@ async fn gcra_admits_the_burst_then_one_per_interval(b: Backend) {
     assert_ttls(&b).await;
 }
 
+/// A named GCRA limit whose burst is lowered on a live key (50 → 3, "5/1s",
+/// one unit per 200 ms): the old booking, 10 s ahead, is held to a full
+/// bucket of the new burst from the first request that sees it, so the key
+/// admits again one interval later, as it would had it been full then. (On
+/// Redis it denied until the new bucket's TTL ran out, 600 ms, whatever came
+/// in between, where the memory store admitted after 200 ms.)
+async fn gcra_drains_a_booking_beyond_a_lowered_burst_from_now(b: Backend) {
+    let quota = |burst| Quota::per_second(5).gcra(burst).unwrap();
+    let wide = b.builder_for(quota(50)).name("g").build().unwrap();
+    assert_eq!(admitted(&wide, "k", 50).await, 50);
+    let narrow = b
+        .builder_for(quota(3))
+        .name("g")
+        .share_counters()
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let first = narrow.check("k", 1).await.unwrap();
+    assert!(!first.is_allowed(), "{first:?}");
+    let wait = first.retry_after().unwrap();
+    assert!((150..=200).contains(&wait.as_millis()), "{first:?}");
+    assert!(
+        (550..=600).contains(&first.reset_after().as_millis()),
+        "{first:?}"
+    );
+    sleep(wait + ms(50)).await;
+    let next = narrow.check("k", 1).await.unwrap();
+    assert!(next.is_allowed(), "{next:?}");
+    assert_ttls(&b).await;
+}
+
 /// "5/2s": one request opens the window, four more come at 1.7 s and five
 /// at 2.2 s. A fixed window admits all nine of the last within 0.5 s; the
 /// sliding window stays within its bound, 5 × (1 + 0.5 / 2) = 6.
@@ -209,6 +240,7 @@ async fn a_cost_beyond_the_limit_is_a_finite_denial_from_the_store(b: Backend) {
 support::for_every_store!(
     a_cost_beyond_the_limit_is_a_finite_denial_from_the_store,
     gcra_admits_the_burst_then_one_per_interval,
+    gcra_drains_a_booking_beyond_a_lowered_burst_from_now,
     sliding_window_bounds_the_boundary_burst,
     sliding_window_retry_after_is_honest,
     costs_are_exact_in_every_algorithm,

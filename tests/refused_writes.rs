@@ -150,6 +150,51 @@ async fn oom_gcra_is_a_store_error_and_keeps_the_counter() {
     oom_is_a_store_error(Algo::Gcra).await;
 }
 
+/// A GCRA key booked beyond a lowered burst is pulled back to a full bucket
+/// from now by a write (`gcra.lua`'s undo). Out of memory Redis refuses that
+/// write: the check is still the denial it reads, not an error (which the
+/// `Allow` policy would admit), and the key's TTL is cut to the full
+/// bucket's as before, so it never outlives the lowered burst's bucket.
+#[tokio::test]
+async fn oom_gcra_beyond_a_lowered_burst_is_still_a_denial() {
+    let server = RedisServer::start();
+    let wide = limits::every_check(
+        "3/1h".parse::<Quota>().unwrap().gcra(3).unwrap(),
+        server.store().await,
+    )
+    .name("l")
+    .share_counters()
+    .build()
+    .unwrap();
+    for _ in 0..3 {
+        assert!(wide.check("spent", 1).await.unwrap().is_allowed());
+    }
+    let narrow = limits::every_check(
+        "3/1h".parse::<Quota>().unwrap().gcra(1).unwrap(),
+        server.store().await,
+    )
+    .name("l")
+    .share_counters()
+    .build()
+    .unwrap();
+    server.refuse_writes(true).await;
+    for _ in 0..3 {
+        let d = narrow.check("spent", 1).await;
+        assert!(
+            matches!(&d, Ok(d) if !d.is_allowed()),
+            "{d:?}\n{}",
+            server.log()
+        );
+    }
+    server.refuse_writes(false).await;
+    // 1/1200 s, a burst of 1: a full bucket is 1,200,000 ms (the wide
+    // booking was 3,600,000).
+    let key = narrow.store_key("spent");
+    let ttls = server.keys_with_ttl().await;
+    let ttl = ttls.iter().find(|(k, _)| *k == key).map(|(_, t)| *t);
+    assert!(matches!(ttl, Some(1..=1_200_001)), "{key}: {ttls:?}");
+}
+
 /// A reset is how an operator lets a client back in, and may be wanted
 /// most while Redis is out of memory. It only deletes, which Redis allows
 /// then (it frees memory): the reset is made, and so is its marker, written
