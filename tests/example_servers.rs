@@ -150,6 +150,52 @@ async fn every_example_answers_status_paths() {
     }
 }
 
+/// `BIND=[::]:port` takes IPv4 clients on a system whose sockets default to
+/// IPv6 only (`net.ipv6.bindv6only=1`, set in a network namespace of the
+/// test's own, `unshare -n`, which needs root): the examples turn
+/// `IPV6_V6ONLY` off themselves. Each example is asked `GET /` over IPv4
+/// from inside the namespace (bash's `/dev/tcp`).
+#[test]
+fn bind_ipv6_wildcard_takes_ipv4_clients_whatever_the_system_default() {
+    const SCRIPT: &str = r#"
+        ip link set lo up && sysctl -qw net.ipv6.bindv6only=1 || exit 97
+        BIND='[::]:3000' RATE_LIMIT=100/60s "$0" >/dev/null 2>&1 &
+        for _ in $(seq 300); do
+            if exec 3<>/dev/tcp/127.0.0.1/3000; then
+                printf 'GET / HTTP/1.0\r\nHost: t\r\n\r\n' >&3
+                head -n 1 <&3
+                kill $!
+                exit 0
+            fi 2>/dev/null
+            sleep 0.1
+        done
+        kill $!
+        echo "no IPv4 connection to [::]:3000 in 30 s"
+    "#;
+    for name in EXAMPLES {
+        let out = Command::new("unshare")
+            .args(["-n", "bash", "-c", SCRIPT])
+            .arg(examples_dir().join(name))
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("run unshare: {e} (util-linux's unshare: apt-get install util-linux)")
+            });
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_ne!(
+            out.status.code(),
+            Some(97),
+            "this test needs root, `unshare -n`, iproute2's `ip` and `sysctl` \
+             (apt-get install iproute2 procps): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.starts_with("HTTP/1.") && stdout.contains(" 200"),
+            "{name}: {stdout:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[tokio::test]
 async fn rate_limit_tiers_pick_the_tier_by_header() {
     let vars = [

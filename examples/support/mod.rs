@@ -4,7 +4,7 @@
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
-//! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one) |
+//! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one); `[::]:port` is dual-stack (IPv4 clients too) whatever the system's default |
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0`, or over a local Redis's Unix socket, `unix:///run/redis/redis.sock` |
 //! | `REDIS_CLUSTER_URLS` | unset | counters in a Redis Cluster instead: seed node URLs separated by commas, e.g. `redis://10.0.0.1:7000,redis://10.0.0.2:7000`; needs the `cluster` feature, and not with `REDIS_URL` |
 //! | `REDIS_SENTINEL_URLS` | unset | counters on the master that Redis Sentinel names instead, followed across failovers: sentinel URLs separated by commas, e.g. `redis://10.0.0.1:26379,redis://10.0.0.2:26379`; needs the `sentinel` feature and `REDIS_SENTINEL_MASTER`, and not with `REDIS_URL`, `REDIS_CLUSTER_URLS` or `REDIS_POOL` |
@@ -82,14 +82,32 @@ pub async fn setup() -> Result<Setup, Error> {
         }
         None => (None, "rate limiting off: RATE_LIMIT=off".to_owned()),
     };
-    let listener = TcpListener::bind(config.bind)
-        .await
+    let listener = listen(config.bind)
         .map_err(|e| Error::runtime(format!("cannot listen on BIND={}: {e}", config.bind)))?;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::runtime(e.to_string()))?;
     tracing::info!("listening on {addr} ({limiting})");
     Ok(Setup { listener, layer })
+}
+
+/// Binds `addr` as tokio's `TcpListener::bind` does (`SO_REUSEADDR` off
+/// Windows, a backlog of 1024), but an IPv6 address is dual-stack
+/// explicitly (`IPV6_V6ONLY` off): `[::]:port` takes IPv4 clients too,
+/// whatever the system's default (Linux's `net.ipv6.bindv6only`; some BSDs
+/// default to IPv6 only).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    #[cfg(not(windows))]
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 /// The status `GET /status/<code>` answers with: `code` if it is a number
