@@ -357,12 +357,12 @@ impl<K, R> Core<K, R> {
     }
 
     /// After a passed request's response head `res`: gives `spent` back
-    /// if the response's status is one to refund. A gRPC-Web response whose
-    /// status is not at its head is never refunded. A gRPC response whose
-    /// `grpc-status` is not at its head (it comes in the trailers, after
-    /// the middleware has let the response go) gets the refund in its
+    /// if the response's status is one to refund. A gRPC or gRPC-Web
+    /// response whose `grpc-status` is not at its head (it comes in the
+    /// trailers, or gRPC-Web's trailer frame at the body's end, after the
+    /// middleware has let the response go) gets the refund in its
     /// extensions, for a [`TrailersLayer`](crate::refund::TrailersLayer)
-    /// outside to settle by the trailers; without one it stays charged.
+    /// outside to settle by that status; without one it stays charged.
     pub(crate) fn settle(&self, res: &mut impl ResponseHead, decision: &Decision, spent: Charged) {
         // A decision that spent nothing (a shadow denial) needs no task.
         let Some(refund) = self.refund.as_ref().filter(|_| decision.spent().is_some()) else {
@@ -372,8 +372,7 @@ impl<K, R> Core<K, R> {
             Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
             Outcome::Grpc(code) if refund.applies_to_grpc(code) => spent.refund(decision),
             Outcome::Known(_) | Outcome::Grpc(_) => {}
-            Outcome::InBody => self.logs.status_in_body(),
-            Outcome::InTrailers => {
+            Outcome::InTrailers | Outcome::InBody => {
                 let logged = self.logs.untaken_logged.clone();
                 res.defer(Deferred::new(
                     refund.clone(),
@@ -431,7 +430,6 @@ struct Logs {
     no_peer_logged: AtomicBool,
     /// Set once a refund left for a `TrailersLayer` found none.
     untaken_logged: Arc<AtomicBool>,
-    web_logged: AtomicBool,
     store: Throttle,
 }
 
@@ -478,15 +476,6 @@ impl Logs {
             tracing::debug!(error = %e, "rate limit: no key for request");
         } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500, or letting them through unchecked under a limiter whose every limit is a shadow limit (logged once)");
-        }
-    }
-
-    /// A gRPC-Web response's status came in its body: no refund.
-    fn status_in_body(&self) {
-        if !self.web_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "rate limit: a gRPC-Web response's grpc-status is in its body, which the middleware does not read: such calls are never refunded (put the limit inside the gRPC-Web translation, where calls are gRPC, to refund them; logged once)"
-            );
         }
     }
 

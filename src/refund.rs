@@ -33,12 +33,11 @@
 //!   and never without one, which a warning says once per layer. So
 //!   [`Successes`](Refund::Successes) on gRPC needs that layer.
 //! * A gRPC-Web response (`content-type: application/grpc-web...`) is
-//!   judged by a `grpc-status` at its head the same way. gRPC-Web sends the
-//!   trailers as the body's last frame, which no layer here reads: without
-//!   a status at the head it is never refunded (a warning says so once),
-//!   and never taken for a success by its 200. To refund such calls by
-//!   their outcome, put the rate limit inside the gRPC-Web translation
-//!   (tonic-web's layer), where they are gRPC calls.
+//!   judged by its `grpc-status` the same way, never by its 200. At its
+//!   head, the layer reads it; gRPC-Web sends the trailers as the body's
+//!   last frame, which a [`TrailersLayer`] outside reads as the body passes
+//!   (binary and `-text` alike), as it reads a gRPC call's trailers; without
+//!   one such calls are never refunded.
 //!
 //! ```
 //! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::PeerIp, refund::Refund};
@@ -56,6 +55,7 @@
 mod deferred;
 mod status;
 mod trailers;
+mod web;
 
 use std::{fmt, str::FromStr, sync::Arc};
 

@@ -415,3 +415,44 @@ async fn actix_and_tower_answer_a_limited_grpc_call_alike() {
         "{t} {a}"
     );
 }
+
+/// actix-web has no trailers, so a gRPC or gRPC-Web answer whose
+/// `grpc-status` is not at its head (in the trailers, or gRPC-Web's trailer
+/// frame) is never refunded there: it stays charged, and a warning says so
+/// once per middleware, as the tower layer's does without a `TrailersLayer`.
+#[tokio::test]
+async fn actix_never_refunds_a_status_it_cannot_read_and_says_so_once() {
+    use redis_ratelimit::{Limiter, Quota, key::Global};
+    use support::logs::Captured;
+
+    let captured = Captured::default();
+    let guard = captured.install();
+    let limiter = Limiter::builder(Quota::per_minute(5)).build().unwrap();
+    let middleware =
+        RateLimitMiddleware::new(limiter.clone(), Global).refund_when(Refund::Successes);
+    let app = actix_web::test::init_service(App::new().wrap(middleware).route(
+        "/",
+        web::post().to(|| async {
+            HttpResponse::Ok()
+                .content_type("application/grpc-web+proto")
+                .body(&b"\x80\x00\x00\x00\x0fgrpc-status:0\r\n"[..])
+        }),
+    ))
+    .await;
+    for _ in 0..3 {
+        let req = actix_web::test::TestRequest::post().uri("/").to_request();
+        let res = actix_web::test::call_service(&app, req).await;
+        assert_eq!(res.status(), 200);
+        let _ = actix_web::test::read_body(res).await;
+    }
+    // A refund would be a task on this runtime: give it time to land.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(guard);
+    assert_eq!(limiter.peek("global", 1).await.unwrap().remaining(), 2);
+    let warnings = captured.warning_lines();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("refund::TrailersLayer"),
+        "{warnings:?}"
+    );
+}

@@ -2,8 +2,8 @@
 //! `refund::TrailersLayer` outside the rate-limit layer: the status in the
 //! trailers decides, a body that never reaches them stays charged, and
 //! without the layer nothing is refunded and a warning says so. gRPC-Web
-//! answers are judged by the `grpc-status` at their head, never by their
-//! HTTP 200. On the memory store and on Redis. (Served tonic calls:
+//! answers are judged by their `grpc-status`, at their head or in their
+//! body's trailer frame, never by their HTTP 200. On the memory store and on Redis. (Served tonic calls:
 //! `tests/grpc.rs`.)
 
 mod support;
@@ -194,34 +194,89 @@ async fn without_the_trailers_layer_nothing_is_refunded_and_a_warning_says_so() 
     );
 }
 
+/// A gRPC-Web frame: the flag byte, the length, the payload.
+fn web_frame(flag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![flag];
+    out.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A gRPC-Web answer (HTTP 200) by the path: `/status/<code>` that status
+/// at its head and no body; `/body/<code>` one message, then the trailer
+/// frame with that status, sent a few bytes at a time; `/text/<code>` the
+/// same in `application/grpc-web-text` (base64, each frame's own segment);
+/// `/in-body` a body that ends without a trailer frame.
+async fn grpc_web_app(req: Request<()>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let (kind, code) = path[1..].split_once('/').unwrap_or((&path[1..], ""));
+    let trailer = web_frame(
+        0x80,
+        format!("grpc-message: x\r\ngrpc-status: {code}\r\n").as_bytes(),
+    );
+    let message = web_frame(0, b"a message");
+    let (content_type, body): (_, Vec<u8>) = match kind {
+        "body" => ("application/grpc-web+proto", [message, trailer].concat()),
+        "text" => {
+            use base64::Engine;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let text = b64.encode(&message) + &b64.encode(&trailer);
+            ("application/grpc-web-text+proto", text.into_bytes())
+        }
+        _ => ("application/grpc-web+proto", message),
+    };
+    let frames: Vec<Result<_, Infallible>> = body
+        .chunks(3)
+        .map(|piece| Ok(Frame::data(Bytes::copy_from_slice(piece))))
+        .collect();
+    let mut res = Response::builder().header("content-type", content_type);
+    if kind == "status" {
+        res = res.header("grpc-status", code);
+    }
+    let body = match kind {
+        "status" => http_body_util::Empty::new()
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+        _ => StreamBody::new(stream::iter(frames)).boxed_unsync(),
+    };
+    Ok(res.body(body).unwrap())
+}
+
 /// A gRPC-Web answer is HTTP 200 whatever the call's outcome, as a gRPC
 /// one is: "count only failures" (`Successes`) must not refund a failed
-/// call for its 200. Its `grpc-status` at the head decides; without one
-/// there (gRPC-Web sends it in the body) it is never refunded.
+/// call for its 200. Its `grpc-status` decides: at the head, or in the
+/// trailer frame that ends its body, which the `TrailersLayer` reads as the
+/// body passes, binary or base64; a body that ends without one, or is
+/// dropped first, stays charged.
 async fn grpc_web_by_its_status(b: Backend) {
     let limiter = b.limiter("10/1m");
     let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::Successes);
     let mut svc = ServiceBuilder::new()
         .layer(TrailersLayer::new())
         .layer(layer)
-        .service(service_fn(|req: Request<()>| async move {
-            let mut res = Response::builder().header("content-type", "application/grpc-web+proto");
-            if let Some(code) = req.uri().path().strip_prefix("/status/") {
-                res = res.header("grpc-status", code);
-            }
-            let res = res.body(http_body_util::Empty::<Bytes>::new()).unwrap();
-            Ok::<_, Infallible>(res)
-        }));
+        .service(service_fn(grpc_web_app));
     let mut left = 10;
-    // (path, refunded): a failure at the head (16 UNAUTHENTICATED), a
-    // success at the head, a status left for the body.
-    for (path, refunded) in [
-        ("/status/16", false),
-        ("/status/0", true),
-        ("/in-body", false),
+    // (path, read the body to its end, refunded): a failure at the head (16
+    // UNAUTHENTICATED), a success at the head, then in the body.
+    for (path, to_the_end, refunded) in [
+        ("/status/16", true, false),
+        ("/status/0", true, true),
+        ("/body/16", true, false),
+        ("/body/0", true, true),
+        ("/text/5", true, false),
+        ("/text/0", true, true),
+        ("/body/0", false, false),
+        ("/in-body", true, false),
     ] {
         let res = send(&mut svc, path).await;
         assert_eq!(res.status(), 200, "{path}");
+        let mut body = res.into_body();
+        if to_the_end {
+            body.collect().await.unwrap();
+        } else {
+            body.frame().await.unwrap().unwrap();
+            drop(body);
+        }
         if !refunded {
             left -= 1;
         }

@@ -1,7 +1,8 @@
 //! A refund that waits for the trailers: [`Pending`], which the rate-limit
-//! service leaves in a gRPC response's extensions when its `grpc-status` is
-//! not at the head, and which a [`TrailersLayer`](super::TrailersLayer)
-//! outside it takes into the response body.
+//! service leaves in a gRPC or gRPC-Web response's extensions when its
+//! `grpc-status` is not at the head, and which a
+//! [`TrailersLayer`](super::TrailersLayer) outside it takes into the
+//! response body.
 
 use std::sync::{
     Arc, Mutex,
@@ -47,7 +48,13 @@ impl Deferred {
         let code = trailers
             .get(&GRPC_STATUS)
             .map_or(&b""[..], |v| v.as_bytes());
-        if self.refund.applies_to_grpc(grpc_code(code)) {
+        self.settle_code(grpc_code(code));
+    }
+
+    /// Gives the cost back if `code`, a `grpc-status` read off the
+    /// trailers ([`grpc_code`]; `None` is 2 `UNKNOWN`), is one to refund.
+    pub(crate) fn settle_code(self, code: Option<u8>) {
+        if self.refund.applies_to_grpc(code) {
             self.spent.refund(&self.decision);
         }
     }
@@ -99,15 +106,34 @@ impl Drop for Slot {
             .0
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let first = |d: &Deferred| !d.logged.swap(true, Ordering::Relaxed);
-        if untaken.iter().any(first) {
-            tracing::warn!(
-                "rate limit: a gRPC response's grpc-status is in its trailers, and no \
-                 refund::TrailersLayer outside the rate-limit layer read them: such calls \
-                 are never refunded (logged once per layer)"
-            );
+        if untaken.iter().any(Deferred::first_untaken) {
+            warn_untaken();
         }
     }
+}
+
+impl Deferred {
+    /// Drops a refund that no [`TrailersLayer`](super::TrailersLayer) can
+    /// take (a response kind without trailers: actix-web's), saying so once
+    /// per rate-limit layer.
+    pub(crate) fn untaken(self) {
+        if self.first_untaken() {
+            warn_untaken();
+        }
+    }
+
+    /// Whether this is the first of its layer's refunds left untaken.
+    fn first_untaken(&self) -> bool {
+        !self.logged.swap(true, Ordering::Relaxed)
+    }
+}
+
+fn warn_untaken() {
+    tracing::warn!(
+        "rate limit: a gRPC response's grpc-status is in its trailers (or a gRPC-Web \
+         body's trailer frame), and no refund::TrailersLayer outside the rate-limit layer \
+         read them: such calls are never refunded (logged once per layer)"
+    );
 }
 
 #[cfg(test)]

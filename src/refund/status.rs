@@ -18,9 +18,10 @@ pub(crate) trait ResponseHead {
     fn header(&self, name: &'static HeaderName) -> Option<&[u8]>;
     /// Leaves a refund that waits for the trailers where a
     /// [`TrailersLayer`](super::TrailersLayer) finds it. A response kind
-    /// without trailers (actix-web's) drops it: no refund.
+    /// without trailers (actix-web's) drops it, with a warning once per
+    /// layer: no refund.
     fn defer(&mut self, deferred: Deferred) {
-        drop(deferred);
+        deferred.untaken();
     }
 }
 
@@ -49,7 +50,8 @@ pub(crate) enum Outcome {
     /// A gRPC response whose `grpc-status` comes in its trailers.
     InTrailers,
     /// A gRPC-Web response whose `grpc-status` comes in its body (gRPC-Web
-    /// sends the trailers as the body's last frame): never refunded.
+    /// sends the trailers as the body's last frame), which a
+    /// [`TrailersLayer`](super::TrailersLayer) reads.
     InBody,
 }
 
@@ -78,19 +80,22 @@ impl Outcome {
 /// `application/grpc-web` or `application/grpc-web-text`, each with an
 /// optional `+<codec>` and parameters (ASCII case ignored).
 fn is_grpc_web(ct: &[u8]) -> bool {
+    grpc_web_text(ct).is_some()
+}
+
+/// For a gRPC-Web `content-type` value ([`is_grpc_web`]), whether it is
+/// `application/grpc-web-text` (the body in base64); `None` for any other.
+pub(crate) fn grpc_web_text(ct: &[u8]) -> Option<bool> {
     const WEB: &[u8] = b"application/grpc-web";
-    let Some(rest) = ct
+    let rest = ct
         .get(..WEB.len())
         .filter(|p| p.eq_ignore_ascii_case(WEB))
-        .map(|_| &ct[WEB.len()..])
-    else {
-        return false;
+        .map(|_| &ct[WEB.len()..])?;
+    let (text, rest) = match rest.get(..5) {
+        Some(text) if text.eq_ignore_ascii_case(b"-text") => (true, &rest[5..]),
+        _ => (false, rest),
     };
-    let rest = match rest.get(..5) {
-        Some(text) if text.eq_ignore_ascii_case(b"-text") => &rest[5..],
-        _ => rest,
-    };
-    matches!(rest.first(), None | Some(b'+' | b';'))
+    matches!(rest.first(), None | Some(b'+' | b';')).then_some(text)
 }
 
 /// The code a `grpc-status` value holds, if it holds one (a decimal number

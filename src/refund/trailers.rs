@@ -1,5 +1,6 @@
 //! [`TrailersLayer`]: refunds by a `grpc-status` that comes in the
-//! trailers, which the rate-limit layer cannot wait for.
+//! trailers (or gRPC-Web's trailer frame), which the rate-limit layer
+//! cannot wait for.
 
 use std::{
     future::Future,
@@ -13,7 +14,10 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::deferred::{Deferred, Pending};
+use super::{
+    deferred::{Deferred, Pending},
+    web::{Found, WebTrailers},
+};
 
 /// Refunds gRPC calls by the `grpc-status` in their trailers: put it
 /// **outside** a [`RateLimitLayer`](crate::RateLimitLayer) that has
@@ -31,6 +35,13 @@ use super::deferred::{Deferred, Pending};
 ///   are 2 `UNKNOWN`, a 500;
 /// * a body that ends without trailers, fails, or is dropped first (the
 ///   client went away) refunds nothing: the call stays charged.
+///
+/// A **gRPC-Web** answer (`application/grpc-web...`, `-text` too) carries
+/// its trailers as its body's last frame: with a refund pending, the body's
+/// frames are read as they pass (messages skipped, never kept) to that
+/// frame, whose `grpc-status` decides as above. A trailer frame that is
+/// compressed, larger than 16 KiB or not well-formed base64 refunds
+/// nothing.
 ///
 /// Without this layer such calls are never refunded, and a warning says so
 /// once per rate-limit layer. Responses with nothing left to refund (every non-gRPC response,
@@ -120,7 +131,16 @@ where
         let mut res = ready!(self.project().inner.poll(cx))?;
         let pending = res.extensions_mut().remove::<Pending>();
         let deferred = pending.map(|p| p.take()).unwrap_or_default();
-        Poll::Ready(Ok(res.map(|inner| TrailersBody { inner, deferred })))
+        // A gRPC-Web answer's status comes in its body's trailer frame.
+        let web = (!deferred.is_empty())
+            .then(|| WebTrailers::for_content_type(res.headers().get(http::header::CONTENT_TYPE)))
+            .flatten()
+            .map(Box::new);
+        Poll::Ready(Ok(res.map(|inner| TrailersBody {
+            inner,
+            deferred,
+            web,
+        })))
     }
 }
 
@@ -133,6 +153,9 @@ pin_project! {
         #[pin]
         inner: B,
         deferred: Vec<Deferred>,
+        // For a gRPC-Web answer with a refund: the reader of its trailer
+        // frame.
+        web: Option<Box<WebTrailers>>,
     }
 }
 
@@ -163,6 +186,19 @@ impl<B: Body> Body for TrailersBody<B> {
                 if let Some(trailers) = frame.trailers_ref() {
                     for deferred in this.deferred.drain(..) {
                         deferred.settle(trailers);
+                    }
+                } else if let (Some(web), Some(data)) = (this.web.as_mut(), frame.data_ref()) {
+                    match web.read(data) {
+                        Found::Nothing => {}
+                        Found::Status(code) => {
+                            for deferred in this.deferred.drain(..) {
+                                deferred.settle_code(code);
+                            }
+                        }
+                        Found::Unreadable => this.deferred.clear(),
+                    }
+                    if this.deferred.is_empty() {
+                        *this.web = None;
                     }
                 }
             }
