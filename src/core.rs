@@ -404,6 +404,8 @@ impl<K, R> Core<K, R> {
                 Verdict::Pass(None)
             }
             Err(Error::CostExceedsLimit { cost, limit }) => {
+                // Counted by the limiter; a client's cost, so throttled.
+                self.logs.cost_exceeds(cost, limit);
                 Verdict::Reject(Rejection::CostExceedsLimit { cost, limit })
             }
             Err(e @ Error::KeyCount { .. }) => {
@@ -423,14 +425,18 @@ impl<K, R> Core<K, R> {
     }
 }
 
-/// Log throttling: a misconfiguration is logged once, a store outage at most
-/// once a second (with how many errors were not logged).
+/// Log throttling: a misconfiguration is logged once; a store outage, and
+/// requests whose cost no window can hold, at most once a second each
+/// (with how many were not logged).
 #[derive(Debug, Default)]
 struct Logs {
     no_peer_logged: AtomicBool,
     /// Set once a refund left for a `TrailersLayer` found none.
     untaken_logged: Arc<AtomicBool>,
     store: Throttle,
+    /// A client chooses its requests' costs: its own throttle, so that a
+    /// flood of them neither floods the log nor hides store errors.
+    cost: Throttle,
 }
 
 /// At most one log line a second, counting the lines left out.
@@ -476,6 +482,20 @@ impl Logs {
             tracing::debug!(error = %e, "rate limit: no key for request");
         } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500, or letting them through unchecked under a limiter whose every limit is a shadow limit (logged once)");
+        }
+    }
+
+    /// A request's cost exceeds a limit's whole quota (`limit`): a 429 that
+    /// no wait clears. Worth an operator's look (a quota smaller than the
+    /// costs the layer gives), but a client can send any number of them.
+    fn cost_exceeds(&self, cost: u64, limit: u64) {
+        if let Some(unlogged) = self.cost.admit() {
+            tracing::warn!(
+                cost,
+                limit,
+                unlogged,
+                "rate limit: a request's cost exceeds the limit's whole quota, so no wait could admit it; answered 429, nothing spent"
+            );
         }
     }
 

@@ -300,8 +300,10 @@ impl<K, R> RateLimitLayer<K, R> {
     /// an enforced limit's [capacity](crate::Quota::capacity) could never be
     /// admitted: it is answered at once with
     /// [`Rejection::CostExceedsLimit`] (429 without `Retry-After`), and
-    /// nothing is spent. Above a shadow limit's, that limit reports a
-    /// denial and blocks nothing.
+    /// nothing is spent; it is counted as a denial of that limit
+    /// (`ratelimit_denied_total`, with the `metrics` feature) and logged at
+    /// `warn`, at most once a second. Above a shadow limit's, that limit
+    /// reports a denial and blocks nothing.
     ///
     /// ```
     /// use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Header};

@@ -4,9 +4,9 @@
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `ratelimit_allowed_total` | counter | `limit` (every limit of an admitted request that admitted it) |
-//! | `ratelimit_denied_total` | counter | `limit` (the limits that denied) |
+//! | `ratelimit_denied_total` | counter | `limit` (the limits that denied; and each enforced limit a request's cost exceeds the whole quota of, [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit), a 429 from the layers) |
 //! | `ratelimit_denied_locally_total` | counter | `limit` (deny-cache hits) |
-//! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too) |
+//! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too; this includes a shadow limit whose whole quota the cost exceeds, when the check is `CostExceedsLimit`) |
 //! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit) |
 //! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full; see `MemoryStore`) |
@@ -93,6 +93,20 @@ pub(crate) fn decision(d: &Decision, locally: bool) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (d, locally);
+}
+
+/// Counts a check refused as [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit)
+/// for limit `keys`, whose whole quota the cost exceeds: a denial, or for a
+/// shadow limit a shadow denial, as [`decision`] counts a decided one.
+pub(crate) fn cost_exceeds(keys: &Keys, shadow: bool) {
+    #[cfg(feature = "metrics")]
+    keys.count(if shadow {
+        names::SHADOW_DENIED
+    } else {
+        names::DENIED
+    });
+    #[cfg(not(feature = "metrics"))]
+    let _ = (keys, shadow);
 }
 
 /// Counts a failed (or breaker-refused) store call for every limit.

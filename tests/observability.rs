@@ -10,11 +10,13 @@ use metrics_util::{
     debugging::{DebugValue, DebuggingRecorder, Snapshotter},
 };
 use redis_ratelimit::{
-    Breaker, Limiter, MemoryStore, OnStoreError, Quota, RateLimitLayer, key::Header,
+    Breaker, Error, Limiter, MemoryStore, OnStoreError, Quota, RateLimitLayer,
+    key::{Global, Header},
 };
 use support::{
     RedisServer,
     http::Caller,
+    logs::Captured,
     servers::{app, spawn_axum},
 };
 
@@ -263,4 +265,209 @@ async fn shadow_mode_rejects_nothing_and_metrics_count_every_outcome() {
     let snapshot = snapshotter.snapshot().into_vec();
     errors += counter(&snapshot, "ratelimit_store_errors_total", "reserved");
     assert_eq!(errors, 1, "store errors counted for one failed check");
+}
+
+/// A recorder of this test's own, on its thread: the tests below run beside
+/// the one above, whose recorder is global, and a `#[tokio::test]` runs its
+/// tasks (and so the in-process services' decisions) on the test's thread.
+/// A snapshot takes the counts it reads, so each test reads once, at its end.
+fn local_recorder() -> (DebuggingRecorder, Snapshotter) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    (recorder, snapshotter)
+}
+
+/// The value of counter `name`, whatever its labels.
+fn counter_total(
+    snapshot: &[(
+        CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )],
+    name: &str,
+) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == name)
+        .map(|(.., v)| match v {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The request's cost, from its `x-cost` header's value (1 without one).
+fn cost_of(header: Option<&[u8]>) -> u64 {
+    header
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// `limiter` as a tower layer around "ok", in process, keyed by `Global`,
+/// each request costing its `x-cost` header.
+fn costed_tower(
+    limiter: Limiter,
+) -> impl Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = u16>>> {
+    use tower::{ServiceExt, service_fn};
+    let layer = RateLimitLayer::new(limiter, Global)
+        .cost(|p| cost_of(p.headers.get("x-cost").map(|v| v.as_bytes())));
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+        }));
+    move |cost| {
+        let req = http::Request::get("/")
+            .header("x-cost", cost.to_string())
+            .body(())
+            .unwrap();
+        let svc = svc.clone();
+        Box::pin(async move { svc.oneshot(req).await.unwrap().status().as_u16() })
+    }
+}
+
+/// `limiter` as actix-web middleware around "ok", in process (actix-web's
+/// test service), keyed by `Global`, each request costing its `x-cost`
+/// header.
+#[cfg(feature = "actix")]
+async fn costed_actix(
+    limiter: Limiter,
+) -> impl Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = u16>>> {
+    use actix_web::{App, HttpResponse, test, web};
+    use redis_ratelimit::actix::RateLimitMiddleware;
+    let middleware = RateLimitMiddleware::new(limiter, Global)
+        .cost(|r| cost_of(r.headers().get("x-cost").map(|v| v.as_bytes())));
+    let app = test::init_service(
+        App::new()
+            .wrap(middleware)
+            .route("/", web::get().to(HttpResponse::Ok)),
+    )
+    .await;
+    let app = std::rc::Rc::new(app);
+    move |cost| {
+        let app = app.clone();
+        Box::pin(async move {
+            let req = test::TestRequest::get()
+                .uri("/")
+                .insert_header(("x-cost", cost.to_string()))
+                .to_request();
+            test::call_service(&*app, req).await.status().as_u16()
+        })
+    }
+}
+
+/// A cost above a limit's whole quota is a 429 (`CostExceedsLimit`) that
+/// no wait clears: counted as a denial of the limit it exceeds, by the
+/// limiter (so business code calling `check` counts it too, and a peek
+/// does not), and logged by the middleware at `warn`, at most once a
+/// second, however many such requests come. It was neither.
+#[tokio::test]
+async fn a_cost_above_the_quota_is_a_counted_and_logged_denial() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let captured = Captured::default();
+    let _logs = captured.install();
+    let started = std::time::Instant::now();
+
+    let tower = costed_tower(
+        Limiter::builder("3/1m".parse().unwrap())
+            .name("cost-tower")
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(tower(1).await, 200);
+    for _ in 0..20 {
+        assert_eq!(tower(4).await, 429);
+    }
+
+    // Direct use: the error, counted for each limit the cost exceeds (a
+    // denial of an enforced limit, a shadow denial of a shadow one); the
+    // limit it fits in counts nothing.
+    let direct = Limiter::builder("3/1m".parse().unwrap())
+        .name("cost-small")
+        .limit("cost-big", Quota::per_minute(100))
+        .limit("cost-dry", Quota::per_minute(2))
+        .shadow_limit("cost-dry")
+        .build()
+        .unwrap();
+    let err = direct.check("k", 5).await.unwrap_err();
+    assert!(
+        matches!(err, Error::CostExceedsLimit { cost: 5, limit: 3 }),
+        "{err}"
+    );
+    // A peek decides nothing: not counted.
+    assert!(direct.peek("k", 5).await.is_err());
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        counter(&snapshot, "ratelimit_denied_total", "cost-tower"),
+        20
+    );
+    assert_eq!(
+        counter(&snapshot, "ratelimit_allowed_total", "cost-tower"),
+        1
+    );
+    assert_eq!(
+        counter(&snapshot, "ratelimit_denied_total", "cost-small"),
+        1
+    );
+    assert_eq!(counter(&snapshot, "ratelimit_denied_total", "cost-big"), 0);
+    assert_eq!(counter(&snapshot, "ratelimit_allowed_total", "cost-big"), 0);
+    assert_eq!(
+        counter(&snapshot, "ratelimit_shadow_denied_total", "cost-dry"),
+        1
+    );
+    assert_eq!(counter_total(&snapshot, "ratelimit_store_errors_total"), 0);
+
+    // One line a second at most: 20 requests in well under a second are
+    // one line (a slow machine may take a second or two: one more each).
+    let lines: Vec<_> = captured
+        .warning_lines()
+        .into_iter()
+        .filter(|l| l.contains("cost"))
+        .collect();
+    let most = 1 + started.elapsed().as_secs() as usize;
+    assert!(
+        !lines.is_empty() && lines.len() <= most,
+        "{most} lines at most: {lines:?}"
+    );
+    assert!(
+        lines[0].contains("cost=4") && lines[0].contains("limit=3"),
+        "{lines:?}"
+    );
+    assert!(
+        captured
+            .warning_lines()
+            .iter()
+            .all(|l| !l.contains("store failed"))
+    );
+}
+
+/// The actix middleware shares the core: the same count and log.
+#[cfg(feature = "actix")]
+#[tokio::test]
+async fn actix_counts_and_logs_a_cost_above_the_quota() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let captured = Captured::default();
+    let _logs = captured.install();
+    let actix = costed_actix(
+        Limiter::builder("3/1m".parse().unwrap())
+            .name("cost-actix")
+            .build()
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(actix(1).await, 200);
+    for _ in 0..5 {
+        assert_eq!(actix(4).await, 429);
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        counter(&snapshot, "ratelimit_denied_total", "cost-actix"),
+        5
+    );
+    let lines = captured.warning_lines();
+    assert!(lines.iter().any(|l| l.contains("cost=4")), "{lines:?}");
 }

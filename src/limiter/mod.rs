@@ -199,7 +199,10 @@ impl Limiter {
     /// A `cost` of 0 only looks. A denied check spends nothing. A `cost`
     /// above an enforced limit's [capacity](Quota::capacity) is
     /// [`Error::CostExceedsLimit`] without asking the store: no wait could
-    /// ever admit it. Above a [shadow](LimiterBuilder::shadow_limit)
+    /// ever admit it. With the `metrics` feature it is counted as a denial
+    /// (`ratelimit_denied_total`) of each limit it exceeds (a shadow
+    /// limit's as a shadow denial). Above a
+    /// [shadow](LimiterBuilder::shadow_limit)
     /// limit's, the check goes on, and that limit reports a denial (unless
     /// the cost is above [`MAX_LIMIT`](crate::quota::MAX_LIMIT)). Store
     /// failures and the timeout are errors; the layers turn them into their
@@ -254,7 +257,7 @@ impl Limiter {
         let mut reserving = inner.reservations.as_ref().filter(|_| cost > 0);
         if let Some(reservations) = reserving {
             if let Err(e) = self.limit_check_quota(0, cost) {
-                return done(Err(e));
+                return done(Err(self.refused(e)));
             }
             let mut key = keyspace::StackKey::new();
             self.write_key(0, keys[0], &mut key);
@@ -276,7 +279,7 @@ impl Limiter {
         }
         let mut checks: Checks = match self.checks(keys, cost) {
             Ok(checks) => checks,
-            Err(e) => return done(Err(e)),
+            Err(e) => return done(Err(self.refused(e))),
         };
         // Borrowed for the lookup; after a miss, copied for an insert should
         // the store deny (inline, without an allocation, when short).
@@ -371,6 +374,26 @@ impl Limiter {
         Ok(quota)
     }
 
+    /// `e`, a check's error before any store call, once counted if it is
+    /// [`Error::CostExceedsLimit`]: a denial of each enforced limit whose
+    /// whole quota the cost exceeds, and a shadow denial of each such
+    /// shadow limit (the metrics' `limit` labels). Counted here, by the
+    /// check, so that business code calling [`check`](Self::check) and the
+    /// layers count alike; a [`peek`](Self::peek) decides nothing and counts
+    /// nothing. Logging it is the caller's: the layers log it, throttled.
+    #[cold]
+    fn refused(&self, e: Error) -> Error {
+        if let Error::CostExceedsLimit { cost, .. } = e {
+            let policies = &self.inner.policies;
+            for (i, (quota, _)) in self.inner.limits.iter().enumerate() {
+                if cost > quota.capacity() {
+                    metrics::cost_exceeds(policies.metric_keys(i), policies.is_shadow(i));
+                }
+            }
+        }
+        e
+    }
+
     /// Every limit's check of `cost` for `keys`.
     fn checks<C: FromIterator<LimitCheck>>(&self, keys: &[&[u8]], cost: u64) -> Result<C, Error> {
         match self.inner.limits.len() {
@@ -398,7 +421,9 @@ impl Limiter {
         let (states, ends): (States, Ends) = if inner.limits.len() == 1 {
             // The key hashed as it is written, after its prefix, which was
             // hashed once: a decision on a known key allocates nothing.
-            let quota = self.limit_check_quota(0, cost)?;
+            let quota = self
+                .limit_check_quota(0, cost)
+                .map_err(|e| self.refused(e))?;
             let (state, end) = match inner.memory_prefix {
                 Some(mut key) => {
                     keyspace::push_client(&mut key, keys[0]);
@@ -408,7 +433,8 @@ impl Limiter {
             };
             (smallvec::smallvec![state], Ends::One(end))
         } else {
-            let (states, ends) = memory.decide_now_at(self.checks(keys, cost)?, cost);
+            let checks = self.checks(keys, cost).map_err(|e| self.refused(e))?;
+            let (states, ends) = memory.decide_now_at(checks, cost);
             (states.into(), ends)
         };
         metrics::store_latency(inner.policies.metric_keys(0), started);
