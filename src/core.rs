@@ -303,9 +303,10 @@ impl<K, R> Core<K, R> {
     ///
     /// A limiter whose every limit is a shadow limit denies nothing: a
     /// request it finds no key for is let through unchecked (the key error
-    /// is logged as for an enforced limiter), and a failed store lets the
-    /// request through whatever the store-error policy
-    /// ([`verdict`](Self::verdict), from [`Pending::dry`]).
+    /// is logged as for an enforced limiter), and a failed store, or a cost
+    /// no limit can hold, lets the request through whatever the
+    /// store-error policy ([`verdict`](Self::verdict), from
+    /// [`Pending::dry`]).
     pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Started<Pending>
     where
         K: KeyExtractor<Req>,
@@ -394,19 +395,24 @@ impl<K, R> Core<K, R> {
 
     /// Applies the store-error policy to a finished check; for a limiter
     /// that enforces nothing (`dry`), every failure passes, but a custom
-    /// extractor's wrong key count, which is a bug to fix.
+    /// extractor's wrong key count, which is a bug to fix. A cost no window
+    /// can hold is no store failure: a 429, or under `dry` a pass (the
+    /// limiter counted it, as a denial or a shadow denial).
     pub(crate) fn verdict(&self, result: Result<Decision, Error>, dry: bool) -> Verdict {
         match result {
             Ok(d) if d.is_allowed() => Verdict::Pass(Some(d)),
             Ok(d) => Verdict::Reject(Rejection::Denied(d)),
+            Err(Error::CostExceedsLimit { cost, limit }) => {
+                // A client's cost, so throttled.
+                self.logs.cost_exceeds(cost, limit, dry);
+                match dry {
+                    true => Verdict::Pass(None),
+                    false => Verdict::Reject(Rejection::CostExceedsLimit { cost, limit }),
+                }
+            }
             Err(e) if dry && !matches!(e, Error::KeyCount { .. }) => {
                 self.logs.store_error(&e, OnStoreError::Allow);
                 Verdict::Pass(None)
-            }
-            Err(Error::CostExceedsLimit { cost, limit }) => {
-                // Counted by the limiter; a client's cost, so throttled.
-                self.logs.cost_exceeds(cost, limit);
-                Verdict::Reject(Rejection::CostExceedsLimit { cost, limit })
             }
             Err(e @ Error::KeyCount { .. }) => {
                 // A custom extractor's `key_count` disagrees with the limiter.
@@ -486,10 +492,22 @@ impl Logs {
     }
 
     /// A request's cost exceeds a limit's whole quota (`limit`): a 429 that
-    /// no wait clears. Worth an operator's look (a quota smaller than the
-    /// costs the layer gives), but a client can send any number of them.
-    fn cost_exceeds(&self, cost: u64, limit: u64) {
-        if let Some(unlogged) = self.cost.admit() {
+    /// no wait clears, or under a limiter whose every limit is a shadow
+    /// limit (`shadow`), the 429 it would be. Worth an operator's look (a
+    /// quota smaller than the costs the layer gives), but a client can send
+    /// any number of them.
+    fn cost_exceeds(&self, cost: u64, limit: u64, shadow: bool) {
+        let Some(unlogged) = self.cost.admit() else {
+            return;
+        };
+        if shadow {
+            tracing::warn!(
+                cost,
+                limit,
+                unlogged,
+                "rate limit: a request's cost exceeds the limit's whole quota; let through, as every limit is a shadow limit (enforced, it would be a 429)"
+            );
+        } else {
             tracing::warn!(
                 cost,
                 limit,

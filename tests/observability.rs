@@ -471,3 +471,54 @@ async fn actix_counts_and_logs_a_cost_above_the_quota() {
     let lines = captured.warning_lines();
     assert!(lines.iter().any(|l| l.contains("cost=4")), "{lines:?}");
 }
+
+/// A limiter whose every limit is a shadow limit denies nothing: a cost
+/// above even `MAX_LIMIT` (`CostExceedsLimit`, for a shadow limit too) is
+/// let through and counted as a shadow denial. It was let through, but
+/// logged as "rate limit store failed": no store was asked.
+#[tokio::test]
+async fn a_shadow_limiter_passes_a_cost_no_limit_can_hold_as_a_shadow_denial() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let captured = Captured::default();
+    let _logs = captured.install();
+    let huge = redis_ratelimit::quota::MAX_LIMIT + 1;
+    let shadow = |name: &str| {
+        Limiter::builder("5/1m".parse().unwrap())
+            .name(name)
+            .limit(format!("{name}-day"), Quota::per_day(100))
+            .shadow(true)
+            .build()
+            .unwrap()
+    };
+    let tower = costed_tower(shadow("huge-tower"));
+    assert_eq!(tower(huge).await, 200);
+    assert_eq!(tower(huge).await, 200);
+    #[cfg(feature = "actix")]
+    {
+        let actix = costed_actix(shadow("huge-actix")).await;
+        assert_eq!(actix(huge).await, 200);
+    }
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    for (name, n) in [("huge-tower", 2), ("huge-actix", 1)] {
+        if name == "huge-actix" && !cfg!(feature = "actix") {
+            continue;
+        }
+        for limit in [name.to_owned(), format!("{name}-day")] {
+            let denied = counter(&snapshot, "ratelimit_shadow_denied_total", &limit);
+            assert_eq!(denied, n, "{limit}");
+            assert_eq!(counter(&snapshot, "ratelimit_denied_total", &limit), 0);
+        }
+    }
+    assert_eq!(counter_total(&snapshot, "ratelimit_store_errors_total"), 0);
+    let lines = captured.warning_lines();
+    assert!(
+        lines.iter().all(|l| !l.contains("store failed")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains(&format!("cost={huge}"))),
+        "{lines:?}"
+    );
+}

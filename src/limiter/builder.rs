@@ -97,7 +97,12 @@ impl LimiterBuilder {
     /// an enforced limit answers 400, or 500 for a missing peer address),
     /// and one whose check failed in the store, whatever the
     /// [`OnStoreError`](crate::OnStoreError) policy; both are logged and
-    /// counted as usual. [`Limiter::check`] still returns the error.
+    /// counted as usual. So is a request whose cost is above even
+    /// [`MAX_LIMIT`](crate::quota::MAX_LIMIT) (a cost no limit could ever
+    /// hold, [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit)
+    /// even for a shadow limit): let through, logged (throttled) and
+    /// counted as a shadow denial of every limit. [`Limiter::check`] still
+    /// returns the error.
     pub fn shadow(mut self, enabled: bool) -> Self {
         self.shadow_all = enabled;
         self
