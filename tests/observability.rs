@@ -522,3 +522,46 @@ async fn a_shadow_limiter_passes_a_cost_no_limit_can_hold_as_a_shadow_denial() {
         "{lines:?}"
     );
 }
+
+/// A peek of a new key on a full in-memory store answers what a check
+/// would (denied, nothing left, until the store's soonest window there
+/// ends), but refuses no spend: neither `ratelimit_store_full_total` nor
+/// the store's "full" warning counts it. It counted as a refusal.
+#[tokio::test]
+async fn a_peek_on_a_full_memory_store_is_no_refusal() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let captured = Captured::default();
+    let _logs = captured.install();
+    let limiter = Limiter::builder("3/1m".parse().unwrap())
+        .name("peek-full")
+        .limit("peek-full-hour", Quota::per_hour(10))
+        .store(MemoryStore::with_max_keys(2))
+        .build()
+        .unwrap();
+    assert!(limiter.check("held", 1).await.unwrap().is_allowed());
+    for cost in [1, 3] {
+        let peek = limiter.peek("new", cost).await.unwrap();
+        assert!(!peek.is_allowed(), "{peek:?}");
+        assert_eq!(peek.remaining(), 0);
+        assert!(
+            peek.retry_after()
+                .is_some_and(|w| w <= Duration::from_secs(60))
+        );
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(counter_total(&snapshot, "ratelimit_store_full_total"), 0);
+    assert_eq!(captured.warning_lines(), Vec::<String>::new());
+
+    // The check a peek stands for is refused, counted (a new key for each
+    // limit) and logged.
+    let check = limiter.check("new", 1).await.unwrap();
+    assert!(!check.is_allowed(), "{check:?}");
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(counter_total(&snapshot, "ratelimit_store_full_total"), 2);
+    let lines = captured.warning_lines();
+    assert!(
+        lines.len() == 1 && lines[0].contains("store full"),
+        "{lines:?}"
+    );
+}

@@ -54,7 +54,10 @@ mod shards;
 /// is the time until the soonest entry of that share expires (at least
 /// 250 ms apart between sweeps), never an error. It is counted
 /// (`ratelimit_store_full_total`, with the `metrics` feature) and logged at
-/// `warn`, at most every 10 seconds. Refusing newcomers is deliberate: the
+/// `warn`, at most every 10 seconds. A [`peek`](crate::Limiter::peek) of
+/// such a key answers as its check would (denied, with that
+/// `retry_after`), and is neither counted nor logged: it spends nothing, so
+/// nothing was refused. Refusing newcomers is deliberate: the
 /// alternative, evicting a held counter, would reset a live client's limit,
 /// so a flood of made-up keys could lift the limit of the clients it evicts.
 /// Refusing lifts no limit; at worst, new clients wait while a flood holds
@@ -177,7 +180,7 @@ impl MemoryStore {
         let mut reclaimed = false;
         let c = loop {
             let mut shard = shards.lock(i);
-            let pick = Pick::new(shards, &mut shard, i, reclaimed);
+            let pick = Pick::new(shards, &mut shard, i, reclaimed, true);
             if let Some((c, _)) = pick.check(id, quota, cost, now, true, 0) {
                 break c;
             }
@@ -255,7 +258,7 @@ impl MemoryStore {
                 .map(|((c, id), &i)| {
                     let pending = placed.iter().filter(|&&p| p == i).count();
                     let shard = locked_shard(&mut locked, &indices, i);
-                    let pick = Pick::new(shards, shard, i, reclaimed);
+                    let pick = Pick::new(shards, shard, i, reclaimed, spend);
                     let (checked, new) = pick.check(*id, c.quota, cost, now, false, pending)?;
                     // A new key that fits (a refused one is denied).
                     if new && checked.allowed {
@@ -301,23 +304,35 @@ struct Pick<'a> {
     i: usize,
     /// Whether this decision has moved the reclaiming cursor.
     reclaimed: bool,
+    /// Whether it is a check, which spends what it admits; not a peek,
+    /// whose answer a full store does not count as a refusal.
+    decides: bool,
 }
 
 impl<'a> Pick<'a> {
-    fn new(shards: &'a Shards, shard: &'a mut Shard, i: usize, reclaimed: bool) -> Self {
+    fn new(
+        shards: &'a Shards,
+        shard: &'a mut Shard,
+        i: usize,
+        reclaimed: bool,
+        decides: bool,
+    ) -> Self {
         Self {
             shards,
             shard,
             i,
             reclaimed,
+            decides,
         }
     }
 
     /// Checks `cost` against the key's live entry, if any, healing that
     /// entry in place where the scripts would. A new key that would be
     /// stored needs room in its shard (besides `pending` new keys this
-    /// decision placed there already), or it is refused. With `spend`, an
-    /// admitted cost is stored at once. Also says whether the key was new.
+    /// decision placed there already), or it is refused (and, for a check,
+    /// counted: [`Shards::refused`]; a peek is answered as its check would
+    /// be, and counts nothing). With `spend`, an admitted cost is stored at
+    /// once. Also says whether the key was new.
     ///
     /// A new key's room is checked only once the decision has moved the
     /// reclaiming cursor, as every new key does before it takes room
@@ -356,7 +371,12 @@ impl<'a> Pick<'a> {
         }
         let long = matches!(spent, Entry::Sliding { .. });
         match self.shards.make_room(shard, self.i, long, pending, now) {
-            Err(retry_ms) => return Some((refused(retry_ms), true)),
+            Err(retry_ms) => {
+                if self.decides {
+                    self.shards.refused(now);
+                }
+                return Some((refused(retry_ms), true));
+            }
             // Without `spend`, a limit of a decision of several, which
             // stores its spends after checking them all: the sweep may have
             // removed an expired entry an earlier limit found in place, and

@@ -230,7 +230,9 @@ impl Shards {
     /// whether the shard was swept for it; if not, in how many milliseconds
     /// the shard may have room. A shard that is full, or whose table would
     /// grow, is first swept if it may hold expired entries, so that tables
-    /// grow for live keys only.
+    /// grow for live keys only. A key that does not fit is the caller's to
+    /// count ([`refused`](Self::refused)): a peek, which would store
+    /// nothing, is refused no spend.
     pub(super) fn make_room(
         &self,
         shard: &mut Shard,
@@ -266,12 +268,12 @@ impl Shards {
             soonest if soonest > now.ms => soonest,
             _ => shard.sweep_after_ms,
         };
-        self.refused(now);
         Err(free_at.saturating_sub(now.ms).max(1))
     }
 
-    /// Counts a refused key, and warns at most every [`WARN_GAP_MS`].
-    fn refused(&self, now: Now) {
+    /// Counts a new key refused a spend, and warns at most every
+    /// [`WARN_GAP_MS`].
+    pub(super) fn refused(&self, now: Now) {
         crate::metrics::store_full();
         let mut r = lock(&self.refusals);
         r.count += 1;
