@@ -9,7 +9,7 @@
 //! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too; this includes a shadow limit whose whole quota the cost exceeds, when the check is `CostExceedsLimit`) |
 //! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit) |
-//! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full; see `MemoryStore`) |
+//! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full, or a new key's concurrency acquire refused because its lease table was; see `MemoryStore`) |
 
 #[cfg(feature = "metrics")]
 use std::time::Instant;

@@ -1,14 +1,20 @@
 //! The in-memory store's bound: at `max_keys`, a new key is denied (a 429
 //! with a Retry-After, never an error or a 5xx, never unlimited), held keys
 //! are still limited exactly, and once windows end new keys are admitted
-//! again without the store growing past its bound.
+//! again without the store growing past its bound. The concurrency
+//! limiter's leases on it are bounded the same way.
 
 mod support;
 
 use std::time::Duration;
 
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use redis_ratelimit::{Limiter, MemoryStore, OnStoreError, Quota, RateLimitLayer, key::Header};
+use redis_ratelimit::{
+    Limiter, MemoryStore, OnStoreError, Quota, RateLimitLayer,
+    concurrency::{Acquired, ConcurrencyLimiter},
+    key::Header,
+    store::LeaseStore,
+};
 use support::{
     http::get,
     servers::{app, spawn_axum},
@@ -87,4 +93,56 @@ async fn over_http_a_full_store_answers_429_with_retry_after_never_5xx() {
     let r = call("i".into()).await;
     assert_eq!(r.status, 429, "{r:?}");
     assert!(r.int("retry-after") >= 1);
+}
+
+/// The concurrency limiter's leases on the memory store are bounded by its
+/// `max_keys` too: a client making up keys gets a new key refused (busy,
+/// nothing left) while the lease table is full, held keys acquire and
+/// release as ever, and keys whose leases expired or were released make
+/// room again. Leases once took every new key, without bound.
+#[tokio::test(start_paused = true)]
+async fn a_full_lease_table_refuses_new_keys_and_serves_held_ones() {
+    let store = MemoryStore::with_max_keys(50);
+    let limiter = ConcurrencyLimiter::builder(2)
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let lease = limiter.acquire(&format!("user{i}")).await.unwrap();
+        held.push(lease.lease().expect("room"));
+    }
+    // Ten more keys, whose holder went away (a replica that crashed): their
+    // 1-second leases are never renewed.
+    for i in 0..10 {
+        let key = limiter.store_key(&format!("gone{i}"));
+        let lease = LeaseStore::acquire(&store, &key, "token/1000", 2, 1000);
+        assert!(lease.await.unwrap().acquired, "{key}");
+    }
+    for i in 0..200 {
+        let Acquired::Busy(busy) = limiter.acquire(&format!("new{i}")).await.unwrap() else {
+            panic!("new{i} was granted a lease past the store's 50 keys");
+        };
+        assert_eq!((busy.in_flight(), busy.limit()), (2, 2));
+        assert_eq!(busy.retry_after(), Duration::from_secs(1));
+    }
+    // A held key: its second slot, refused a third, released, retaken.
+    let second = limiter.acquire("user7").await.unwrap().lease().unwrap();
+    assert_eq!(second.remaining(), 0);
+    assert!(!limiter.acquire("user7").await.unwrap().is_acquired());
+    assert!(second.release().await.unwrap());
+    held.push(limiter.acquire("user7").await.unwrap().lease().unwrap());
+
+    // Released: that key's place goes to a new one, and only one.
+    assert!(held.swap_remove(0).release().await.unwrap());
+    held.push(limiter.acquire("new0").await.unwrap().lease().unwrap());
+    assert!(!limiter.acquire("new1").await.unwrap().is_acquired());
+    // Expired: the abandoned keys' places are free once their leases end.
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    let mut late = Vec::new();
+    for i in 0..10 {
+        let lease = limiter.acquire(&format!("late{i}")).await.unwrap();
+        late.push(lease.lease().unwrap_or_else(|| panic!("late{i}")));
+    }
+    assert!(!limiter.acquire("late10").await.unwrap().is_acquired());
 }

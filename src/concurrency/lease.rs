@@ -55,7 +55,9 @@ impl Busy {
         self.policy.limit()
     }
 
-    /// Leases held on the key when it was found busy.
+    /// Leases held on the key when it was found busy; the
+    /// [`limit`](Self::limit) when a full [`MemoryStore`](crate::MemoryStore)
+    /// refused a new key (see its "Concurrency leases").
     pub fn in_flight(&self) -> u64 {
         self.held
     }

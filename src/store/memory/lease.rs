@@ -3,6 +3,19 @@
 //!
 //! A child module of `memory.rs`: the store holds a [`Leases`] table next to
 //! its counters, shared by its clones.
+//!
+//! # Its bound
+//!
+//! A client can pick its key (a header key), so the table is bounded as the
+//! counters are: it holds at most the store's `max_keys` keys, a bound of
+//! its own beside theirs. When it is full, an acquire on a **new** key,
+//! after the expired leases are swept out (at most every
+//! [`SWEEP_GAP_MS`]), is refused: not granted, with `held` the limit (the
+//! key reads as busy, nothing left), counted in `ratelimit_store_full_total`
+//! and logged at most every 10 seconds, as a new counter key is denied by a
+//! full store. Keys already held keep their leases, and acquire, renew and
+//! release as ever; a released or expired key's place goes to a new key.
+//! Evicting a held key instead would free a busy client's slots.
 
 use std::{
     collections::HashMap,
@@ -12,26 +25,110 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::MemoryStore;
+use super::{
+    MemoryStore,
+    shards::{Refusals, SWEEP_GAP_MS},
+};
 use crate::{
     Error,
     store::{BoxFuture, LeaseState, LeaseStore},
 };
 
 /// Every key's leases: owner token and expiry.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct Leases(Arc<Mutex<Table>>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Table {
     keys: HashMap<String, Vec<(Box<str>, Instant)>>,
+    /// The most keys held (at least 1).
+    max_keys: usize,
+    /// Below the bound, the size at which a new key first sweeps out keys
+    /// whose holders all went away: twice what the last sweep left.
     sweep_at: usize,
+    /// No lease held expires before this: lowered by every expiry written,
+    /// exact after a sweep (`None`: none held then). So a full table that
+    /// may hold an expired lease sweeps before it refuses a key.
+    soonest: Option<Instant>,
+    /// No sweep of a full table before this.
+    sweep_after: Instant,
+    refusals: Refusals,
+    /// For the refusals' warning gap, in ms.
+    epoch: Instant,
 }
 
 /// The smallest table at which a sweep of abandoned keys is considered.
 const MIN_SWEEP: usize = 1024;
 
+impl Table {
+    /// Whether a new key fits. A table that has doubled since its last
+    /// sweep is swept first; so is a full one, if a lease of its may have
+    /// expired, at most every [`SWEEP_GAP_MS`].
+    fn make_room(&mut self, now: Instant) -> bool {
+        let len = self.keys.len();
+        let full_and_stale = len >= self.max_keys
+            && self.soonest.is_some_and(|soonest| soonest <= now)
+            && now >= self.sweep_after;
+        if len >= self.sweep_at || full_and_stale {
+            self.sweep(now);
+        }
+        self.keys.len() < self.max_keys
+    }
+
+    /// Removes every expired lease, and every key left with none; learns
+    /// the soonest expiry left.
+    fn sweep(&mut self, now: Instant) {
+        let mut soonest = None;
+        self.keys.retain(|_, set| {
+            set.retain(|(_, e)| *e > now);
+            for (_, e) in set.iter() {
+                lower(&mut soonest, *e);
+            }
+            !set.is_empty()
+        });
+        self.soonest = soonest;
+        self.sweep_at = (self.keys.len() * 2).max(MIN_SWEEP);
+        self.sweep_after = now + Duration::from_millis(SWEEP_GAP_MS);
+    }
+
+    /// Counts a refused key, and warns at most every 10 seconds.
+    fn refused(&mut self, now: Instant) {
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        let Some(refused) = self.refusals.refused(ms) else {
+            return;
+        };
+        tracing::warn!(
+            max_keys = self.max_keys,
+            refused,
+            "in-memory concurrency lease table full: acquires on new keys are refused (busy) \
+             until held leases end or are released (keys already held work as usual); raise \
+             the store's max_keys if these are real clients"
+        );
+    }
+}
+
+/// Lowers `soonest` to `expiry` if it is sooner.
+fn lower(soonest: &mut Option<Instant>, expiry: Instant) {
+    if soonest.is_none_or(|s| expiry < s) {
+        *soonest = Some(expiry);
+    }
+}
+
 impl Leases {
+    /// An empty table for at most `max_keys` keys (at least 1).
+    pub(super) fn new(max_keys: usize) -> Self {
+        let now = Instant::now();
+        Self(Arc::new(Mutex::new(Table {
+            keys: HashMap::new(),
+            max_keys: max_keys.max(1),
+            sweep_at: MIN_SWEEP,
+            soonest: None,
+            sweep_after: now,
+            refusals: Refusals::default(),
+            epoch: now,
+        })))
+    }
+
     fn lock(&self) -> MutexGuard<'_, Table> {
         // Every change below leaves the table consistent before it can panic.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
@@ -43,12 +140,13 @@ impl Leases {
         let mut table = self.lock();
         let table = &mut *table;
         if !table.keys.contains_key(key) {
-            if table.keys.len() >= table.sweep_at {
-                // Reclaim keys whose holders all went away without releasing.
-                table
-                    .keys
-                    .retain(|_, set| set.iter().any(|(_, e)| *e > now));
-                table.sweep_at = (table.keys.len() * 2).max(MIN_SWEEP);
+            if !table.make_room(now) {
+                table.refused(now);
+                // A full key's answer: busy, nothing left.
+                return LeaseState {
+                    acquired: false,
+                    held: limit,
+                };
             }
             table.keys.insert(key.to_owned(), Vec::new());
         }
@@ -59,6 +157,7 @@ impl Leases {
             // (a token says it), or one granted now (a token that does not).
             let longest = crate::concurrency::token_lease(t).map_or(expiry, |own| now + own);
             *e = (*e).min(longest);
+            lower(&mut table.soonest, *e);
         }
         let acquired = if let Some((_, e)) = set.iter_mut().find(|(t, _)| &**t == token) {
             *e = expiry;
@@ -69,6 +168,9 @@ impl Leases {
         } else {
             false
         };
+        if acquired {
+            lower(&mut table.soonest, expiry);
+        }
         let held = set.len() as u64;
         if set.is_empty() {
             table.keys.remove(key);
@@ -79,6 +181,7 @@ impl Leases {
     fn renew(&self, key: &str, token: &str, lease: Duration) -> bool {
         let now = Instant::now();
         let mut table = self.lock();
+        let table = &mut *table;
         let Some(set) = table.keys.get_mut(key) else {
             return false;
         };
@@ -93,6 +196,7 @@ impl Leases {
             return false;
         }
         set[i].1 = now + lease;
+        lower(&mut table.soonest, now + lease);
         true
     }
 
@@ -202,7 +306,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn admits_up_to_the_limit_and_frees_expired_slots() {
-        let l = Leases::default();
+        let l = Leases::new(usize::MAX);
         assert_eq!(
             l.acquire("k", "a", 2, SEC),
             LeaseState {
@@ -244,7 +348,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn renew_and_release_touch_only_the_owners_live_lease() {
-        let l = Leases::default();
+        let l = Leases::new(usize::MAX);
         l.acquire("k", "old", 1, SEC);
         tokio::time::advance(SEC / 2).await;
         assert!(l.renew("k", "old", SEC));
@@ -265,7 +369,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn abandoned_keys_are_reclaimed() {
-        let l = Leases::default();
+        let l = Leases::new(usize::MAX);
         for i in 0..5000 {
             l.acquire(&format!("k{i}"), "t", 1, SEC);
         }
@@ -274,5 +378,50 @@ mod tests {
             l.acquire(&format!("n{i}"), "t", 1, SEC);
         }
         assert!(l.len() <= 5000 + MIN_SWEEP, "{}", l.len());
+    }
+
+    /// The table holds at most the store's `max_keys` keys, however many a
+    /// client makes up: a new key is refused (busy, nothing left) while it
+    /// is full, keys held keep acquiring and releasing, and a key released
+    /// or expired makes room again. It once took every new key, growing
+    /// without bound until the leases expired.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_table_refuses_new_keys_and_serves_held_ones() {
+        let store = MemoryStore::with_max_keys(100);
+        let l = &store.leases;
+        let busy = LeaseState {
+            acquired: false,
+            held: 2,
+        };
+        for i in 0..100 {
+            assert!(l.acquire(&format!("k{i}"), "a", 2, SEC).acquired, "k{i}");
+        }
+        for i in 0..1000 {
+            assert_eq!(l.acquire(&format!("n{i}"), "a", 2, SEC), busy, "n{i}");
+            assert!(!l.renew(&format!("n{i}"), "a", SEC));
+        }
+        assert_eq!(l.len(), 100);
+        tokio::time::advance(SEC / 2).await;
+        // A held key: its second slot, refused a third, released, retaken.
+        assert!(l.acquire("k5", "b", 2, SEC).acquired);
+        assert_eq!(l.acquire("k5", "c", 2, SEC), busy);
+        assert!(l.release("k5", "b"));
+        assert!(l.acquire("k5", "c", 2, SEC).acquired);
+        assert!(l.renew("k5", "a", SEC));
+        // A released key's place goes to a new key, and only one.
+        assert!(l.release("k0", "a"));
+        assert!(l.acquire("n0", "a", 2, SEC).acquired);
+        assert_eq!(l.acquire("n1", "a", 2, SEC), busy);
+        assert_eq!(l.len(), 100);
+        // Expired leases are swept out before a new key is refused: all
+        // but k5's and n0's (taken or renewed since) have ended.
+        tokio::time::advance(SEC / 2).await;
+        for i in 0..98 {
+            assert!(l.acquire(&format!("m{i}"), "a", 2, SEC).acquired, "m{i}");
+        }
+        assert_eq!(l.acquire("m98", "a", 2, SEC), busy);
+        assert!(l.release("k5", "a"));
+        assert!(l.acquire("k5", "d", 2, SEC).acquired);
+        assert_eq!(l.len(), 100);
     }
 }

@@ -69,7 +69,25 @@ mod shards;
 /// for each other (but for the few buckets a new key reclaims, which may
 /// be in any shard).
 ///
-/// Clones share the same counters.
+/// # Concurrency leases
+///
+/// As a [`LeaseStore`](crate::store::LeaseStore) (the default store of a
+/// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)), it keeps
+/// its leases in a table of their own, bounded the same way: at most
+/// `max_keys` keys hold leases (besides the counters' `max_keys`), each
+/// with at most its limiter's limit of leases, and a few hundred bytes a
+/// key with one lease (its name and its owners' tokens are held as text).
+/// When that table is full, an acquire on a **new** key, once expired
+/// leases are swept out (at most every 250 ms), is refused as a full key is:
+/// [`Busy`](crate::concurrency::Busy), with
+/// [`in_flight`](crate::concurrency::Busy::in_flight) the limit (a 429 with
+/// `RateLimit` `r=0` and the limiter's `Retry-After` from the layers), never
+/// an error; it is counted in `ratelimit_store_full_total` and logged at
+/// `warn`, at most every 10 seconds. Keys already holding leases acquire,
+/// renew and release as usual, and a key whose leases were all released or
+/// expired leaves its place to a new one.
+///
+/// Clones share the same counters and leases.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -140,11 +158,12 @@ impl MemoryStore {
             inner: Arc::new(Shards::new(max_keys)),
             secret: Secret::new(),
             epoch: Instant::now(),
-            leases: lease::Leases::default(),
+            leases: lease::Leases::new(max_keys),
         }
     }
 
-    /// The most keys the store holds.
+    /// The most keys the store holds (and, besides, the most that hold
+    /// concurrency leases: see "Concurrency leases" above).
     pub fn max_keys(&self) -> usize {
         self.inner.max_keys()
     }

@@ -48,8 +48,9 @@ const MAX_SHARDS: usize = 1 << 16;
 /// Buckets the cursor looks at for each new key.
 const RECLAIM_BUCKETS: usize = 32;
 
-/// The least time between two whole-shard sweeps of one full shard.
-const SWEEP_GAP_MS: u64 = 250;
+/// The least time between two whole-shard sweeps of one full shard (and
+/// between two sweeps of a full lease table: [`lease`](super::lease)).
+pub(super) const SWEEP_GAP_MS: u64 = 250;
 
 /// The least time between two warnings that the store is full.
 const WARN_GAP_MS: u64 = 10_000;
@@ -121,11 +122,29 @@ struct Cursor {
     bucket: usize,
 }
 
-/// Keys refused since the last warning, and when the next may be given.
+/// Keys refused since the last warning, and when the next may be given:
+/// the counters' (in [`Shards`]) or the lease table's
+/// ([`lease`](super::lease)).
 #[derive(Debug, Default)]
-struct Refusals {
+pub(super) struct Refusals {
     count: u64,
     warn_after_ms: u64,
+}
+
+impl Refusals {
+    /// Counts a new key refused by a full table
+    /// (`ratelimit_store_full_total`). `Some(keys refused since the last
+    /// warning)` when a warning is due: at most every [`WARN_GAP_MS`].
+    pub(super) fn refused(&mut self, now_ms: u64) -> Option<u64> {
+        crate::metrics::store_full();
+        self.count += 1;
+        if now_ms < self.warn_after_ms {
+            return None;
+        }
+        let count = std::mem::take(&mut self.count);
+        self.warn_after_ms = now_ms + WARN_GAP_MS;
+        Some(count)
+    }
 }
 
 /// Every shard, each behind its own lock on its own cache lines; the bound;
@@ -274,20 +293,16 @@ impl Shards {
     /// Counts a new key refused a spend, and warns at most every
     /// [`WARN_GAP_MS`].
     pub(super) fn refused(&self, now: Now) {
-        crate::metrics::store_full();
-        let mut r = lock(&self.refusals);
-        r.count += 1;
-        if now.ms >= r.warn_after_ms {
-            tracing::warn!(
-                max_keys = self.max_keys,
-                refused = r.count,
-                "in-memory rate-limit store full: new keys are denied until held windows end \
-                 (keys already held are decided as usual); raise its max_keys \
-                 (RATE_LIMIT_MEMORY_MAX_KEYS in the examples) if these are real clients"
-            );
-            r.count = 0;
-            r.warn_after_ms = now.ms + WARN_GAP_MS;
-        }
+        let Some(refused) = lock(&self.refusals).refused(now.ms) else {
+            return;
+        };
+        tracing::warn!(
+            max_keys = self.max_keys,
+            refused,
+            "in-memory rate-limit store full: new keys are denied until held windows end \
+             (keys already held are decided as usual); raise its max_keys \
+             (RATE_LIMIT_MEMORY_MAX_KEYS in the examples) if these are real clients"
+        );
     }
 
     /// Moves the cursor over [`RECLAIM_BUCKETS`] buckets, removing expired
