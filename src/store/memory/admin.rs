@@ -2,12 +2,15 @@
 //! peek script (decide.lua keeping no spend), `lua/refund.lua` and
 //! `lua/reset.lua`, in Rust.
 
+use std::sync::MutexGuard;
+
 use smallvec::SmallVec;
 
 use super::{
-    MemoryStore,
+    KeyId, MemoryStore,
     algorithms::{Entry, Now, Packed},
-    locked_shard,
+    ascending, locked_shard,
+    shards::Shard,
 };
 use crate::{
     Algorithm, Error, Quota,
@@ -91,12 +94,27 @@ impl MemoryStore {
     }
 
     /// Gives back each credit's cost to the window it names, if that window
-    /// still holds it; never below zero.
+    /// still holds it; never below zero. All in one step, as `refund.lua`:
+    /// every credit's shard is locked (in ascending order, as a decision of
+    /// several limits locks them) before any is credited.
+    ///
+    /// Credited one shard after the other, a decision could see one limit
+    /// credited and another not, which no Redis shows. Crediting only adds
+    /// room, so such a decision's admission is one the refund's before or
+    /// after would make too; but a credit and a spend do not commute when
+    /// the credit is more than the window still holds (it stops at zero: a
+    /// window begun by a reset, a burst lowered since), so the state it
+    /// left could admit past a limit. With limits A (1/h, used up) and B
+    /// (2/h, 1 used), and a refund crediting A 1 and B 2: a decision
+    /// between the credits sees A credited and B not, is admitted, spends B
+    /// to 2, which B's credit then takes to 0, so B admits 2 more, 3 in
+    /// all where Redis (either order) allows 2.
     pub(crate) fn refund_now(&self, credits: &[Credit<'_>]) {
-        let ids: Vec<_> = credits.iter().map(|c| self.secret.id(c.key)).collect();
+        let ids: SmallVec<[_; 4]> = credits.iter().map(|c| self.secret.id(c.key)).collect();
         let now = self.now();
-        for (c, id) in credits.iter().zip(ids) {
-            let mut shard = self.inner.lock(self.inner.index(id));
+        let (indices, mut locked) = self.lock_keys(&ids);
+        for (c, &id) in credits.iter().zip(&ids) {
+            let shard = locked_shard(&mut locked, &indices, self.inner.index(id));
             let credited = match c.quota.algorithm() {
                 Algorithm::SlidingWindow => refund_in(shard.long.get_mut(id), c, now),
                 _ => refund_in(shard.short.get_mut(id), c, now),
@@ -114,11 +132,7 @@ impl MemoryStore {
     /// decision sees some of the keys reset and others not.
     pub(crate) fn reset_now<K: AsRef<[u8]>>(&self, keys: &[K]) {
         let ids: SmallVec<[_; 4]> = keys.iter().map(|k| self.secret.id(k.as_ref())).collect();
-        let mut indices: SmallVec<[usize; 4]> =
-            ids.iter().map(|&id| self.inner.index(id)).collect();
-        indices.sort_unstable();
-        indices.dedup();
-        let mut locked = self.inner.lock_all(&indices);
+        let (indices, mut locked) = self.lock_keys(&ids);
         for id in ids {
             let shard = locked_shard(&mut locked, &indices, self.inner.index(id));
             // Marked expired: they read as absent, and are reclaimed as
@@ -133,7 +147,19 @@ impl MemoryStore {
             }
         }
     }
+
+    /// The shards of `ids`' keys ([`ascending`]: each once, ascending), all
+    /// locked, in that order, for a change to every key in one step.
+    fn lock_keys(&self, ids: &[KeyId]) -> (SmallVec<[usize; 4]>, Locked<'_>) {
+        let at: SmallVec<[usize; 4]> = ids.iter().map(|&id| self.inner.index(id)).collect();
+        let indices = ascending(&at);
+        let locked = self.inner.lock_all(&indices);
+        (indices, locked)
+    }
 }
+
+/// Shards locked together ([`Shards::lock_all`](super::shards::Shards::lock_all)).
+type Locked<'a> = SmallVec<[MutexGuard<'a, Shard>; 4]>;
 
 /// Credits `c` to a live held entry; says when that entry now expires (at
 /// once, marked expired, when the credit leaves nothing).
@@ -313,5 +339,86 @@ mod tests {
         resetting.join().unwrap();
         assert!(check(&store, first, quota, 1).allowed);
         assert!(check(&store, &second, quota, 1).allowed);
+    }
+
+    /// Waits until the thread whose `/proc` stat file is `stat` sleeps
+    /// (state `S`): the test's only thread that can block, blocked on the
+    /// one lock the test holds. A deterministic signal that it got as far
+    /// as it can, where a sleep of a guessed length is only a likely one.
+    #[cfg(target_os = "linux")]
+    fn wait_until_blocked(stat: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(stat).unwrap();
+            // "tid (comm) S ...": the state follows the command's ')'.
+            let state = text[text.rfind(')').unwrap() + 1..].trim_start();
+            if state.starts_with('S') {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never blocked: {text}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// A refund of several keys is one step, as `refund.lua` is: while one
+    /// key's shard is held (by this test, standing for a decision of
+    /// several limits), the refund of another key, in another shard and
+    /// first in the refund, waits too. It once credited one key's shard
+    /// after the other, so a decision could see one limit credited and
+    /// the other not: a state no Redis could show, which (with a credit
+    /// of more than the window still holds, as after a reset) admitted
+    /// past a limit (see `refund_now`).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_refund_of_several_keys_is_one_step() {
+        let store = MemoryStore::new();
+        let shard = |key: &str| store.inner.index(store.secret.id(key.as_bytes()));
+        let second = "second";
+        // The first key's shard after the second's: locking in ascending
+        // order, a refund that holds every shard first waits on the
+        // second's, having touched nothing.
+        let first = (0..)
+            .map(|i| format!("first{i}"))
+            .find(|key| shard(key) > shard(second))
+            .unwrap();
+        let quota = Quota::per_hour(1);
+        assert!(check(&store, &first, quota, 1).allowed);
+        assert!(check(&store, second, quota, 1).allowed);
+        let held = store.inner.lock(shard(second));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let refunding = std::thread::spawn({
+            let (store, first) = (store.clone(), first.clone());
+            move || {
+                let me = std::fs::read_link("/proc/thread-self").unwrap();
+                tx.send(format!("/proc/{}/stat", me.display())).unwrap();
+                // The windows' end, an hour after they began.
+                let end_us = store.now().us as i64 + 3_600_000_000;
+                let credit = |key| Credit {
+                    key,
+                    quota,
+                    cost: 1,
+                    end_us,
+                    exact: false,
+                };
+                store.refund_now(&[credit(first.as_bytes()), credit(b"second")]);
+            }
+        });
+        wait_until_blocked(&rx.recv().unwrap());
+        let id = store.secret.id(first.as_bytes());
+        let now = store.now().ms;
+        let live = store
+            .inner
+            .lock(shard(&first))
+            .short
+            .get_mut(id)
+            .map(|e| e.expires_ms() > now);
+        assert_eq!(live, Some(true), "the first key was credited alone");
+        drop(held);
+        refunding.join().unwrap();
+        assert!(check(&store, &first, quota, 1).allowed);
+        assert!(check(&store, second, quota, 1).allowed);
     }
 }

@@ -260,9 +260,7 @@ impl MemoryStore {
         // Each check's shard, and the shards to lock: inline for the few
         // limits a decision has, so locking allocates nothing.
         let at: SmallVec<[usize; 4]> = ids.iter().map(|id| shards.index(*id)).collect();
-        let mut indices = at.clone();
-        indices.sort_unstable();
-        indices.dedup();
+        let indices = ascending(&at);
         let now = self.now();
         let mut reclaimed = false;
         let (mut locked, checked) = loop {
@@ -408,6 +406,17 @@ impl<'a> Pick<'a> {
         }
         Some((c, true))
     }
+}
+
+/// The shards `at` names (each key's), ascending and without repeats: the
+/// order in which a call that holds several locks them
+/// ([`Shards::lock_all`]), so that no two such calls wait for each other,
+/// and a change to all their keys is one step to every other such call.
+fn ascending(at: &[usize]) -> SmallVec<[usize; 4]> {
+    let mut indices = SmallVec::from_slice(at);
+    indices.sort_unstable();
+    indices.dedup();
+    indices
 }
 
 /// The shard `i` among `locked`, the shards `indices` names, in its order.
