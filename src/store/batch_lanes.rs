@@ -7,7 +7,7 @@
 //! call finds no idle lane (on a cluster, a round's second call and after)
 //! gets a task of its own, as before. A lane keeps its own handle on the
 //! connection and one timer for its calls' deadlines
-//! ([`Timer`](super::deadline::Timer)), where each call cloned the
+//! ([`Timer`]), where each call cloned the
 //! connection (reference counts that both workers write) and made, boxed,
 //! registered and dropped a timer of its own.
 //!

@@ -183,7 +183,8 @@ impl MemoryStore {
         Now { us, ms: us / 1000 }
     }
 
-    /// One limit, the common case: see [`Counters::decide_one`]. Also
+    /// One limit, the common case: `key` hashed to its identity, then
+    /// [`decide_id`](Self::decide_id). Also
     /// returns when its state resets on the store's clock, in µs (what a
     /// refund is bounded by: see [`Ends`]).
     pub(crate) fn decide_one(&self, key: &[u8], quota: Quota, cost: u64) -> (LimitState, u64) {
@@ -470,7 +471,7 @@ fn refused(retry_ms: u64) -> Checked {
     }
 }
 
-/// [`Counters::check`] in one algorithm's table.
+/// [`Pick::check`] in one algorithm's table.
 fn check_in<const N: usize, const K: usize>(
     table: &mut Table<Packed<N>, K>,
     id: KeyId,
