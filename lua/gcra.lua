@@ -30,10 +30,15 @@
 --         decide.lua replies (a refund is bounded by the spend's end to the
 --         µs: refund.lua).
 --
--- A TAT further ahead than the capacity (a burst lowered since, or a corrupt
--- value) is clamped to now + cap instead of being obeyed, and written back
--- so (undo) when the call spends nothing on the key; a remainder b >=
--- per_us (a limit changed since) rounds the TAT up to a + 1. A value that is
+-- A TAT further ahead than the capacity (booked by a wider burst: one
+-- lowered since, or a replica still on the old quota during a deploy) is
+-- obeyed, never rewritten: the key admits again once the booking has drained
+-- to within this quota's bucket, so old and new replicas together admit no
+-- more than the wider one alone would (booked). Its waits are capped by the
+-- key's TTL, which every writer sets to its TAT's end: a corrupt value far
+-- ahead lasts no longer than its TTL, and one without a TTL gets a full
+-- bucket's (undo's heal). A remainder b >= per_us (a limit changed since)
+-- rounds the TAT up to a + 1. A value that is
 -- neither format, or of the wrong type, is deleted; any other error is
 -- raised (lib.lua's corruption). check only reads (but for deleting a corrupt
 -- value); commit writes the spend (SET PX) and undo heals a missing or
@@ -124,8 +129,8 @@ local function gcra_module()
 
   -- How far a stored TAT (a, b) runs ahead of now, in units, clamped to
   -- [0, cap] (see the header); 0 when there is none (a is nil). Also
-  -- decide.lua's compact form's. A second result, true, says the TAT ran
-  -- beyond cap and was clamped.
+  -- decide.lua's compact form's. A second result, the whole µs until the
+  -- TAT (rounded up), says it runs beyond cap (booked).
   local function ahead_of(s, a, b, now)
     if a == nil then
       return 0
@@ -134,23 +139,57 @@ local function gcra_module()
       a, b = a + 1, 0
     end
     local d = a - now
-    if d > s.cap_us then
-      return s.cap, true
-    elseif d < 0 then
+    if d < 0 then
       return 0
+    end
+    if d > s.cap_us then
+      return s.cap, d + (b > 0 and 1 or 0)
     end
     local ahead = d * s.per_us + b
     if ahead > s.cap then
-      return s.cap, true
+      return s.cap, d + (b > 0 and 1 or 0)
     end
     return ahead
+  end
+
+  -- A key booked beyond cap (see the header): denied, nothing left, waits
+  -- from the booking's end (in whole µs from now, until_us), capped by the
+  -- key's TTL; a TTL beyond the booking's end, or none, is healed (undo).
+  local function booked(key, s, cost, until_us, ttl)
+    local per_us = s.per_us
+    local tat_ms = ceil_div(until_us, 1000)
+    local heal, horizon = false, tat_ms
+    if ttl == -1 then
+      heal, horizon = true, math.min(tat_ms, ms(s.cap, per_us))
+    elseif ttl > tat_ms + 1 then
+      heal = true
+    elseif ttl > 0 then
+      horizon = math.min(tat_ms, ttl)
+    end
+    local retry = horizon
+    if cost <= s.burst then
+      -- Until the TAT is within what admits cost: cap - cost * step units
+      -- ahead, in whole µs rounded down (a wait never early).
+      local fit_us = divmod(s.cap - cost * s.step, per_us)
+      retry = math.min(horizon, ceil_div(until_us - fit_us, 1000))
+    end
+    local reset_us = math.min(until_us, horizon * 1000)
+    return {
+      key = key, per_us = per_us, ahead = s.cap, after = s.cap, heal = heal,
+      allowed = false, remaining = 0, remaining_after = 0,
+      reset = horizon, reset_after = horizon, ttl = horizon + 1, retry = math.max(1, retry),
+      reset_us = reset_us, reset_after_us = reset_us,
+    }
   end
 
   function gcra.check(key, s, cost, now)
     local step, per_us, cap = s.step, s.per_us, s.cap
     local a, b = read_tat(key)
-    local ahead, beyond = ahead_of(s, a, b, now)
+    local ahead, until_us = ahead_of(s, a, b, now)
     local ttl = redis.call('PTTL', key)
+    if until_us then
+      return booked(key, s, cost, until_us, ttl)
+    end
     local room = cap - ahead
     local allowed = cost <= s.burst and cost * step <= room
     local after, remaining_after = ahead, 0
@@ -173,27 +212,15 @@ local function gcra_module()
     -- spend must be the first write (see the header).
     return {
       key = key, now = now, per_us = per_us, ahead = ahead, after = after,
-      beyond = beyond, heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
+      heal = ttl == -1 or ttl > ms(cap, per_us) + 1,
       allowed = allowed, remaining = divmod(room, step), remaining_after = remaining_after,
       reset = reset, reset_after = reset_after, ttl = reset_after + 1, retry = retry,
       reset_us = reset_us, reset_after_us = reset_after_us,
     }
   end
 
-  -- Nothing to take back (check never writes a spend): only a TTL to heal,
-  -- or a TAT booked beyond a full bucket (a burst lowered since) to pull
-  -- back to a full bucket from now, so that it drains from now as the
-  -- memory store's does, rather than denying until the old booking ends.
-  -- A Redis that refuses the SET (maxmemory) keeps the denial, and the key
-  -- gets the heal below if its TTL runs beyond the full bucket's.
+  -- Nothing to take back (check never writes a spend): only a TTL to heal.
   function gcra.undo(st)
-    if st.beyond then
-      local q, r = divmod(st.ahead, st.per_us)
-      local set = redis.pcall('SET', st.key, string.format('%d:%d', st.now + q, r), 'PX', int(st.reset + 1))
-      if type(set) ~= 'table' or not set.err then
-        return
-      end
-    end
     if st.heal then
       if st.ahead > 0 then
         redis.call('PEXPIRE', st.key, int(st.reset + 1))

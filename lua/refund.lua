@@ -175,17 +175,27 @@ local function cell(r)
   if d < 0 or left <= 0 then
     return 0 -- the bucket is full again, or the spend is no longer outstanding
   end
-  local ahead = s.cap
-  if d <= s.cap_us then
-    ahead = math.min(d * s.per_us + b, s.cap)
-  end
   local back = r.cost * s.step
   local outstanding = s.cap
   if left <= s.cap_us then
     outstanding = left * s.per_us
   end
   back = math.min(back, outstanding)
-  ahead = ahead - back
+  if d > s.cap_us or d * s.per_us + b > s.cap then
+    -- Booked beyond a full bucket (a wider quota's replica: gcra.lua's
+    -- header): the credit comes off the booking as it stands, which stays
+    -- ahead of now (back <= cap), so a refund never frees what the wider
+    -- quota booked.
+    local q, rem = gcra.divmod(back, s.per_us)
+    a, b = a - q, b - rem
+    if b < 0 then
+      a, b = a - 1, b + s.per_us
+    end
+    local until_us = a - now + (b > 0 and 1 or 0)
+    redis.call('SET', r.key, int(a) .. ':' .. int(b), 'PX', int(gcra.ceil_div(until_us, 1000) + 1))
+    return 1
+  end
+  local ahead = d * s.per_us + b - back
   if ahead <= 0 then
     redis.call('DEL', r.key)
     return 1

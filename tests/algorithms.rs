@@ -74,14 +74,21 @@ async fn gcra_admits_the_burst_then_one_per_interval(b: Backend) {
 }
 
 /// A named GCRA limit whose burst is lowered on a live key (50 → 3, "5/1s",
-/// one unit per 200 ms): the old booking, 10 s ahead, is held to a full
-/// bucket of the new burst from the first request that sees it, so the key
-/// admits again one interval later, as it would had it been full then. (On
-/// Redis it denied until the new bucket's TTL ran out, 600 ms, whatever came
-/// in between, where the memory store admitted after 200 ms.)
-async fn gcra_drains_a_booking_beyond_a_lowered_burst_from_now(b: Backend) {
+/// one unit per 200 ms), as in a rolling deploy where replicas of both
+/// quotas share the key: the old booking, 10 s ahead, is obeyed, never
+/// shortened. The narrow quota denies until the booking is within its
+/// bucket (9.6 s: 3 units minus the one asked for, ahead), and a wide
+/// replica's next request still finds its booking whole. (Shortening it to
+/// a full narrow bucket, as the memory store did, let each narrow request
+/// give the wide replicas about 47 units back.)
+async fn gcra_obeys_a_booking_beyond_a_lowered_burst(b: Backend) {
     let quota = |burst| Quota::per_second(5).gcra(burst).unwrap();
-    let wide = b.builder_for(quota(50)).name("g").build().unwrap();
+    let wide = b
+        .builder_for(quota(50))
+        .name("g")
+        .deny_cache(0)
+        .build()
+        .unwrap();
     assert_eq!(admitted(&wide, "k", 50).await, 50);
     let narrow = b
         .builder_for(quota(3))
@@ -90,17 +97,49 @@ async fn gcra_drains_a_booking_beyond_a_lowered_burst_from_now(b: Backend) {
         .deny_cache(0)
         .build()
         .unwrap();
-    let first = narrow.check("k", 1).await.unwrap();
-    assert!(!first.is_allowed(), "{first:?}");
-    let wait = first.retry_after().unwrap();
-    assert!((150..=200).contains(&wait.as_millis()), "{first:?}");
-    assert!(
-        (550..=600).contains(&first.reset_after().as_millis()),
-        "{first:?}"
-    );
-    sleep(wait + ms(50)).await;
-    let next = narrow.check("k", 1).await.unwrap();
-    assert!(next.is_allowed(), "{next:?}");
+    for _ in 0..3 {
+        let d = narrow.check("k", 1).await.unwrap();
+        assert!(!d.is_allowed(), "{d:?}");
+        let wait = d.retry_after().unwrap().as_millis();
+        assert!((9_400..=9_600).contains(&wait), "{d:?}");
+        assert!(
+            (9_800..=10_000).contains(&d.reset_after().as_millis()),
+            "{d:?}"
+        );
+        let d = wide.check("k", 1).await.unwrap();
+        assert!(!d.is_allowed(), "the wide booking was shortened: {d:?}");
+    }
+    assert_ttls(&b).await;
+}
+
+/// A refund of a narrow quota's spend on a key a wider quota booked beyond
+/// the narrow bucket since (replicas of both during a deploy): the credit
+/// comes off the booking as it stands, one unit, so the wide quota gets
+/// that unit back and no more. (Crediting a booking clamped to the narrow
+/// bucket gave the wide quota about 38 units back.)
+async fn gcra_a_refund_never_frees_a_wider_booking(b: Backend) {
+    let quota = |burst| Quota::per_second(5).gcra(burst).unwrap();
+    let narrow = b
+        .builder_for(quota(3))
+        .name("g")
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let wide = b
+        .builder_for(quota(50))
+        .name("g")
+        .share_counters()
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let spent = narrow.check("k", 1).await.unwrap();
+    assert!(spent.is_allowed(), "{spent:?}");
+    // 41 units booked, 8.2 s: 9 more fit the wide bucket of 10 s.
+    assert_eq!(admitted(&wide, "k", 40).await, 40);
+    narrow.refund("k", &spent).await.unwrap();
+    // 10 then, and one more if a unit (200 ms) drained meanwhile.
+    let more = admitted(&wide, "k", 20).await;
+    assert!((10..=11).contains(&more), "{more}");
     assert_ttls(&b).await;
 }
 
@@ -240,7 +279,8 @@ async fn a_cost_beyond_the_limit_is_a_finite_denial_from_the_store(b: Backend) {
 support::for_every_store!(
     a_cost_beyond_the_limit_is_a_finite_denial_from_the_store,
     gcra_admits_the_burst_then_one_per_interval,
-    gcra_drains_a_booking_beyond_a_lowered_burst_from_now,
+    gcra_obeys_a_booking_beyond_a_lowered_burst,
+    gcra_a_refund_never_frees_a_wider_booking,
     sliding_window_bounds_the_boundary_burst,
     sliding_window_retry_after_is_honest,
     costs_are_exact_in_every_algorithm,
@@ -523,6 +563,47 @@ async fn gcra_batch_at_one_instant_admits_exactly_the_burst_at_edge_quotas() {
 /// (rounded up to a whole microsecond), not reset, so a rolling deploy keeps
 /// every bucket; so is a remainder from another limit (rounded up). What is
 /// neither format is corrupt: deleted, and the key starts afresh.
+/// A GCRA value booked far ahead (corrupt, or a wider quota's) is obeyed
+/// but lasts no longer than its key: the waits a denial tells are capped by
+/// the key's TTL, and a key without one is given a full bucket's (1 s for
+/// "3/1s" with a burst of 3), so no value wedges a client.
+#[tokio::test]
+async fn gcra_a_booking_far_ahead_waits_no_longer_than_its_key_lives() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let q = "3/1s".parse::<Quota>().unwrap().gcra(3).unwrap();
+    let limiter = Limiter::builder(q)
+        .store(server.store().await)
+        .deny_cache(0)
+        .timeout(support::TEST_TIMEOUT)
+        .build()
+        .unwrap();
+    let key = limiter.store_key("c");
+    let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    // A year ahead.
+    let far = format!("{}:0", time.0 * 1_000_000 + time.1 + 31_536_000_000_000);
+    let set = |px: Option<u64>| {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&key).arg(&far);
+        if let Some(px) = px {
+            cmd.arg("PX").arg(px);
+        }
+        cmd
+    };
+    let _: () = set(Some(1500)).query_async(&mut conn).await.unwrap();
+    let d = limiter.check("c", 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    assert!(d.retry_after().unwrap() <= ms(1500), "{d:?}");
+    assert!(d.reset_after() <= ms(1500), "{d:?}");
+    let _: () = set(None).query_async(&mut conn).await.unwrap();
+    let d = limiter.check("c", 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    assert!(d.retry_after().unwrap() <= ms(1000), "{d:?}");
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!((1..=1001).contains(&ttl), "{ttl}");
+    server.assert_every_key_has_ttl().await;
+}
+
 #[tokio::test]
 async fn gcra_reads_the_previous_float_format_and_resets_only_corrupt_values() {
     let server = RedisServer::start();

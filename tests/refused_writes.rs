@@ -150,11 +150,10 @@ async fn oom_gcra_is_a_store_error_and_keeps_the_counter() {
     oom_is_a_store_error(Algo::Gcra).await;
 }
 
-/// A GCRA key booked beyond a lowered burst is pulled back to a full bucket
-/// from now by a write (`gcra.lua`'s undo). Out of memory Redis refuses that
-/// write: the check is still the denial it reads, not an error (which the
-/// `Allow` policy would admit), and the key's TTL is cut to the full
-/// bucket's as before, so it never outlives the lowered burst's bucket.
+/// A GCRA key booked beyond a lowered burst (a wider quota's replica) is
+/// denied by reading alone: out of memory it is still the denial, not an
+/// error (which the `Allow` policy would admit), and the booking and its
+/// TTL are left as they were.
 #[tokio::test]
 async fn oom_gcra_beyond_a_lowered_burst_is_still_a_denial() {
     let server = RedisServer::start();
@@ -177,6 +176,8 @@ async fn oom_gcra_beyond_a_lowered_burst_is_still_a_denial() {
     .share_counters()
     .build()
     .unwrap();
+    let key = narrow.store_key("spent");
+    let before = server.dump(&key).await;
     server.refuse_writes(true).await;
     for _ in 0..3 {
         let d = narrow.check("spent", 1).await;
@@ -187,12 +188,14 @@ async fn oom_gcra_beyond_a_lowered_burst_is_still_a_denial() {
         );
     }
     server.refuse_writes(false).await;
-    // 1/1200 s, a burst of 1: a full bucket is 1,200,000 ms (the wide
-    // booking was 3,600,000).
-    let key = narrow.store_key("spent");
+    assert_eq!(server.dump(&key).await, before);
+    // The wide booking is 3,600,000 ms; a full narrow bucket 1,200,000.
     let ttls = server.keys_with_ttl().await;
     let ttl = ttls.iter().find(|(k, _)| *k == key).map(|(_, t)| *t);
-    assert!(matches!(ttl, Some(1..=1_200_001)), "{key}: {ttls:?}");
+    assert!(
+        matches!(ttl, Some(3_500_000..=3_600_001)),
+        "{key}: {ttls:?}"
+    );
 }
 
 /// A reset is how an operator lets a client back in, and may be wanted

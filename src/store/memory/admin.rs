@@ -221,16 +221,15 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
             })
         }
         Entry::Gcra { .. } => {
-            let Algorithm::Gcra { burst } = r.quota.algorithm() else {
+            if !matches!(r.quota.algorithm(), Algorithm::Gcra { .. }) {
                 return Some(entry);
-            };
+            }
             let (step, per_us) = r.quota.gcra_units();
             let per_ms = 1000 * u128::from(per_us);
             let now_l = u128::from(now.us) * u128::from(per_us);
-            // A booking beyond a full bucket (a burst lowered since) counts
-            // as a full bucket, as in the script and in a check.
-            let cap = u128::from(burst) * u128::from(step);
-            let ahead = entry.gcra_ahead(now_l, per_ms).min(cap);
+            // A booking beyond a full bucket (a wider quota's) is credited
+            // as it stands, as in the script: never shortened to a bucket.
+            let ahead = entry.gcra_ahead(now_l, per_ms);
             // At most the spend, and at most what is still outstanding of it.
             // Saturating: an end long past (`i64::MIN`) is no credit, not
             // an overflow.
@@ -265,12 +264,12 @@ mod tests {
         store.decide_now(vec![check], cost)[0]
     }
 
-    /// A GCRA credit clamps the booking to a full bucket before taking the
-    /// refund off, as `refund.lua` does: a key booked 100 s ahead, credited
-    /// one unit under a burst of 1, is back to an empty bucket (the script
-    /// deletes it), not 99 s ahead.
+    /// A GCRA credit comes off the booking as it stands, as in `refund.lua`:
+    /// a key booked 100 s ahead (by a burst of 100), credited one unit under
+    /// a burst of 1, is 99 s ahead, not an empty bucket: the narrow quota
+    /// still waits for it, and the wide one gets one unit back, no more.
     #[tokio::test(start_paused = true)]
-    async fn a_gcra_credit_clamps_the_booking_to_the_bucket_first() {
+    async fn a_gcra_credit_comes_off_a_wider_booking_as_it_stands() {
         let store = MemoryStore::new();
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(check(&store, "k", gcra(100), 100).allowed);
@@ -283,7 +282,9 @@ mod tests {
         };
         Store::refund(&store, vec![refund]).await.unwrap();
         let s = check(&store, "k", gcra(1), 1);
-        assert!(s.allowed, "{s:?}");
+        assert!(!s.allowed, "{s:?}");
+        assert!(check(&store, "k", gcra(100), 1).allowed);
+        assert!(!check(&store, "k", gcra(100), 1).allowed);
     }
 
     /// A GCRA credit whose spend ended before the clock's epoch, however

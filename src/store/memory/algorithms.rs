@@ -282,43 +282,44 @@ fn sliding_window(entry: Option<&mut Entry>, q: Quota, cost: u64, now: Now) -> C
 /// same question are the same.
 fn gcra(entry: Option<&mut Entry>, q: Quota, burst: u64, cost: u64, now: Now) -> Checked {
     let (step, per_us) = q.gcra_units();
-    let cap = burst * step;
+    let cap = u128::from(burst * step);
     let per_ms = 1000 * u128::from(per_us);
     let now_l = u128::from(now.us) * u128::from(per_us);
     // µs in units of 1/per_us, to ms, rounded up.
-    let ms = |x: u64| x.div_ceil(per_us).div_ceil(1000);
-    let ahead = match entry {
-        Some(entry) => {
-            let ahead = entry.gcra_ahead(now_l, per_ms);
-            if ahead > u128::from(cap) {
-                // Booked further ahead than a full bucket (the burst was
-                // lowered since): held to a full bucket from now, and the
-                // key's expiry cut to it, as `gcra.lua`'s undo heals the TTL.
-                *entry = Entry::gcra_at(now_l + u128::from(cap), per_ms);
-            }
-            ahead.min(u128::from(cap)) as u64
-        }
-        None => 0,
-    };
-    let room = cap - ahead;
-    let allowed = cost <= burst && cost * step <= room;
-    let after = if allowed { ahead + cost * step } else { ahead };
+    let ms = |x: u128| saturate(x.div_ceil(u128::from(per_us)).div_ceil(1000));
+    // A TAT beyond a full bucket (booked by a wider burst: one lowered
+    // since, or a limiter of the old quota sharing the key) is obeyed, as
+    // `gcra.lua` obeys it: the key admits again once the booking has
+    // drained to within this bucket.
+    let ahead = entry.map_or(0, |entry| entry.gcra_ahead(now_l, per_ms));
+    let spend = u128::from(cost) * u128::from(step);
+    let allowed = cost <= burst && ahead + spend <= cap;
+    let after = if allowed { ahead + spend } else { ahead };
     let retry_ms = match (allowed, cost <= burst) {
         (true, _) => 0,
-        (false, true) => ms(cost * step - room).max(1),
+        (false, true) => ms(ahead + spend - cap).max(1),
         // Never fits: the wait until the bucket is full.
         (false, false) => ms(ahead).max(1),
     };
     Checked {
         allowed,
-        remaining: room / step,
-        remaining_after: if allowed { (cap - after) / step } else { 0 },
+        remaining: saturate(cap.saturating_sub(ahead) / u128::from(step)),
+        remaining_after: if allowed {
+            saturate((cap - after) / u128::from(step))
+        } else {
+            0
+        },
         reset_ms: ms(ahead),
         reset_after_ms: ms(after),
-        reset_after_us: after.div_ceil(per_us),
+        reset_after_us: saturate(after.div_ceil(u128::from(per_us))),
         retry_ms,
-        spent: (allowed && cost > 0).then(|| Entry::gcra_at(now_l + u128::from(after), per_ms)),
+        spent: (allowed && cost > 0).then(|| Entry::gcra_at(now_l + after, per_ms)),
     }
+}
+
+/// `x`, or `u64::MAX` if it does not fit.
+fn saturate(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -388,22 +389,30 @@ mod tests {
     }
 
     /// A key booked further ahead than its bucket holds (a limit's burst
-    /// lowered on a live key) is held to a full bucket from now, and its
-    /// expiry cut to it, as `gcra.lua`'s undo cuts the key's TTL: it admits
-    /// again once that bucket has drained, not when the old booking ends
-    /// (which denied, with a retry of 1 s, for 99 s more).
+    /// lowered on a live key, or a limiter still on the wider quota sharing
+    /// it) keeps its booking, as `gcra.lua` keeps it: the narrow quota
+    /// denies, with the wait until the booking is within its bucket, and
+    /// admits then; the wide one never sees its booking shortened, so the
+    /// two together admit no more than the wide one alone.
     #[test]
-    fn gcra_heals_a_booking_beyond_a_lowered_burst() {
+    fn gcra_obeys_a_booking_beyond_a_lowered_burst() {
         let wide = "1/1s".parse::<Quota>().unwrap().gcra(100).unwrap();
         let narrow = "1/1s".parse::<Quota>().unwrap().gcra(1).unwrap();
         let t0 = 1_000_000_000_000;
         let mut entry = None;
         assert_eq!(admitted(&mut entry, wide, 100, t0), 100);
         let c = decide(&mut entry, narrow, 1, t0);
-        assert_eq!((c.allowed, c.retry_ms, c.reset_ms), (false, 1000, 1000));
+        assert_eq!(
+            (c.allowed, c.remaining, c.retry_ms, c.reset_ms),
+            (false, 0, 100_000, 100_000)
+        );
         let expires_ms = entry.map(|e| e.expires_ms());
-        assert_eq!(expires_ms, Some(t0 / 1000 + 1000));
-        let c = decide(&mut entry, narrow, 1, t0 + 1_100_000);
+        assert_eq!(expires_ms, Some(t0 / 1000 + 100_000));
+        // The wide quota's booking is whole: nothing to admit.
+        assert!(!decide(&mut entry, wide, 1, t0 + 500_000).allowed);
+        let c = decide(&mut entry, narrow, 1, t0 + 99_000_000);
+        assert_eq!((c.allowed, c.retry_ms), (false, 1_000), "{c:?}");
+        let c = decide(&mut entry, narrow, 1, t0 + 100_000_000);
         assert!(c.allowed, "{c:?}");
     }
 
