@@ -168,16 +168,18 @@ impl WebTrailers {
     }
 }
 
-/// The `grpc-status` of a trailer frame's header lines, as a code.
+/// The `grpc-status` of a trailer frame's header lines, as a code: the
+/// first such line's, as HTTP/2 trailers are read (`HeaderMap::get`), so a
+/// later line never overrides one that is not a code.
 fn status_in(block: &[u8]) -> Option<u8> {
-    block.split(|&b| b == b'\n').find_map(|line| {
+    let value = block.split(|&b| b == b'\n').find_map(|line| {
         let colon = line.iter().position(|&b| b == b':')?;
         let (name, value) = (&line[..colon], &line[colon + 1..]);
         name.trim_ascii()
             .eq_ignore_ascii_case(b"grpc-status")
-            .then(|| grpc_code(value.trim_ascii()))
-            .flatten()
-    })
+            .then_some(value)
+    })?;
+    grpc_code(value.trim_ascii())
 }
 
 #[cfg(test)]
@@ -247,6 +249,12 @@ mod tests {
         let not_a_code = frame(0x80, b"grpc-status: 0x\r\n");
         assert_eq!(
             read_in(reader("application/grpc-web"), &not_a_code, 4),
+            Found::Status(None)
+        );
+        // The first grpc-status line decides, as in HTTP/2 trailers.
+        let twice = frame(0x80, b"grpc-status: x\r\ngrpc-status: 0\r\n");
+        assert_eq!(
+            read_in(reader("application/grpc-web"), &twice, 4),
             Found::Status(None)
         );
         let compressed = frame(0x81, b"grpc-status: 0\r\n");
