@@ -308,53 +308,74 @@ mod tests {
 
     /// A reset of several keys is one step, as `reset.lua`'s one `DEL`:
     /// while one key's shard is held (by this test, standing for a
-    /// decision of several limits), the other key is not reset either. It
-    /// once locked one key's shard after the other, so a decision could
-    /// see the first limit reset and the second not.
+    /// decision of several limits), the reset of another key, in another
+    /// shard and first in the reset, waits too. It once locked one key's
+    /// shard after the other, so a decision could see the first limit
+    /// reset and the second not.
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_reset_of_several_keys_is_one_step() {
         let store = MemoryStore::new();
         let shard = |key: &str| store.inner.index(store.secret.id(key.as_bytes()));
-        let first = "first";
-        let second = (0..)
-            .map(|i| format!("second{i}"))
-            .find(|key| shard(key) != shard(first))
+        let second = "second";
+        // The first key's shard after the second's: locking in ascending
+        // order, a reset that holds every shard first waits on the
+        // second's, having touched nothing.
+        let first = (0..)
+            .map(|i| format!("first{i}"))
+            .find(|key| shard(key) > shard(second))
             .unwrap();
         let quota = Quota::per_hour(1);
-        assert!(check(&store, first, quota, 1).allowed);
-        assert!(check(&store, &second, quota, 1).allowed);
-        let held = store.inner.lock(shard(&second));
-        let keys = [first.to_owned(), second.clone()];
-        let resetting = std::thread::spawn({
-            let store = store.clone();
+        assert!(check(&store, &first, quota, 1).allowed);
+        assert!(check(&store, second, quota, 1).allowed);
+        let held = store.inner.lock(shard(second));
+        let resetting = spawn_until_blocked({
+            let (store, keys) = (store.clone(), [first.clone(), second.to_owned()]);
             move || store.reset_now(&keys)
         });
-        // Time for the reset to reach the held shard, and stop there.
-        std::thread::sleep(Duration::from_millis(200));
-        let id = store.secret.id(first.as_bytes());
-        if let Some(mut s) = store.inner.try_lock(shard(first)) {
-            let expires_ms = s.short.get_mut(id).map(|e| e.expires_ms());
-            assert_ne!(expires_ms, Some(0), "the first key was reset alone");
-        }
+        assert!(live(&store, &first), "the first key was reset alone");
         drop(held);
         resetting.join().unwrap();
-        assert!(check(&store, first, quota, 1).allowed);
-        assert!(check(&store, &second, quota, 1).allowed);
+        assert!(check(&store, &first, quota, 1).allowed);
+        assert!(check(&store, second, quota, 1).allowed);
     }
 
-    /// Waits until the thread whose `/proc` stat file is `stat` sleeps
-    /// (state `S`): the test's only thread that can block, blocked on the
-    /// one lock the test holds. A deterministic signal that it got as far
-    /// as it can, where a sleep of a guessed length is only a likely one.
+    /// Whether `key` holds a live fixed window or GCRA entry (locking its
+    /// shard).
     #[cfg(target_os = "linux")]
-    fn wait_until_blocked(stat: &str) {
+    fn live(store: &MemoryStore, key: &str) -> bool {
+        let id = store.secret.id(key.as_bytes());
+        let now = store.now().ms;
+        let mut shard = store.inner.lock(store.inner.index(id));
+        shard
+            .short
+            .get_mut(id)
+            .is_some_and(|e| e.expires_ms() > now)
+    }
+
+    /// Runs `f` on a thread of its own, and returns once that thread
+    /// sleeps (its state in `/proc`, `S`): the test's only thread that can
+    /// block, blocked on the one lock the test holds. A deterministic
+    /// signal that it got as far as it can, where a sleep of a guessed
+    /// length is only a likely one.
+    #[cfg(target_os = "linux")]
+    fn spawn_until_blocked<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let me = std::fs::read_link("/proc/thread-self").unwrap();
+            tx.send(format!("/proc/{}/stat", me.display())).unwrap();
+            f()
+        });
+        let stat = rx.recv().unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let text = std::fs::read_to_string(stat).unwrap();
+            let text = std::fs::read_to_string(&stat).unwrap();
             // "tid (comm) S ...": the state follows the command's ')'.
             let state = text[text.rfind(')').unwrap() + 1..].trim_start();
             if state.starts_with('S') {
-                return;
+                return thread;
             }
             assert!(
                 std::time::Instant::now() < deadline,
@@ -389,12 +410,9 @@ mod tests {
         assert!(check(&store, &first, quota, 1).allowed);
         assert!(check(&store, second, quota, 1).allowed);
         let held = store.inner.lock(shard(second));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let refunding = std::thread::spawn({
+        let refunding = spawn_until_blocked({
             let (store, first) = (store.clone(), first.clone());
             move || {
-                let me = std::fs::read_link("/proc/thread-self").unwrap();
-                tx.send(format!("/proc/{}/stat", me.display())).unwrap();
                 // The windows' end, an hour after they began.
                 let end_us = store.now().us as i64 + 3_600_000_000;
                 let credit = |key| Credit {
@@ -407,16 +425,7 @@ mod tests {
                 store.refund_now(&[credit(first.as_bytes()), credit(b"second")]);
             }
         });
-        wait_until_blocked(&rx.recv().unwrap());
-        let id = store.secret.id(first.as_bytes());
-        let now = store.now().ms;
-        let live = store
-            .inner
-            .lock(shard(&first))
-            .short
-            .get_mut(id)
-            .map(|e| e.expires_ms() > now);
-        assert_eq!(live, Some(true), "the first key was credited alone");
+        assert!(live(&store, &first), "the first key was credited alone");
         drop(held);
         refunding.join().unwrap();
         assert!(check(&store, &first, quota, 1).allowed);

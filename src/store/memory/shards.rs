@@ -201,17 +201,6 @@ impl Shards {
         lock(&self.shards[i])
     }
 
-    /// Shard `i`, locked, unless another thread holds it: for tests that
-    /// look at a shard while a call is stuck in another.
-    #[cfg(test)]
-    pub(super) fn try_lock(&self, i: usize) -> Option<MutexGuard<'_, Shard>> {
-        match self.shards[i].try_lock() {
-            Ok(shard) => Some(shard),
-            Err(TryLockError::Poisoned(shard)) => Some(shard.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
     /// The shards `indices` names (ascending, without repeats), locked in
     /// that order.
     pub(super) fn lock_all(&self, indices: &[usize]) -> SmallVec<[MutexGuard<'_, Shard>; 4]> {
