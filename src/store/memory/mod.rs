@@ -264,11 +264,15 @@ impl MemoryStore {
         let indices = ascending(&at);
         let now = self.now();
         let mut reclaimed = false;
-        let (mut locked, checked) = loop {
+        let (mut locked, checked, refusals) = loop {
             let mut locked = shards.lock_all(&indices);
             // The shards of the new keys this decision would store, so that
             // two of them cannot both take a shard's last place.
             let mut placed: Vec<usize> = Vec::new();
+            // New keys refused for want of room: counted once the decision
+            // is final, not at each pass (a limit's sweep checks them all
+            // again, and the same key is refused again).
+            let mut refusals = 0;
             let checked: Option<Vec<_>> = checks
                 .iter()
                 .zip(&ids)
@@ -276,22 +280,30 @@ impl MemoryStore {
                 .map(|((c, id), &i)| {
                     let pending = placed.iter().filter(|&&p| p == i).count();
                     let shard = locked_shard(&mut locked, &indices, i);
-                    let pick = Pick::new(shards, shard, i, reclaimed, spend);
+                    let pick = Pick::new(shards, shard, i, reclaimed, false);
                     let (checked, new) = pick.check(*id, c.quota, cost, now, false, pending)?;
-                    // A new key that fits (a refused one is denied).
+                    // A new key that fits, or a refused one (denied).
                     if new && checked.allowed {
                         placed.push(i);
+                    } else if new {
+                        refusals += 1;
                     }
                     Some(checked)
                 })
                 .collect();
             if let Some(checked) = checked {
-                break (locked, checked);
+                break (locked, checked, refusals);
             }
             drop(locked);
             shards.reclaim_step(now);
             reclaimed = true;
         };
+        // A peek's are no refusals: it would store nothing.
+        if spend {
+            for _ in 0..refusals {
+                shards.refused(now);
+            }
+        }
         let all = spend
             && checks
                 .iter()
@@ -322,9 +334,11 @@ struct Pick<'a> {
     i: usize,
     /// Whether this decision has moved the reclaiming cursor.
     reclaimed: bool,
-    /// Whether it is a check, which spends what it admits; not a peek,
-    /// whose answer a full store does not count as a refusal.
-    decides: bool,
+    /// Whether a new key refused room is counted here
+    /// ([`Shards::refused`]): a lone limit's check. A decision of several
+    /// counts its refusals itself, once it is final (a sweep can make it
+    /// check all its limits again), and a peek's answer is no refusal.
+    counts: bool,
 }
 
 impl<'a> Pick<'a> {
@@ -333,24 +347,26 @@ impl<'a> Pick<'a> {
         shard: &'a mut Shard,
         i: usize,
         reclaimed: bool,
-        decides: bool,
+        counts: bool,
     ) -> Self {
         Self {
             shards,
             shard,
             i,
             reclaimed,
-            decides,
+            counts,
         }
     }
 
     /// Checks `cost` against the key's live entry, if any, healing that
     /// entry in place where the scripts would. A new key that would be
     /// stored needs room in its shard (besides `pending` new keys this
-    /// decision placed there already), or it is refused (and, for a check,
-    /// counted: [`Shards::refused`]; a peek is answered as its check would
-    /// be, and counts nothing). With `spend`, an admitted cost is stored at
-    /// once. Also says whether the key was new.
+    /// decision placed there already), or it is refused (and, if the pick
+    /// `counts`, counted: [`Shards::refused`]; a peek is answered as its
+    /// check would be, and counts nothing). With `spend`, an admitted cost
+    /// is stored at once. Also says whether the key was a new one that took
+    /// room, or was refused it (and so denied); a new key denied for its
+    /// cost needs no room and is not.
     ///
     /// A new key's room is checked only once the decision has moved the
     /// reclaiming cursor, as every new key does before it takes room
@@ -390,7 +406,7 @@ impl<'a> Pick<'a> {
         let long = matches!(spent, Entry::Sliding { .. });
         match self.shards.make_room(shard, self.i, long, pending, now) {
             Err(retry_ms) => {
-                if self.decides {
+                if self.counts {
                     self.shards.refused(now);
                 }
                 return Some((refused(retry_ms), true));
@@ -693,6 +709,68 @@ mod tests {
         checks.push(check("new".into(), "1/1h"));
         let states = store.decide_now(checks, 1);
         assert!(store.len() <= 3072, "{} keys: {states:?}", store.len());
+    }
+
+    /// A new key refused by a full shard is counted once for its decision,
+    /// though a later limit's sweep makes the decision check all its limits
+    /// again. It was once counted at every pass: here twice, in
+    /// `ratelimit_store_full_total` (and in the warning's count), for one
+    /// denial.
+    #[cfg(feature = "metrics")]
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_counted_once_though_a_sweep_checks_again() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        use super::shards::{RECLAIM_BUCKETS, SWEEP_GAP_MS};
+
+        // Two shards, each filled with live windows up to its first
+        // refusal (which sweeps it, finding nothing expired).
+        let store = MemoryStore::with_max_keys(2 * 3072);
+        let shard = |key: &String| store.inner.index(store.secret.id(key.as_bytes()));
+        let keys_of = |s: usize, name: &'static str| {
+            (0..)
+                .map(move |i| format!("{name}{i}"))
+                .filter(move |key| shard(key) == s)
+        };
+        let fill = |s| -> Vec<_> {
+            keys_of(s, "held")
+                .take_while(|key| one(&store, key, "1/1h", 1).allowed)
+                .collect()
+        };
+        assert!(fill(0).len() > 1000);
+        let ended = fill(1);
+        assert!(ended.len() > 1000);
+        // Shard 1's entries ended in place, to be swept out once its sweep
+        // gap has passed; shard 0's still live.
+        store.reset_now(&ended);
+        tokio::time::advance(Duration::from_millis(SWEEP_GAP_MS)).await;
+        // A new key of the full shard 0, refused; then more new keys of
+        // shard 1 than the decision's one step of the reclaiming cursor can
+        // make room for: the last of them has shard 1 swept, and the
+        // decision checks all its limits again.
+        let check = |key| LimitCheck {
+            key,
+            quota: "1/1h".parse().unwrap(),
+            shadow: false,
+        };
+        let refused = keys_of(0, "new").take(1);
+        let swept = keys_of(1, "new").take(RECLAIM_BUCKETS + 1);
+        let checks = refused.chain(swept).map(check).collect();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let states = metrics::with_local_recorder(&recorder, || store.decide_now(checks, 1));
+        assert!(!states[0].allowed && states[1..].iter().all(|s| s.allowed));
+        let counted: u64 = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == "ratelimit_store_full_total")
+            .map(|(.., v)| match v {
+                DebugValue::Counter(n) => n,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(counted, 1, "refusals counted for one denial");
     }
 
     #[tokio::test(start_paused = true)]

@@ -46,7 +46,7 @@ const SHARD_KEYS: usize = 3072;
 const MAX_SHARDS: usize = 1 << 16;
 
 /// Buckets the cursor looks at for each new key.
-const RECLAIM_BUCKETS: usize = 32;
+pub(super) const RECLAIM_BUCKETS: usize = 32;
 
 /// The least time between two whole-shard sweeps of one full shard (and
 /// between two sweeps of a full lease table: [`lease`](super::lease)).
