@@ -99,8 +99,12 @@ pub async fn setup() -> Result<Setup, Error> {
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(false)?;
+    // Best effort: a system that refuses dual-stack sockets (OpenBSD) still
+    // listens on IPv6, and says so.
+    if addr.is_ipv6()
+        && let Err(e) = socket.set_only_v6(false)
+    {
+        tracing::warn!("BIND={addr}: IPv6 only, this system refused a dual-stack socket: {e}");
     }
     #[cfg(not(windows))]
     socket.set_reuse_address(true)?;
