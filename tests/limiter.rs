@@ -150,3 +150,36 @@ support::for_every_store!(
     names_and_prefixes_separate_counters,
     hostile_keys_are_distinct,
 );
+
+/// The in-memory store needs no time driver (the README says so; a Redis
+/// store does, as redis-rs does): a runtime built without one decides, and
+/// the tower layer answers, allowed and denied alike, without a panic.
+#[test]
+fn the_memory_store_needs_no_time_driver() {
+    use redis_ratelimit::{RateLimitLayer, key::Global};
+    use tower::{Layer, ServiceExt, service_fn};
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let limiter = Limiter::new("2/1m".parse().unwrap());
+        let allowed: Vec<bool> = checks(&limiter, "k", 3)
+            .await
+            .iter()
+            .map(Decision::is_allowed)
+            .collect();
+        assert_eq!(allowed, [true, true, false]);
+        let svc = RateLimitLayer::new(Limiter::new("1/1m".parse().unwrap()), Global).layer(
+            service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            }),
+        );
+        let mut statuses = Vec::new();
+        for _ in 0..2 {
+            let res = svc.clone().oneshot(http::Request::new(())).await.unwrap();
+            statuses.push(res.status().as_u16());
+        }
+        assert_eq!(statuses, [200, 429]);
+    });
+}

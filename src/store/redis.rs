@@ -63,6 +63,11 @@ pub(super) use self::standalone::Standalone;
 /// Every call runs one Lua script with `EVALSHA` (reloaded on `NOSCRIPT`); time
 /// comes from Redis itself, never from this process's clock.
 ///
+/// It needs a Tokio runtime with its time driver (`#[tokio::main]`,
+/// actix-web's, or a `Builder` with `enable_all` or `enable_time`): it
+/// bounds every call in time, and redis-rs panics connecting without one.
+/// The [`MemoryStore`](crate::MemoryStore) needs none.
+///
 /// With the `cluster` feature, `RedisStore::cluster` runs the same scripts
 /// on a Redis Cluster: all keys of one call share a hash tag, so each call
 /// goes to the one master that owns their slot. With the `sentinel` feature,
