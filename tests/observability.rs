@@ -21,24 +21,27 @@ use support::{
 };
 
 /// The value of counter `name` with `limit=<limit>`, 0 if never counted.
-fn counter(
-    snapshot: &[(
-        CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        DebugValue,
-    )],
-    name: &str,
-    limit: &str,
-) -> u64 {
+fn counter(snapshot: &[Entry], name: &str, limit: &str) -> u64 {
+    counter_where(snapshot, name, |k| {
+        k.key()
+            .labels()
+            .any(|l| l.key() == "limit" && l.value() == limit)
+    })
+}
+
+/// One metric of a `DebuggingRecorder`'s snapshot.
+type Entry = (
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+);
+
+/// The sum of counter `name` over the keys `keep` takes.
+fn counter_where(snapshot: &[Entry], name: &str, keep: impl Fn(&CompositeKey) -> bool) -> u64 {
     snapshot
         .iter()
-        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == name)
-        .filter(|(k, ..)| {
-            k.key()
-                .labels()
-                .any(|l| l.key() == "limit" && l.value() == limit)
-        })
+        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == name && keep(k))
         .map(|(.., v)| match v {
             DebugValue::Counter(n) => *n,
             _ => 0,
@@ -46,15 +49,7 @@ fn counter(
         .sum()
 }
 
-fn histogram_samples(
-    snapshot: &[(
-        CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        DebugValue,
-    )],
-    name: &str,
-) -> usize {
+fn histogram_samples(snapshot: &[Entry], name: &str) -> usize {
     snapshot
         .iter()
         .filter(|(k, ..)| k.key().name() == name)
@@ -278,26 +273,10 @@ fn local_recorder() -> (DebuggingRecorder, Snapshotter) {
 }
 
 /// The value of counter `name`, whatever its labels.
-fn counter_total(
-    snapshot: &[(
-        CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        DebugValue,
-    )],
-    name: &str,
-) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(k, ..)| k.kind() == MetricKind::Counter && k.key().name() == name)
-        .map(|(.., v)| match v {
-            DebugValue::Counter(n) => *n,
-            _ => 0,
-        })
-        .sum()
+fn counter_total(snapshot: &[Entry], name: &str) -> u64 {
+    counter_where(snapshot, name, |_| true)
 }
 
-/// The request's cost, from its `x-cost` header's value (1 without one).
 fn cost_of(header: Option<&[u8]>) -> u64 {
     header
         .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())

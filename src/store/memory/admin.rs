@@ -316,19 +316,10 @@ mod tests {
     #[test]
     fn a_reset_of_several_keys_is_one_step() {
         let store = MemoryStore::new();
-        let shard = |key: &str| store.inner.index(store.secret.id(key.as_bytes()));
-        let second = "second";
-        // The first key's shard after the second's: locking in ascending
-        // order, a reset that holds every shard first waits on the
-        // second's, having touched nothing.
-        let first = (0..)
-            .map(|i| format!("first{i}"))
-            .find(|key| shard(key) > shard(second))
-            .unwrap();
-        let quota = Quota::per_hour(1);
-        assert!(check(&store, &first, quota, 1).allowed);
-        assert!(check(&store, second, quota, 1).allowed);
-        let held = store.inner.lock(shard(second));
+        let (first, second, quota) = first_after_second(&store);
+        let held = store
+            .inner
+            .lock(store.inner.index(store.secret.id(second.as_bytes())));
         let resetting = spawn_until_blocked({
             let (store, keys) = (store.clone(), [first.clone(), second.to_owned()]);
             move || store.reset_now(&keys)
@@ -338,6 +329,24 @@ mod tests {
         resetting.join().unwrap();
         assert!(check(&store, &first, quota, 1).allowed);
         assert!(check(&store, second, quota, 1).allowed);
+    }
+
+    /// Two keys whose "1/1h" windows are spent, the first in a shard after
+    /// the second's: locking in ascending order, an operation on both
+    /// (a reset, a refund) that holds every shard first waits on the
+    /// second's, having touched nothing.
+    #[cfg(target_os = "linux")]
+    fn first_after_second(store: &MemoryStore) -> (String, &'static str, Quota) {
+        let shard = |key: &str| store.inner.index(store.secret.id(key.as_bytes()));
+        let second = "second";
+        let first = (0..)
+            .map(|i| format!("first{i}"))
+            .find(|key| shard(key) > shard(second))
+            .unwrap();
+        let quota = Quota::per_hour(1);
+        assert!(check(store, &first, quota, 1).allowed);
+        assert!(check(store, second, quota, 1).allowed);
+        (first, second, quota)
     }
 
     /// Whether `key` holds a live fixed window or GCRA entry (locking its
@@ -397,19 +406,10 @@ mod tests {
     #[test]
     fn a_refund_of_several_keys_is_one_step() {
         let store = MemoryStore::new();
-        let shard = |key: &str| store.inner.index(store.secret.id(key.as_bytes()));
-        let second = "second";
-        // The first key's shard after the second's: locking in ascending
-        // order, a refund that holds every shard first waits on the
-        // second's, having touched nothing.
-        let first = (0..)
-            .map(|i| format!("first{i}"))
-            .find(|key| shard(key) > shard(second))
-            .unwrap();
-        let quota = Quota::per_hour(1);
-        assert!(check(&store, &first, quota, 1).allowed);
-        assert!(check(&store, second, quota, 1).allowed);
-        let held = store.inner.lock(shard(second));
+        let (first, second, quota) = first_after_second(&store);
+        let held = store
+            .inner
+            .lock(store.inner.index(store.secret.id(second.as_bytes())));
         let refunding = spawn_until_blocked({
             let (store, first) = (store.clone(), first.clone());
             move || {
