@@ -67,7 +67,7 @@ use crate::{
     headers::PartitionKeys,
     key::{self, KeyExtractor, RequestInfo},
     refund::{Refund, ResponseHead},
-    respond::{Call, DefaultResponse, Format, GrpcResponse, problem},
+    respond::{Asked, Call, DefaultResponse, Format, GrpcResponse, problem},
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
 };
@@ -422,8 +422,8 @@ where
         post: req.method() == actix_web::http::Method::POST,
         http2: req.version() >= actix_web::http::Version::HTTP_2,
     };
-    let format = Format::negotiate(call, |name| req.header_values(name));
-    req.into_response(core.reject::<HttpResponse>(rejection, format))
+    let asked = Asked::negotiate(call, |name| req.header_values(name));
+    req.into_response(core.reject::<HttpResponse>(rejection, asked))
         .map_into_right_body()
 }
 

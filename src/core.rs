@@ -16,7 +16,7 @@ use crate::{
     limiter::Deciding,
     per_thread::{self, PerThread},
     refund::{Charged, Deferred, Outcome, Refund, ResponseHead},
-    respond::Format,
+    respond::{Asked, answer_as_grpc_web},
 };
 use smallvec::SmallVec;
 
@@ -255,12 +255,19 @@ impl<K, R, L> Core<K, R, L> {
 
     /// The response for a rejection, with the rate-limit headers when the
     /// quota or the concurrency limit denied it.
-    /// `format` is what the request's headers ask for ([`Format::negotiate`]).
-    pub(crate) fn reject<Res: HeaderSink>(&self, rejection: Rejection, format: Format) -> Res
+    /// `asked` is what the request's headers ask for ([`Asked::negotiate`]):
+    /// the format the responder is given and, for a gRPC-Web call, the
+    /// `content-type` a trailers-only gRPC answer gets instead of
+    /// `application/grpc` ([`answer_as_grpc_web`]), whichever responder built it.
+    pub(crate) fn reject<Res>(&self, rejection: Rejection, asked: Asked) -> Res
     where
         R: Respond<Res>,
+        Res: HeaderSink + ResponseHead,
     {
-        let mut res = self.respond.respond_as(&rejection, format);
+        let mut res = self.respond.respond_as(&rejection, asked.format);
+        if let Some(web) = asked.grpc_web {
+            answer_as_grpc_web(&mut res, web);
+        }
         match &rejection {
             Rejection::Denied(d) => headers::write(d, &mut res, self.legacy_headers),
             Rejection::Busy(busy) => busy.write_headers(&mut res),

@@ -16,7 +16,7 @@ use crate::{
     Limiter, Rejection, Respond,
     core::Core,
     gate::{Admit, Gate},
-    respond::Format,
+    respond::Asked,
 };
 
 pin_project! {
@@ -60,7 +60,7 @@ pin_project! {
         },
         Answered {
             rejection: Option<Rejection>,
-            format: Format,
+            asked: Asked,
         },
     }
 }
@@ -119,15 +119,11 @@ where
         }
     }
 
-    pub(crate) fn rejected(
-        core: &Arc<Core<K, R, L>>,
-        rejection: Rejection,
-        format: Format,
-    ) -> Self {
+    pub(crate) fn rejected(core: &Arc<Core<K, R, L>>, rejection: Rejection, asked: Asked) -> Self {
         Self {
             state: State::Answered {
                 rejection: Some(rejection),
-                format,
+                asked,
             },
             core: Arc::clone(core),
         }
@@ -145,7 +141,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let (rejection, format) = match this.state.as_mut().project() {
+            let (rejection, asked) = match this.state.as_mut().project() {
                 StateProj::Checking { check, svc, req } => {
                     match ready!(L::poll(this.core, check, cx)) {
                         Ok(held) => {
@@ -158,9 +154,9 @@ where
                         }
                         Err(rejection) => {
                             let req = req.as_ref().expect("polled after completion");
-                            let format =
-                                Format::of_request(req.method(), req.version(), req.headers());
-                            (rejection, format)
+                            let asked =
+                                Asked::of_request(req.method(), req.version(), req.headers());
+                            (rejection, asked)
                         }
                     }
                 }
@@ -175,12 +171,14 @@ where
                     };
                     return Poll::Ready(Ok(res.map(|body| L::body(body, kept))));
                 }
-                StateProj::Answered { rejection, format } => {
+                StateProj::Answered { rejection, asked } => {
                     let rejection = rejection.take().expect("polled after completion");
-                    (rejection, *format)
+                    let grpc_web = asked.grpc_web.take();
+                    let format = asked.format;
+                    (rejection, Asked { format, grpc_web })
                 }
             };
-            let res: Response<ResBody> = this.core.reject(rejection, format);
+            let res: Response<ResBody> = this.core.reject(rejection, asked);
             return Poll::Ready(Ok(res.map(|body| L::body(body, L::Kept::default()))));
         }
     }

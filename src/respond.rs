@@ -63,11 +63,13 @@ mod format;
 mod grpc;
 pub(crate) mod problem;
 
+pub(crate) use self::format::Asked;
 #[cfg(feature = "actix")]
 pub(crate) use self::format::Call;
 pub use self::format::{ACCEPT_MAX, Format};
 pub use self::grpc::GrpcResponse;
-pub(crate) use self::grpc::is_grpc_content_type;
+pub(crate) use self::grpc::answer_as_grpc_web;
+pub(crate) use self::grpc::{grpc_web_text, is_grpc_content_type, is_grpc_web_content_type};
 
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -131,7 +133,10 @@ impl Rejection {
 /// closure) and by every `Fn(&Rejection) -> Res` closure. Give an
 /// implementation to a layer's `responder(..)`.
 pub trait Respond<Res>: Send + Sync + 'static {
-    /// The response to send. Rate-limit headers are added afterwards.
+    /// The response to send. Rate-limit headers are added afterwards, and a
+    /// trailers-only gRPC answer (HTTP 200, `content-type:
+    /// application/grpc`, `grpc-status`) to a gRPC-Web call gets the call's
+    /// gRPC-Web `content-type` (see [`GrpcResponse`](GrpcResponse#grpc-web)).
     fn respond(&self, rejection: &Rejection) -> Res;
 
     /// The response for a request whose headers ask for `format` (a gRPC

@@ -14,7 +14,7 @@ use crate::{
     core::Core,
     gate::{Admit, Gate, Start},
     key::KeyExtractor,
-    respond::Format,
+    respond::Asked,
 };
 
 /// The service made by a [`LimitLayer`](crate::LimitLayer): a
@@ -79,8 +79,8 @@ where
                 return ResponseFuture::calling(&mut self.inner, req, None, &self.core);
             }
             Err(rejection) => {
-                let format = Format::of_request(&parts.method, parts.version, &parts.headers);
-                return ResponseFuture::rejected(&self.core, rejection, format);
+                let asked = Asked::of_request(&parts.method, parts.version, &parts.headers);
+                return ResponseFuture::rejected(&self.core, rejection, asked);
             }
         };
         let req = Request::from_parts(parts, body);
@@ -90,8 +90,8 @@ where
             // A rejected request leaves it ready (tower allows that).
             Some(Ok(held)) => ResponseFuture::calling(&mut self.inner, req, Some(held), &self.core),
             Some(Err(rejection)) => {
-                let format = Format::of_request(req.method(), req.version(), req.headers());
-                ResponseFuture::rejected(&self.core, rejection, format)
+                let asked = Asked::of_request(req.method(), req.version(), req.headers());
+                ResponseFuture::rejected(&self.core, rejection, asked)
             }
             None => {
                 // The ready service goes to the future; a fresh clone stays.

@@ -456,3 +456,46 @@ async fn actix_never_refunds_a_status_it_cannot_read_and_says_so_once() {
         "{warnings:?}"
     );
 }
+
+/// A gRPC-Web call answered with a trailers-only gRPC answer (by a custom
+/// responder: actix-web's default answers gRPC-Web with a 429) gets the
+/// call's own gRPC-Web content type, through the code the tower layer uses.
+#[tokio::test]
+async fn actix_gives_a_grpc_answer_to_a_grpc_web_call_its_type() {
+    use redis_ratelimit::{Limiter, Quota, key::Global};
+
+    let limiter = Limiter::builder(Quota::per_minute(1)).build().unwrap();
+    let grpc_only = RateLimitMiddleware::new(limiter, Global).respond_with(|r| {
+        HttpResponse::Ok()
+            .insert_header(("content-type", "application/grpc"))
+            .insert_header(("grpc-status", r.grpc_code().to_string()))
+            .finish()
+    });
+    let app = actix_web::test::init_service(
+        App::new()
+            .wrap(grpc_only)
+            .route("/", web::post().to(HttpResponse::Ok)),
+    )
+    .await;
+    let call = |content_type: &'static str| {
+        let req = actix_web::test::TestRequest::post().uri("/");
+        req.insert_header(("content-type", content_type))
+            .to_request()
+    };
+    let res = actix_web::test::call_service(&app, call("application/grpc-web-text+proto")).await;
+    assert_eq!(res.status(), 200, "served");
+    for (request, answer) in [
+        (
+            "application/grpc-web-text+proto",
+            "application/grpc-web-text+proto",
+        ),
+        ("application/grpc-web", "application/grpc-web"),
+        ("application/grpc", "application/grpc"),
+    ] {
+        let res = actix_web::test::call_service(&app, call(request)).await;
+        assert_eq!(res.status(), 200, "{request}");
+        let header = |name: &str| res.headers().get(name).map(|v| v.to_str().unwrap());
+        assert_eq!(header("grpc-status"), Some("8"), "{request}");
+        assert_eq!(header("content-type"), Some(answer), "{request}");
+    }
+}

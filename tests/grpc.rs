@@ -1,8 +1,9 @@
 //! gRPC end to end: `tonic::transport::Server` with the layer in front of the
 //! standard health service, called by tonic-health's generated client.
 //! Rejected calls are gRPC statuses (not HTTP errors that a gRPC client
-//! maps to a retryable `UNAVAILABLE`), and `PeerIp` reads tonic's connect
-//! info.
+//! maps to a retryable `UNAVAILABLE`), gRPC-Web calls (the layer outside
+//! tonic-web's translation) get them under their own content type, and
+//! `PeerIp` reads tonic's connect info.
 
 mod support;
 
@@ -15,6 +16,7 @@ use redis_ratelimit::{
     Limiter, OnStoreError, Quota, RateLimitLayer,
     key::{Global, KeyExtractor, PeerIp},
     refund::{Refund, TrailersLayer},
+    respond::{GrpcResponse, Respond},
 };
 use support::{Backend, RedisServer};
 use tokio::net::TcpListener;
@@ -25,6 +27,7 @@ use tonic::{
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
+use tonic_web::{GrpcWebClientLayer, GrpcWebLayer};
 
 /// Serves the health service behind `layer` on an ephemeral port (HTTP/1
 /// accepted too, for plain HTTP requests); its address.
@@ -215,6 +218,127 @@ async fn a_mixed_server_answers_each_protocol_in_its_own_terms() {
 
     let status = check(&mut client).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}
+
+/// Serves the health service behind `layer`, outside tonic-web's
+/// translation: the layer sees gRPC-Web calls as the browser sent them.
+async fn spawn_web<R>(layer: RateLimitLayer<Global, R>) -> String
+where
+    RateLimitLayer<Global, R>: Clone,
+    R: Respond<http::Response<tonic::body::Body>>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let server = Server::builder()
+        .accept_http1(true)
+        .layer(layer)
+        .layer(GrpcWebLayer::new())
+        .add_service(health)
+        .serve_with_incoming(TcpIncoming::from(listener));
+    tokio::spawn(server);
+    url
+}
+
+/// A bare `POST` of a health check with `content-type` (and `te`), over
+/// HTTP/1.1 as a browser sends gRPC-Web: the answer's head and its body.
+async fn post_check(
+    url: &str,
+    content_type: &str,
+    te: bool,
+) -> (http::response::Parts, bytes::Bytes) {
+    let http =
+        Client::builder(TokioExecutor::new()).build_http::<http_body_util::Full<bytes::Bytes>>();
+    let mut req = http::Request::post(format!("{url}/grpc.health.v1.Health/Check"))
+        .header("content-type", content_type);
+    if te {
+        req = req.header("te", "trailers");
+    }
+    let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(
+        b"\0\0\0\0\0",
+    )));
+    let res = http.request(req.unwrap()).await.unwrap();
+    let (head, body) = res.into_parts();
+    (head, body.collect().await.unwrap().to_bytes())
+}
+
+/// A gRPC-Web call answered by `GrpcResponse` (the layer outside tonic-web)
+/// gets the same trailers-only answer as a gRPC call, under its own
+/// gRPC-Web `content-type` (family and codec), with its status and retry
+/// hints as headers, which tonic-web's client reads as the call's status.
+/// A plain gRPC call keeps `application/grpc`.
+#[tokio::test]
+async fn a_grpc_web_call_is_answered_in_grpc_web() {
+    let limiter = Limiter::new(Quota::per_minute(1));
+    let url = spawn_web(RateLimitLayer::new(limiter, Global).responder(GrpcResponse)).await;
+    let origin = url.parse().unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let web = tower::ServiceBuilder::new()
+        .layer(GrpcWebClientLayer::new())
+        .service(client);
+    let mut calls = HealthClient::with_origin(web, origin);
+    let served = calls.check(HealthCheckRequest::default()).await;
+    let served = served
+        .map(|r| r.into_inner().status())
+        .map_err(|s| s.code());
+    assert_eq!(
+        served,
+        Ok(ServingStatus::Serving),
+        "served through tonic-web"
+    );
+    let status = calls
+        .check(HealthCheckRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(status.message(), "rate limit exceeded");
+    let pushback = metadata_u64(&status, "grpc-retry-pushback-ms");
+    assert!((1..=60_000).contains(&pushback), "{pushback}");
+
+    for (request, answer) in [
+        ("application/grpc-web", "application/grpc-web"),
+        ("application/grpc-web+proto", "application/grpc-web+proto"),
+        ("application/grpc-web+json", "application/grpc-web+json"),
+        ("application/grpc-web-text", "application/grpc-web-text"),
+        (
+            "application/grpc-web-text+proto",
+            "application/grpc-web-text+proto",
+        ),
+        (
+            "Application/gRPC-Web-Text+Proto; x=y",
+            "application/grpc-web-text+proto",
+        ),
+    ] {
+        let (head, body) = post_check(&url, request, false).await;
+        assert_eq!(head.status, http::StatusCode::OK, "{request}");
+        assert_eq!(head.headers["content-type"], answer, "{request}");
+        assert_eq!(head.headers["grpc-status"], "8", "{request}");
+        assert_eq!(head.headers["grpc-message"], "rate limit exceeded");
+        assert!(head.headers.contains_key("grpc-retry-pushback-ms"));
+        assert!(head.headers.contains_key("ratelimit"), "{request}");
+        assert!(body.is_empty(), "trailers-only: {request}: {body:?}");
+    }
+    // Plain gRPC (passed on over HTTP/1.1, asking for trailers): as before.
+    let (head, body) = post_check(&url, "application/grpc+proto", true).await;
+    assert_eq!(head.status, http::StatusCode::OK);
+    assert_eq!(head.headers["content-type"], "application/grpc");
+    assert_eq!(head.headers["grpc-status"], "8");
+    assert!(body.is_empty());
+}
+
+/// The default answer to a gRPC-Web call is still an HTTP status: the
+/// gRPC-Web type is given to gRPC answers only.
+#[tokio::test]
+async fn the_default_answer_to_a_grpc_web_call_stays_http() {
+    let limiter = Limiter::new(Quota::per_minute(1));
+    let url = spawn_web(RateLimitLayer::new(limiter, Global)).await;
+    let (head, _) = post_check(&url, "application/grpc-web+proto", false).await;
+    assert_eq!(head.status, http::StatusCode::OK, "served: {head:?}");
+    let (head, _) = post_check(&url, "application/grpc-web+proto", false).await;
+    assert_eq!(head.status, http::StatusCode::TOO_MANY_REQUESTS, "{head:?}");
+    assert!(head.headers.get("grpc-status").is_none(), "{head:?}");
+    let content_type = head.headers.get("content-type").map(|v| v.as_bytes());
+    assert!(!content_type.is_some_and(|t| t.starts_with(b"application/grpc")));
 }
 
 /// Waits (at most 10 s) until the global key has `remaining` left, that is

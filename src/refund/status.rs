@@ -5,6 +5,7 @@
 use http::{HeaderName, StatusCode, header::CONTENT_TYPE};
 
 use super::{Deferred, Pending};
+use crate::respond::{is_grpc_content_type, is_grpc_web_content_type};
 
 /// `grpc-status`, with a `'static` borrow for [`ResponseHead::header`].
 pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -64,8 +65,9 @@ impl Outcome {
     pub(crate) fn of(res: &impl ResponseHead) -> Outcome {
         let status = res.status();
         let content_type = res.header(&CONTENT_TYPE_NAME);
-        let grpc = content_type.is_some_and(crate::respond::is_grpc_content_type);
-        if status != StatusCode::OK || !(grpc || content_type.is_some_and(is_grpc_web)) {
+        let grpc = content_type.is_some_and(is_grpc_content_type);
+        if status != StatusCode::OK || !(grpc || content_type.is_some_and(is_grpc_web_content_type))
+        {
             return Outcome::Known(status);
         }
         match res.header(&GRPC_STATUS) {
@@ -74,28 +76,6 @@ impl Outcome {
             None => Outcome::InBody,
         }
     }
-}
-
-/// Whether a `content-type` value marks a gRPC-Web response:
-/// `application/grpc-web` or `application/grpc-web-text`, each with an
-/// optional `+<codec>` and parameters (ASCII case ignored).
-fn is_grpc_web(ct: &[u8]) -> bool {
-    grpc_web_text(ct).is_some()
-}
-
-/// For a gRPC-Web `content-type` value ([`is_grpc_web`]), whether it is
-/// `application/grpc-web-text` (the body in base64); `None` for any other.
-pub(crate) fn grpc_web_text(ct: &[u8]) -> Option<bool> {
-    const WEB: &[u8] = b"application/grpc-web";
-    let rest = ct
-        .get(..WEB.len())
-        .filter(|p| p.eq_ignore_ascii_case(WEB))
-        .map(|_| &ct[WEB.len()..])?;
-    let (text, rest) = match rest.get(..5) {
-        Some(text) if text.eq_ignore_ascii_case(b"-text") => (true, &rest[5..]),
-        _ => (false, rest),
-    };
-    matches!(rest.first(), None | Some(b'+' | b';')).then_some(text)
 }
 
 /// The code a `grpc-status` value holds, if it holds one (a decimal number

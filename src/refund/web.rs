@@ -65,7 +65,7 @@ impl WebTrailers {
     /// (`application/grpc-web` or `application/grpc-web-text`, each with
     /// any `+suffix` or parameters).
     pub(crate) fn for_content_type(content_type: Option<&HeaderValue>) -> Option<Self> {
-        let text = super::status::grpc_web_text(content_type?.as_bytes())?;
+        let text = crate::respond::grpc_web_text(content_type?.as_bytes())?;
         Some(Self {
             text,
             quad: [0; 4],

@@ -43,7 +43,7 @@ pub enum Format {
 /// `Accept`, `Content-Type` and `TE`, with a `'static` borrow for
 /// [`Format::negotiate`]'s lookups.
 static ACCEPT_NAME: HeaderName = ACCEPT;
-static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
+pub(super) static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
 static TE_NAME: HeaderName = TE;
 
 /// What of a request, beside its headers, says whether it can be a gRPC
@@ -78,14 +78,57 @@ impl Format {
     }
 
     /// [`negotiate`](Self::negotiate) for an `http` 1 request.
+    #[cfg(test)]
     pub(crate) fn of_request(method: &Method, version: Version, headers: &HeaderMap) -> Format {
-        let call = Call {
-            post: method == Method::POST,
-            http2: version >= Version::HTTP_2,
-        };
-        Self::negotiate(call, |name| {
+        Self::negotiate(Call::of(method, version), |name| {
             headers.get_all(name).iter().map(HeaderValue::as_bytes)
         })
+    }
+}
+
+/// What a rejected request's headers ask of the middleware's answer: its
+/// [`Format`], and for a gRPC-Web call the `content-type` that a gRPC
+/// answer to it carries instead of `application/grpc`
+/// ([`answer_as_grpc_web`](super::grpc::answer_as_grpc_web)). Read once per
+/// rejected request, the same way by both adapters.
+#[derive(Debug, Clone)]
+pub(crate) struct Asked {
+    pub(crate) format: Format,
+    /// [`grpc_web_answer_type`](super::grpc::grpc_web_answer_type) of the
+    /// request's `content-type`: `None` unless it is gRPC-Web.
+    pub(crate) grpc_web: Option<HeaderValue>,
+}
+
+impl Asked {
+    /// [`Format::negotiate`], and the gRPC-Web answer type.
+    pub(crate) fn negotiate<'a, I>(call: Call, header: impl Fn(&'static HeaderName) -> I) -> Asked
+    where
+        I: Iterator<Item = &'a [u8]>,
+    {
+        let grpc_web = header(&CONTENT_TYPE_NAME)
+            .next()
+            .and_then(super::grpc::grpc_web_answer_type);
+        Asked {
+            format: Format::negotiate(call, header),
+            grpc_web,
+        }
+    }
+
+    /// [`negotiate`](Self::negotiate) for an `http` 1 request.
+    pub(crate) fn of_request(method: &Method, version: Version, headers: &HeaderMap) -> Asked {
+        Self::negotiate(Call::of(method, version), |name| {
+            headers.get_all(name).iter().map(HeaderValue::as_bytes)
+        })
+    }
+}
+
+impl Call {
+    /// An `http` 1 request's.
+    fn of(method: &Method, version: Version) -> Call {
+        Call {
+            post: method == Method::POST,
+            http2: version >= Version::HTTP_2,
+        }
     }
 }
 
@@ -225,7 +268,7 @@ fn qvalue(v: &[u8]) -> Option<u16> {
 }
 
 /// An RFC 9110 `token`.
-fn is_token(s: &[u8]) -> bool {
+pub(super) fn is_token(s: &[u8]) -> bool {
     !s.is_empty()
         && s.iter()
             .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))

@@ -5,7 +5,8 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Response, StatusCode, header::CONTENT_TYPE};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use super::{Rejection, Respond};
+use super::{Rejection, Respond, format::CONTENT_TYPE_NAME};
+use crate::{headers::HeaderSink, refund::ResponseHead};
 
 /// `grpc-status`.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -28,6 +29,84 @@ pub(crate) fn is_grpc_content_type(ct: &[u8]) -> bool {
             matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
         }
         _ => false,
+    }
+}
+
+/// A gRPC-Web `content-type` value, read: whether it is the text (base64)
+/// form, `application/grpc-web-text`, and its codec (what follows `+`,
+/// before any parameter; empty without one). `None` for anything that is
+/// not `application/grpc-web` or `application/grpc-web-text`, each with an
+/// optional `+<codec>` and parameters (ASCII case ignored).
+fn grpc_web_parts(ct: &[u8]) -> Option<(bool, &[u8])> {
+    const WEB: &[u8] = b"application/grpc-web";
+    if !ct.get(..WEB.len())?.eq_ignore_ascii_case(WEB) {
+        return None;
+    }
+    let rest = &ct[WEB.len()..];
+    let (text, rest) = match rest.get(..5) {
+        Some(text) if text.eq_ignore_ascii_case(b"-text") => (true, &rest[5..]),
+        _ => (false, rest),
+    };
+    let media = rest.split(|&b| b == b';').next().unwrap_or_default();
+    match media.split_first() {
+        None => Some((text, &[])),
+        Some((b'+', codec)) => Some((text, codec.trim_ascii())),
+        Some(_) => None,
+    }
+}
+
+/// Whether a `content-type` value marks gRPC-Web: `application/grpc-web`
+/// or `application/grpc-web-text`, each with an optional `+<codec>` and
+/// parameters (ASCII case ignored).
+pub(crate) fn is_grpc_web_content_type(ct: &[u8]) -> bool {
+    grpc_web_parts(ct).is_some()
+}
+
+/// For a gRPC-Web `content-type` value ([`is_grpc_web_content_type`]),
+/// whether it is `application/grpc-web-text` (the body in base64); `None`
+/// for any other.
+pub(crate) fn grpc_web_text(ct: &[u8]) -> Option<bool> {
+    grpc_web_parts(ct).map(|(text, _)| text)
+}
+
+/// The `content-type` of a gRPC answer to a call whose `content-type` is
+/// `request`, when that is gRPC-Web: the request's own media type,
+/// lowercased and without parameters (`application/grpc-web-text+proto`
+/// for `Application/grpc-web-text+Proto; charset=utf-8`), which keeps the
+/// text form and the codec a gRPC-Web client reads the answer by. A codec
+/// that is not a token is left out (`application/grpc-web`). `None` for a
+/// request that is not gRPC-Web.
+pub(crate) fn grpc_web_answer_type(request: &[u8]) -> Option<HeaderValue> {
+    let (text, codec) = grpc_web_parts(request)?;
+    let family: &[u8] = if text {
+        b"application/grpc-web-text"
+    } else {
+        b"application/grpc-web"
+    };
+    let mut value = family.to_vec();
+    if super::format::is_token(codec) {
+        value.push(b'+');
+        value.extend(codec.iter().map(u8::to_ascii_lowercase));
+    }
+    HeaderValue::from_bytes(&value).ok()
+}
+
+/// Gives a trailers-only gRPC answer (HTTP 200, a gRPC `content-type`, its
+/// `grpc-status` at the head) the `content-type` of the gRPC-Web call it
+/// answers ([`grpc_web_answer_type`]), as a gRPC-Web translation (tonic-web,
+/// Envoy's `grpc_web` filter) does: a trailers-only answer is the same in
+/// both protocols but for its type, since gRPC-Web sends a trailers-only
+/// answer's trailers as headers too. Any other answer is left as it is: an
+/// HTTP error, one without `grpc-status` at its head, or one whose type is
+/// not gRPC.
+pub(crate) fn answer_as_grpc_web(res: &mut (impl HeaderSink + ResponseHead), web: HeaderValue) {
+    if res.status() == StatusCode::OK
+        && res
+            .header(&CONTENT_TYPE_NAME)
+            .is_some_and(is_grpc_content_type)
+        && res.header(&crate::refund::GRPC_STATUS).is_some()
+    {
+        res.insert(CONTENT_TYPE, web);
     }
 }
 
@@ -133,8 +212,9 @@ pub(crate) fn response<B: Default>(rejection: &Rejection) -> Response<B> {
 /// `te: trailers` that claims a gRPC `content-type`: those are answered as
 /// HTTP, since a gRPC answer's HTTP 200 would read as a success to them
 /// (and to a cache on the way).
-/// Its rejection is answered with HTTP 200, `content-type: application/grpc`,
-/// no body, and:
+/// Its rejection is answered with HTTP 200, `content-type: application/grpc`
+/// (a gRPC-Web call's own type instead: see [below](#grpc-web)), no body,
+/// and:
 ///
 /// | rejection | `grpc-status` |
 /// |---|---|
@@ -161,6 +241,32 @@ pub(crate) fn response<B: Default>(rejection: &Rejection) -> Response<B> {
 ///     .responder(GrpcResponse);
 /// # let _ = layer;
 /// ```
+///
+/// # gRPC-Web
+///
+/// A gRPC-Web call reaches the layer when the layer is outside the gRPC-Web
+/// translation (tonic-web's `GrpcWebLayer` inside it) or the server speaks
+/// gRPC-Web itself. Its `content-type` is `application/grpc-web` or
+/// `application/grpc-web-text` (base64), each with an optional `+<codec>`,
+/// and its client reads the answer by that type. So the layer gives a
+/// trailers-only gRPC answer to a gRPC-Web call the call's own media type,
+/// lowercased and without parameters: `application/grpc-web+proto` for
+/// `application/grpc-web+proto`, `application/grpc-web-text` for
+/// `application/grpc-web-text`, and so on. A plain gRPC call keeps
+/// `application/grpc`. The layer does this after the responder runs,
+/// whichever responder built the answer (a custom [`Respond`] that calls
+/// `GrpcResponse` too): `GrpcResponse::respond` on its own has no request
+/// to read, and says `application/grpc`.
+///
+/// The answer stays trailers-only: HTTP 200, `grpc-status`, `grpc-message`
+/// and the retry hints as headers, no body. The gRPC-Web protocol allows
+/// this ("trailers may be sent together with response headers, with no
+/// message in the body"), and gRPC-Web clients (grpc-web's JavaScript
+/// client, tonic-web's) read the call's status from those headers. A
+/// browser sees them only where CORS exposes them
+/// (`Access-Control-Expose-Headers: grpc-status, grpc-message`), as for
+/// every gRPC-Web answer. The [`DefaultResponse`](super::DefaultResponse)
+/// answers a gRPC-Web call with an HTTP status (429), as above.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GrpcResponse;
 
@@ -309,6 +415,84 @@ mod tests {
             [400, 401, 403, 404, 418, 429, 500, 502, 503, 504].map(status),
             [3, 16, 7, 5, 9, 8, 13, 13, 14, 4]
         );
+    }
+
+    #[test]
+    fn a_grpc_web_call_is_answered_in_its_own_family_and_codec() {
+        let cases = [
+            ("application/grpc-web", Some("application/grpc-web")),
+            (
+                "application/grpc-web+proto",
+                Some("application/grpc-web+proto"),
+            ),
+            (
+                "application/grpc-web+json",
+                Some("application/grpc-web+json"),
+            ),
+            (
+                "application/grpc-web-text",
+                Some("application/grpc-web-text"),
+            ),
+            (
+                "application/grpc-web-text+proto",
+                Some("application/grpc-web-text+proto"),
+            ),
+            (
+                "Application/GRPC-Web-Text+Proto; charset=utf-8",
+                Some("application/grpc-web-text+proto"),
+            ),
+            (
+                "application/grpc-web;charset=utf-8",
+                Some("application/grpc-web"),
+            ),
+            (
+                "application/grpc-web+proto ;x=y",
+                Some("application/grpc-web+proto"),
+            ),
+            // A codec that is not a token: the family alone.
+            ("application/grpc-web+", Some("application/grpc-web")),
+            (
+                "application/grpc-web-text+a/b",
+                Some("application/grpc-web-text"),
+            ),
+            ("application/grpc", None),
+            ("application/grpc+proto", None),
+            ("application/grpc-webx", None),
+            ("application/grpc-web-textual", None),
+            ("application/grpc-we", None),
+            ("text/plain", None),
+            ("", None),
+        ];
+        for (request, want) in cases {
+            let got = grpc_web_answer_type(request.as_bytes());
+            assert_eq!(got.as_ref().map(|v| v.to_str().unwrap()), want, "{request}");
+            assert_eq!(is_grpc_web_content_type(request.as_bytes()), want.is_some());
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_trailers_only_grpc_answer_takes_the_grpc_web_type() {
+        let web = HeaderValue::from_static("application/grpc-web-text+proto");
+        let mut res: Response<String> = response(&denied().await);
+        answer_as_grpc_web(&mut res, web.clone());
+        assert_eq!(res.headers()["content-type"], web);
+        assert_eq!(res.headers()["grpc-status"], "8");
+        // An HTTP answer, a gRPC answer without its status at the head, and
+        // an answer of another type are left as they are.
+        let http = Response::builder()
+            .status(429)
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "8");
+        let no_status = Response::builder().header("content-type", "application/grpc");
+        let other = Response::builder()
+            .header("content-type", "application/json")
+            .header("grpc-status", "8");
+        for builder in [http, no_status, other] {
+            let mut res = builder.body(String::new()).unwrap();
+            let before = res.headers().clone();
+            answer_as_grpc_web(&mut res, web.clone());
+            assert_eq!(res.headers(), &before);
+        }
     }
 
     #[test]
