@@ -63,8 +63,8 @@ use crate::{
     Limiter, OnStoreError, Rejection, Respond,
     core::{Core, assert_keys_fit},
     gate::{Admit, Gate, Start},
-    headers::HeaderSink,
     headers::PartitionKeys,
+    headers::{self, HeaderSink},
     key::{self, KeyExtractor, RequestInfo},
     refund::{Refund, ResponseHead},
     respond::{Asked, Call, DefaultResponse, Format, GrpcResponse, problem},
@@ -226,7 +226,8 @@ where
 
 impl<K, R> RateLimitMiddleware<K, R> {
     /// Also send the `X-RateLimit-*` headers (default: off); see
-    /// [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers).
+    /// [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers),
+    /// including how nested middlewares keep the tightest limit's.
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
         self.set(|c| c.legacy_headers = enabled)
@@ -334,6 +335,11 @@ impl<B> HeaderSink for HttpResponse<B> {
         if let Some((name, value)) = convert(name, value) {
             self.headers_mut().insert(name, value);
         }
+    }
+
+    fn only(&self, name: &HeaderName) -> Option<&[u8]> {
+        let values = self.headers().get_all(name.as_str());
+        headers::only_one(values.map(actix_header::HeaderValue::as_bytes))
     }
 }
 

@@ -109,6 +109,16 @@ impl Stamp {
     }
 }
 
+/// How tightly a limit holds a client it admitted, the tightest least: the
+/// fewest units left and, on a tie, the longest until it is fully available
+/// again (`reset`, in any one unit). An allowed decision's binding limit is
+/// its first tightest limit; the legacy `X-RateLimit-*` headers of nested
+/// layers keep the tightest of theirs by the same rule
+/// ([`headers`](crate::headers)).
+pub(crate) fn tightness(remaining: u64, reset: u64) -> (u64, std::cmp::Reverse<u64>) {
+    (remaining, std::cmp::Reverse(reset))
+}
+
 /// What a decision spent, for a refund: its cost and when it was decided.
 /// `None` for a decision that spent nothing (a denial, a peek, a cost of 0,
 /// a cached denial).
@@ -209,8 +219,7 @@ impl Decision {
             .filter(enforced)
             .all(|i| states[i].allowed);
         let binding = if allowed {
-            // The fewest units left; on a tie, the longest to recover.
-            let by = |i: &usize| (states[*i].remaining, std::cmp::Reverse(states[*i].reset_ms));
+            let by = |i: &usize| tightness(states[*i].remaining, states[*i].reset_ms);
             (0..states.len()).min_by_key(by)
         } else {
             // The longest wait among the denying limits; the first on a tie.

@@ -34,7 +34,31 @@
 //! With [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers)
 //! the layer also writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
 //! `X-RateLimit-Reset`; the last is seconds until reset (a delta, not an epoch
-//! time, because the app server's clock is not the one that counts).
+//! time, because the app server's clock is not the one that counts). They
+//! describe one limit, the binding one, as `RateLimit` does.
+//!
+//! # Nested layers
+//!
+//! A response can pass through several layers: a global layer outside a
+//! per-route one, say. Each adds its `RateLimit-Policy` and `RateLimit`
+//! items to the lists already there (an sf-list takes several), so the
+//! client sees every layer's limits, the inner layer's first. Give the
+//! layers' limits different names
+//! ([`LimiterBuilder::name`](crate::LimiterBuilder::name)): two items both
+//! named `"default"` cannot be told apart.
+//!
+//! The legacy headers hold one value each, so they describe the tightest
+//! limit of all the layers, chosen by the rule that picks an allowed
+//! decision's binding limit: the fewest remaining and, on a tie, the later
+//! reset. A layer writes its set (all three headers) only where the
+//! response has no tighter one: it keeps a set already there (an inner
+//! layer's, or the handler's own) with fewer remaining, or as many and a
+//! reset as late or later. A set already there that it cannot read (any of
+//! the three missing, repeated, or not a plain non-negative integer, such
+//! as a handler's `X-RateLimit-Reset: soon` or an HTTP date) is replaced
+//! by the layer's own, whole, as without nesting: never an error. A
+//! handler's own set in this form is compared like a layer's, so it should
+//! say seconds in `X-RateLimit-Reset`, not an epoch time.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -60,7 +84,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header::RETRY_AFTER};
 use sfv::{KeyRef, ListSerializer, RefBareItem, StringRef};
 
-use crate::{Algorithm, Decision, Quota, metrics};
+use crate::{Algorithm, Decision, Quota, decision::tightness, metrics};
 
 mod partition;
 
@@ -350,6 +374,14 @@ pub(crate) trait HeaderSink {
     fn append(&mut self, name: HeaderName, value: HeaderValue);
     /// Sets the only value.
     fn insert(&mut self, name: HeaderName, value: HeaderValue);
+    /// The value of `name` when it has exactly one.
+    fn only(&self, name: &HeaderName) -> Option<&[u8]>;
+}
+
+/// The one value among `values`, if there is exactly one.
+pub(crate) fn only_one<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Option<&'a [u8]> {
+    let first = values.next()?;
+    values.next().is_none().then_some(first)
 }
 
 impl HeaderSink for HeaderMap {
@@ -360,6 +392,10 @@ impl HeaderSink for HeaderMap {
     fn insert(&mut self, name: HeaderName, value: HeaderValue) {
         HeaderMap::insert(self, name, value);
     }
+
+    fn only(&self, name: &HeaderName) -> Option<&[u8]> {
+        only_one(self.get_all(name).iter().map(HeaderValue::as_bytes))
+    }
 }
 
 impl<B> HeaderSink for http::Response<B> {
@@ -369,6 +405,10 @@ impl<B> HeaderSink for http::Response<B> {
 
     fn insert(&mut self, name: HeaderName, value: HeaderValue) {
         self.headers_mut().insert(name, value);
+    }
+
+    fn only(&self, name: &HeaderName) -> Option<&[u8]> {
+        self.headers().only(name)
     }
 }
 
@@ -384,9 +424,60 @@ pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
         }
     }
     if legacy {
-        headers.insert(X_RATELIMIT_LIMIT, policy_of(&d.quota()).0.into());
-        headers.insert(X_RATELIMIT_REMAINING, d.remaining().into());
-        headers.insert(X_RATELIMIT_RESET, t_secs(d).into());
+        Legacy::of(d).write(headers);
+    }
+}
+
+/// The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+/// `X-RateLimit-Reset` values: one limit's, as a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Legacy {
+    limit: u64,
+    remaining: u64,
+    /// Seconds, as `RateLimit`'s `t`.
+    reset: u64,
+}
+
+impl Legacy {
+    /// A decision's: its binding limit's.
+    fn of(d: &Decision) -> Legacy {
+        Legacy {
+            limit: policy_of(&d.quota()).0,
+            remaining: d.remaining(),
+            reset: t_secs(d),
+        }
+    }
+
+    /// The values already on a response (an inner layer's, or the
+    /// handler's), when all three are there, each one value of decimal
+    /// digits that fits a `u64`; else `None`.
+    fn read(headers: &impl HeaderSink) -> Option<Legacy> {
+        let int = |name: &HeaderName| {
+            let v = headers.only(name)?;
+            if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            std::str::from_utf8(v).ok()?.parse::<u64>().ok()
+        };
+        Some(Legacy {
+            limit: int(&X_RATELIMIT_LIMIT)?,
+            remaining: int(&X_RATELIMIT_REMAINING)?,
+            reset: int(&X_RATELIMIT_RESET)?,
+        })
+    }
+
+    /// Writes the three values, unless the response already has a set
+    /// that holds the client at least as tightly ([`tightness`]: fewer
+    /// remaining or, as many, a reset as late or later), which it keeps. A
+    /// set that cannot be read ([`read`](Self::read)) is replaced whole.
+    fn write(self, headers: &mut impl HeaderSink) {
+        let tighter = |l: &Legacy| tightness(l.remaining, l.reset);
+        if Legacy::read(headers).is_some_and(|there| tighter(&there) <= tighter(&self)) {
+            return;
+        }
+        headers.insert(X_RATELIMIT_LIMIT, self.limit.into());
+        headers.insert(X_RATELIMIT_REMAINING, self.remaining.into());
+        headers.insert(X_RATELIMIT_RESET, self.reset.into());
     }
 }
 
@@ -485,6 +576,137 @@ mod tests {
         );
         let clone = copy.header.clone();
         assert_eq!(clone.as_bytes().as_ptr(), copy.header.as_bytes().as_ptr());
+    }
+
+    /// The legacy set on `h`, as (limit, remaining, reset) strings.
+    fn legacy(h: &HeaderMap) -> [&str; 3] {
+        [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET]
+            .map(|n| h.get(&n).map_or("-", |v| v.to_str().unwrap()))
+    }
+
+    /// Nested layers: each writes after the one inside it, and the set
+    /// left is the tightest: the fewest remaining, then the later reset.
+    #[test]
+    fn nested_layers_leave_the_tightest_legacy_set() {
+        // (quota, remaining, reset ms) written first (inner), then second.
+        let cases = [
+            // The inner limit is tighter: the outer keeps it.
+            (
+                ("10/1m", 2, 30_000),
+                ("100/1m", 50, 50_000),
+                ["10", "2", "30"],
+            ),
+            // The outer is: its set, whole.
+            (
+                ("10/1m", 5, 30_000),
+                ("100/1m", 1, 10_000),
+                ["100", "1", "10"],
+            ),
+            // As many remaining: the later reset, whichever wrote it.
+            (
+                ("10/1m", 3, 20_000),
+                ("100/1m", 3, 40_000),
+                ["100", "3", "40"],
+            ),
+            (
+                ("10/1m", 3, 40_000),
+                ("100/1m", 3, 20_000),
+                ["10", "3", "40"],
+            ),
+            // A full tie keeps the first.
+            (
+                ("10/1m", 3, 40_000),
+                ("100/1m", 3, 40_000),
+                ["10", "3", "40"],
+            ),
+        ];
+        for (inner, outer, want) in cases {
+            let mut h = HeaderMap::new();
+            write(&decision(true, inner.0, inner.1, inner.2), &mut h, true);
+            write(&decision(true, outer.0, outer.1, outer.2), &mut h, true);
+            assert_eq!(legacy(&h), want, "{inner:?} then {outer:?}");
+            assert_eq!(h.get_all(X_RATELIMIT_REMAINING).iter().count(), 1);
+            // Both layers' IETF items, the inner's first.
+            assert_eq!(h.get_all(RATELIMIT).iter().count(), 2, "{h:?}");
+            assert_eq!(h.get_all(RATELIMIT_POLICY).iter().count(), 2, "{h:?}");
+        }
+        // A layer without legacy headers leaves the set alone.
+        let mut h = HeaderMap::new();
+        write(&decision(true, "10/1m", 2, 30_000), &mut h, true);
+        write(&decision(true, "100/1m", 0, 50_000), &mut h, false);
+        assert_eq!(legacy(&h), ["10", "2", "30"]);
+    }
+
+    /// A set already there that cannot be read (a handler's own, say) is
+    /// replaced whole, never a panic; a readable one is compared.
+    #[test]
+    fn an_unreadable_legacy_set_is_replaced_whole() {
+        let ours = decision(true, "100/1m", 50, 50_000);
+        let unreadable: [&[(&str, &str)]; 9] = [
+            &[("x-ratelimit-remaining", "soon")],
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "-1"),
+                ("x-ratelimit-reset", "5"),
+            ],
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "1"),
+                ("x-ratelimit-reset", "Wed, 21 Oct 2026 07:28:00 GMT"),
+            ],
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", " 1"),
+                ("x-ratelimit-reset", "5"),
+            ],
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "1"),
+                ("x-ratelimit-reset", "99999999999999999999999"),
+            ],
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", ""),
+                ("x-ratelimit-reset", "5"),
+            ],
+            // Missing one.
+            &[("x-ratelimit-limit", "10"), ("x-ratelimit-remaining", "1")],
+            // Repeated.
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "1"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "5"),
+            ],
+            &[
+                ("x-ratelimit-limit", "10"),
+                ("x-ratelimit-remaining", "1"),
+                ("x-ratelimit-reset", "+5"),
+            ],
+        ];
+        for there in unreadable {
+            let mut h = HeaderMap::new();
+            for (name, value) in there {
+                h.append(*name, HeaderValue::from_str(value).unwrap());
+            }
+            write(&ours, &mut h, true);
+            assert_eq!(legacy(&h), ["100", "50", "50"], "{there:?}");
+            assert_eq!(h.get_all(X_RATELIMIT_REMAINING).iter().count(), 1);
+        }
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("x-ratelimit-limit", "10"),
+            ("x-ratelimit-remaining", "1"),
+            ("x-ratelimit-reset", "5"),
+        ] {
+            h.insert(name, HeaderValue::from_static(value));
+        }
+        write(&ours, &mut h, true);
+        assert_eq!(
+            legacy(&h),
+            ["10", "1", "5"],
+            "a handler's tighter set stays"
+        );
     }
 
     #[test]

@@ -252,7 +252,13 @@ where
 
 impl<K, R> RateLimitLayer<K, R> {
     /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-    /// `X-RateLimit-Reset` (default: off).
+    /// `X-RateLimit-Reset` (default: off). They describe one limit, the
+    /// tightest: within the layer, its decision's binding limit; across
+    /// nested layers (a global layer outside a per-route one), the layer
+    /// keeps the set already on the response when that holds the client at
+    /// least as tightly (fewer remaining, or as many and a later reset),
+    /// and a set it cannot read is replaced; see the
+    /// [`headers`](crate::headers#nested-layers) module.
     #[must_use]
     pub fn legacy_headers(self, enabled: bool) -> Self {
         self.set(|c| c.legacy_headers = enabled)

@@ -45,6 +45,11 @@ async fn actix_header_values() {
 }
 
 #[tokio::test]
+async fn actix_nested_middlewares_legacy_headers_are_the_tightest_limits() {
+    scenarios::nested_legacy_headers(&Actix, &Backend::memory()).await;
+}
+
+#[tokio::test]
 async fn actix_requests_without_a_key_are_refused() {
     scenarios::missing_key_is_refused(&Actix, &Backend::redis().await).await;
 }

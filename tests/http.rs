@@ -84,6 +84,11 @@ async fn axum_legacy_headers_carry_limit_remaining_and_reset() {
 }
 
 #[tokio::test]
+async fn axum_nested_layers_legacy_headers_are_the_tightest_limits() {
+    scenarios::nested_legacy_headers(&Axum, &Backend::memory()).await;
+}
+
+#[tokio::test]
 async fn axum_partition_key_is_opt_in_stable_and_opaque() {
     scenarios::partition_key(&Axum, &Backend::redis().await).await;
 }

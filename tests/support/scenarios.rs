@@ -20,7 +20,22 @@ use super::{
 pub trait Serve {
     /// Serves on a free port and returns the base URL.
     fn serve(&self, layer: RateLimitLayer<Header>) -> impl Future<Output = String>;
+
+    /// Serves `GET /` and `GET /own` (answering `ok` with the handler's own
+    /// legacy headers, [`OWN_LEGACY_HEADERS`]) behind `inner`, itself
+    /// behind `outer`.
+    fn serve_nested(
+        &self,
+        outer: RateLimitLayer<Header>,
+        inner: RateLimitLayer<Header>,
+    ) -> impl Future<Output = String>;
 }
+
+/// What `GET /own` sets itself: a legacy set no layer can read.
+pub const OWN_LEGACY_HEADERS: [(&str, &str); 2] = [
+    ("x-ratelimit-limit", "10"),
+    ("x-ratelimit-remaining", "soon"),
+];
 
 /// Limits by the `x-api-key` header.
 pub fn by_key(limiter: Limiter) -> RateLimitLayer<Header> {
@@ -100,6 +115,82 @@ pub async fn header_values(s: &impl Serve, b: &Backend) {
             assert_eq!(res.int("retry-after"), reset, "{res:?}");
         }
     }
+}
+
+/// The legacy headers of a response that passed two nested layers, a
+/// global one outside a per-route one: one set, the tightest limit's (the
+/// fewest remaining, then the later reset), whichever layer it is in; the
+/// IETF headers carry both layers' items. A handler's own unreadable set
+/// is replaced, never a 500.
+pub async fn nested_legacy_headers(s: &impl Serve, b: &Backend) {
+    let layer = |name: &str, quota: &str| {
+        by_key(b.builder(quota).name(name).build().unwrap()).legacy_headers(true)
+    };
+    let legacy = |res: &Reply| {
+        [
+            res.int("x-ratelimit-limit"),
+            res.int("x-ratelimit-remaining"),
+            res.int("x-ratelimit-reset"),
+        ]
+    };
+    let all = |res: &Reply, name: &str| -> Vec<String> {
+        let values = res.headers.get_all(name).iter();
+        values.map(|v| v.to_str().unwrap().to_owned()).collect()
+    };
+    let (minute, hour) = (55..=60, 3590..=3600);
+
+    // The per-route limit is the tighter: its set, though the outer layer
+    // writes last; on its denial too.
+    let url = s
+        .serve_nested(layer("global", "100/1h"), layer("route", "2/1m"))
+        .await;
+    let caller = Caller::with_key(Some("a"));
+    for (status, remaining) in [(200, 1), (200, 0), (429, 0)] {
+        let res = caller.get(&url).await.expect(status, &log(b));
+        let [limit, left, reset] = legacy(&res);
+        assert_eq!((limit, left), (2, remaining), "{res:?}");
+        assert!(minute.contains(&reset), "{res:?}");
+        for name in [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            assert_eq!(all(&res, name).len(), 1, "{name}: {res:?}");
+        }
+        // Appended, not overwritten: the inner layer's item, then the outer's.
+        let ratelimit = all(&res, "ratelimit");
+        assert_eq!(ratelimit.len(), 2, "{res:?}");
+        assert!(ratelimit[0].starts_with(r#""route";"#), "{res:?}");
+        assert!(ratelimit[1].starts_with(r#""global";"#), "{res:?}");
+        let policy = all(&res, "ratelimit-policy");
+        assert_eq!(policy, [r#""route";q=2;w=60"#, r#""global";q=100;w=3600"#]);
+    }
+
+    // The global limit is the tighter: its set, whole.
+    let url = s
+        .serve_nested(layer("global-2", "2/1h"), layer("route-2", "100/1m"))
+        .await;
+    for remaining in [1, 0] {
+        let res = caller.get(&url).await.expect(200, &log(b));
+        let [limit, left, reset] = legacy(&res);
+        assert_eq!((limit, left), (2, remaining), "{res:?}");
+        assert!(hour.contains(&reset), "{res:?}");
+    }
+
+    // As many remaining: the later reset. Then a handler's own set that no
+    // layer can read: replaced by the tightest layer's, whole.
+    let url = s
+        .serve_nested(layer("global-3", "3/1h"), layer("route-3", "3/1m"))
+        .await;
+    let res = caller.get(&url).await.expect(200, &log(b));
+    let [limit, left, reset] = legacy(&res);
+    assert_eq!((limit, left), (3, 2), "{res:?}");
+    assert!(hour.contains(&reset), "the later reset: {res:?}");
+    let res = caller.get(&format!("{url}/own")).await.expect(200, &log(b));
+    assert_eq!(res.body, "ok");
+    let [limit, left, reset] = legacy(&res);
+    assert_eq!((limit, left), (3, 1), "{res:?}");
+    assert!(hour.contains(&reset), "{res:?}");
 }
 
 /// A request without the key header: 400, no headers, handler not run.

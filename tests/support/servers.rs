@@ -7,7 +7,7 @@ use axum::{Router, routing::get};
 use redis_ratelimit::{RateLimitLayer, key::Header};
 use tokio::net::TcpListener;
 
-use super::scenarios::Serve;
+use super::scenarios::{OWN_LEGACY_HEADERS, Serve};
 
 /// `GET /` answering `ok`.
 pub fn app() -> Router {
@@ -48,6 +48,16 @@ impl Serve for Axum {
     async fn serve(&self, layer: RateLimitLayer<Header>) -> String {
         spawn_axum(app().layer(layer), true).await
     }
+
+    async fn serve_nested(
+        &self,
+        outer: RateLimitLayer<Header>,
+        inner: RateLimitLayer<Header>,
+    ) -> String {
+        let own = get(|| async { (OWN_LEGACY_HEADERS, "ok") });
+        let app = app().route("/own", own).layer(inner).layer(outer);
+        spawn_axum(app, true).await
+    }
 }
 
 #[cfg(feature = "actix")]
@@ -57,13 +67,13 @@ pub use self::actix::{Actix, spawn_actix};
 #[cfg(feature = "actix")]
 mod actix {
     use actix_web::{
-        App, HttpServer,
+        App, HttpResponse, HttpServer,
         dev::{ServiceFactory, ServiceRequest, ServiceResponse},
         web,
     };
     use redis_ratelimit::{RateLimitLayer, actix::RateLimitMiddleware, key::Header};
 
-    use super::Serve;
+    use super::{OWN_LEGACY_HEADERS, Serve};
 
     /// Runs an actix-web server on its own thread and runtime (as actix-web
     /// does in production), with one worker; `app` builds each worker's app.
@@ -106,6 +116,32 @@ mod actix {
                 App::new()
                     .wrap(layer.clone())
                     .route("/", web::get().to(|| async { "ok" }))
+            })
+        }
+
+        async fn serve_nested(
+            &self,
+            outer: RateLimitLayer<Header>,
+            inner: RateLimitLayer<Header>,
+        ) -> String {
+            let (outer, inner) = (
+                RateLimitMiddleware::from(outer),
+                RateLimitMiddleware::from(inner),
+            );
+            let own = || async {
+                let mut res = HttpResponse::Ok();
+                for header in OWN_LEGACY_HEADERS {
+                    res.insert_header(header);
+                }
+                res.body("ok")
+            };
+            // actix-web runs the middleware wrapped last first: `outer`.
+            spawn_actix(move || {
+                App::new()
+                    .wrap(inner.clone())
+                    .wrap(outer.clone())
+                    .route("/", web::get().to(|| async { "ok" }))
+                    .route("/own", web::get().to(own))
             })
         }
     }
