@@ -557,6 +557,11 @@ struct GatedState {
     calls: watch::Sender<u64>,
     /// Whether reserve calls answer.
     open: watch::Sender<bool>,
+    /// Whether a reset runs (empties the counter) when it is made, or
+    /// waits for the test, as a reset a Redis runs after calls sent later.
+    resets: watch::Sender<bool>,
+    /// Reset calls made.
+    reset_calls: watch::Sender<u64>,
 }
 
 impl Gated {
@@ -568,12 +573,19 @@ impl Gated {
                 count: Mutex::new(0),
                 calls: watch::Sender::new(0),
                 open: watch::Sender::new(open),
+                resets: watch::Sender::new(true),
+                reset_calls: watch::Sender::new(0),
             }),
         }
     }
 
     fn open(&self, open: bool) {
         self.state.open.send_replace(open);
+    }
+
+    /// Whether resets run when made; held back, they run once let go.
+    fn run_resets(&self, run: bool) {
+        self.state.resets.send_replace(run);
     }
 
     fn count(&self) -> u64 {
@@ -626,8 +638,14 @@ impl Store for Gated {
     }
 
     fn reset(&self, _keys: Vec<String>) -> BoxFuture<'static, Result<(), Error>> {
-        *self.state.count.lock().unwrap() = 0;
-        Box::pin(std::future::ready(Ok(())))
+        let state = self.state.clone();
+        let mut runs = state.resets.subscribe();
+        state.reset_calls.send_modify(|calls| *calls += 1);
+        Box::pin(async move {
+            runs.wait_for(|run| *run).await.unwrap();
+            *state.count.lock().unwrap() = 0;
+            Ok(())
+        })
     }
 }
 
@@ -667,6 +685,35 @@ async fn requests_waiting_on_a_flight_through_a_reset_share_one_new_reserve_call
     }
     // The call before the reset, and one after it for the 19 waiters.
     assert_eq!((store.calls(), store.count()), (2, 40));
+}
+
+/// A reserve call made after a reset began but run by the store before the
+/// reset's delete (the reset's call still on its way): its units are of the
+/// counter the reset deletes, and this instance keeps none of them. It kept
+/// them once (the key was dropped only before the reset), and so admitted
+/// them on top of the fresh counter's whole limit: 79 of a limit of 40.
+#[tokio::test]
+async fn a_reserve_run_before_a_resets_delete_keeps_no_units() {
+    let store = Gated::new(40, true);
+    let l = gated(&store, 40);
+    store.run_resets(false);
+    let reset = tokio::spawn({
+        let l = l.clone();
+        async move { l.reset(KEY).await }
+    });
+    // The key dropped, the reset's call made: a request reserves.
+    let mut made = store.state.reset_calls.subscribe();
+    made.wait_for(|calls| *calls == 1).await.unwrap();
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!((store.calls(), store.count()), (1, 40));
+    store.run_resets(true);
+    reset.await.unwrap().unwrap();
+    // The fresh counter's limit, and no more.
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 40);
 }
 
 /// A refill ahead that finds the store spent caches its denial, for the

@@ -385,8 +385,12 @@ impl Limiter {
         let store_keys: Vec<String> = (0..inner.limits.len())
             .map(|i| self.key_of(i, keys[i.min(keys.len() - 1)]))
             .collect();
-        if let Some(reservations) = &inner.reservations {
-            reservations.drop_key(&store_keys[0]);
+        let reserved = inner
+            .reservations
+            .as_ref()
+            .map(|r| (r, store_keys[0].clone()));
+        if let Some((reservations, key)) = &reserved {
+            reservations.drop_key(key);
         }
         let result = match &inner.store {
             Backend::Memory(memory) => {
@@ -400,6 +404,12 @@ impl Limiter {
                 }
             }
         };
+        // Dropped again: a reserve sent after the first drop may have run in
+        // the store before the reset's delete, and its units (of the deleted
+        // counter) be held here now.
+        if let Some((reservations, key)) = &reserved {
+            reservations.drop_key(key);
+        }
         // Cleared whatever the store said: a cached denial may be stale now,
         // and the cache only ever saves store calls. Cleared whole: a denial
         // of several keys may hold this client's under another's name.
