@@ -226,7 +226,10 @@ impl LimiterBuilder {
     ///   keys hold a reservation per limiter (beyond that only while their
     ///   reserve calls run; [`local_reservation_keys`](Self::local_reservation_keys)
     ///   changes the bound); a full map drops the keys not hit since it last
-    ///   made room, so a hot key stays, and dropping one only under-admits.
+    ///   made room, those holding units last, so a hot key stays (and a
+    ///   flood of new keys, which hold none, does not waste a quiet one's
+    ///   reservation), and dropping one only under-admits: its units, beyond
+    ///   the bound above.
     ///   Once the map has dropped a key (more keys are in use than it
     ///   holds), a key it does not hold is checked by the store as without
     ///   reservations and noted, and reserves from its next request if that
@@ -251,8 +254,9 @@ impl LimiterBuilder {
     ///   request dropped by its client (a reset stream) or timed out loses
     ///   none of the units the store spent for it: they stay reserved for
     ///   the key's next requests. Only an answer later than that timeout
-    ///   is lost (units the store spent and no one holds, within the
-    ///   under-admission bound above).
+    ///   is lost: up to `n` units the store spent and no one holds, beyond
+    ///   the under-admission bound above, for each such answer (a store
+    ///   slower than the timeout can so waste a window's units).
     /// - A decision from the reservation reports as `remaining` the units
     ///   this instance still holds plus what the store had left at its last
     ///   reservation (other instances may have spent some since), and as

@@ -108,6 +108,13 @@ enum Outcome {
     Failed(Error),
 }
 
+impl super::slots::Holds for Pool {
+    /// Units still to be spent: a pass drops such a key last.
+    fn holds(&self, now: Instant) -> bool {
+        self.units > 0 && self.end.is_some_and(|end| end > now)
+    }
+}
+
 impl Pool {
     /// Forgets units whose window has ended; whether any are live.
     fn live(&mut self, now: Instant) -> bool {

@@ -13,11 +13,14 @@
 //! (foldhash's quality variant, the hash quick_cache uses), so a client cannot aim at one shard, and a shard
 //! holds so few keys that even a chosen collision costs a bounded scan. A
 //! shard that is full when a key is new drops, in one pass, every entry
-//! neither hit since the last pass nor in a flight, and if that leaves it
-//! above 7/8 full, idle entries until it is not: a pass frees at least an
-//! eighth of the shard, so it costs a few slots per new key, and a key that
-//! is hit between passes (a hot key) is kept. Dropping an entry only drops
-//! its unspent units: an under-admission, never an over-admission.
+//! neither hit since the last pass, nor in a flight, nor holding live units,
+//! and if that leaves it above 7/8 full, idle entries until it is not, those
+//! that hold no units first: a pass frees at least an eighth of the shard,
+//! so it costs a few slots per new key, and a key that is hit between
+//! passes (a hot key) is kept. Dropping an entry only drops its unspent
+//! units: an under-admission, never an over-admission. Units are dropped
+//! last, so a flood of new keys (which hold none: see below) cannot make a
+//! tenant's reservation go to waste between its requests.
 //!
 //! Once a pass has dropped a key, the map is *crowded*: more keys are in
 //! use than it holds. From then on a key it does not hold is only noted
@@ -37,6 +40,7 @@ use std::{
 
 use foldhash::quality::RandomState;
 use hashbrown::HashTable;
+use tokio::time::Instant;
 
 /// How many keys hold a live reservation at most, per limiter, by default.
 pub(crate) const RESERVED_KEYS: usize = 10_000;
@@ -74,6 +78,12 @@ impl<V> Entry<V> {
     }
 }
 
+/// What a pass asks of a value: whether it holds units still to be spent
+/// at `now`, which it keeps over entries that hold none.
+pub(super) trait Holds {
+    fn holds(&self, now: Instant) -> bool;
+}
+
 /// Values of type `V` by key, bounded; see the module's docs.
 pub(super) struct Slots<V> {
     shards: Box<[Mutex<HashTable<Entry<V>>>]>,
@@ -84,7 +94,7 @@ pub(super) struct Slots<V> {
     crowded: AtomicBool,
 }
 
-impl<V: Default> Slots<V> {
+impl<V: Default + Holds> Slots<V> {
     /// A map of at most about `keys` keys (1 to [`MAX_RESERVED_KEYS`]; the
     /// builder checks): `keys` rounded up to whole shards.
     pub(super) fn with_capacity(keys: usize) -> Self {
@@ -221,13 +231,18 @@ fn hit<'s, V>(
 /// are kept, so a shard may stay full while `cap` flights run in it; the
 /// new key is held all the same (the map then exceeds its bound by the
 /// flights running, which end within the store's timeout).
-fn make_room<V>(shard: &mut HashTable<Entry<V>>, cap: usize) {
-    shard.retain(|e| e.busy() || std::mem::take(&mut e.used));
+fn make_room<V: Holds>(shard: &mut HashTable<Entry<V>>, cap: usize) {
+    let now = Instant::now();
+    shard.retain(|e| e.busy() || std::mem::take(&mut e.used) || e.value.holds(now));
     let keep = cap - cap / 8;
     let mut excess = shard.len().saturating_sub(keep);
-    if excess > 0 {
+    // Still above 7/8: idle entries that hold nothing, then any idle ones.
+    for units_too in [false, true] {
+        if excess == 0 {
+            break;
+        }
         shard.retain(|e| {
-            let drop = excess > 0 && !e.busy();
+            let drop = excess > 0 && !e.busy() && (units_too || !e.value.holds(now));
             excess -= usize::from(drop);
             !drop
         });
@@ -237,6 +252,30 @@ fn make_room<V>(shard: &mut HashTable<Entry<V>>, cap: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A test value holds units when it is not 0.
+    impl Holds for u64 {
+        fn holds(&self, _: Instant) -> bool {
+            *self > 0
+        }
+    }
+
+    /// A key holding units, not hit between passes (a tenant between its
+    /// requests), outlasts a flood of new keys, which hold none; once the
+    /// shard holds nothing but units, the bound still holds.
+    #[test]
+    fn a_full_shard_drops_keys_holding_units_last() {
+        let slots: Slots<u64> = Slots::with_capacity(SHARDS * 16);
+        slots.entry(b"tenant", |v| *v = 7);
+        for i in 0..10_000u32 {
+            slots.entry(format!("k{i}").as_bytes(), |_| ());
+        }
+        assert_eq!(slots.with(b"tenant", |v| *v), Some(7));
+        for i in 0..10_000u32 {
+            slots.entry(format!("u{i}").as_bytes(), |v| *v = 1);
+        }
+        assert!(slots.len() <= SHARDS * 16, "{} keys held", slots.len());
+    }
 
     #[test]
     fn a_full_shard_keeps_keys_hit_since_its_last_pass_and_in_flights() {
