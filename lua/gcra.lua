@@ -17,7 +17,8 @@
 --         from its own millisecond clock, which can run up to 1 ms behind
 --         TIME's microseconds (and, in a script, from the script's start). The format before exact GCRA, a float of microseconds
 --         ("1763912345678901.5"), is still read, rounded up to the next
---         whole microsecond (b = 0): later, never earlier.
+--         whole microsecond (b = 0): later, never earlier; one that is not a
+--         number from 0 to below 2^53 ("nan", "inf") is corrupt.
 -- Args    shape = gcra.shape(limit, window_ms, burst), cost, now_us (from
 --         Redis TIME).
 -- Result  ahead = how far the TAT runs ahead of now, clamped to [0, cap];
@@ -114,7 +115,7 @@ local function gcra_module()
       end
     else
       local n = tonumber(raw)
-      if n ~= nil and n >= 0 and n == n then
+      if n ~= nil and n >= 0 and n < 2^53 then
         return math.ceil(n), 0
       end
     end

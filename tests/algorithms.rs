@@ -643,7 +643,9 @@ async fn gcra_reads_the_previous_float_format_and_resets_only_corrupt_values() {
         };
         assert_eq!(now, expected, "{stored}");
     }
-    for corrupt in ["garbage", "1:x", "-5", ":", "1:2:3", "nan", "1:-1"] {
+    for corrupt in [
+        "garbage", "1:x", "-5", ":", "1:2:3", "nan", "inf", "1e300", "1:-1",
+    ] {
         let _: () = redis::cmd("SET")
             .arg("k")
             .arg(corrupt)
