@@ -341,7 +341,13 @@ fn parse_pair(r: i64, reset_ms: i64) -> Result<LimitState, Error> {
 /// end on Redis's clock (`now_us` after it, when the call read the clock).
 fn parse_reply(reply: &[i64], checks: &[LimitCheck], now_us: u64) -> Result<Answered, Error> {
     let bad = || Error::UnexpectedReply(format!("decide returned {reply:?}"));
-    if reply.len() != 1 + 4 * checks.len() {
+    // Flags are 0 or 1: anything else is no answer, not a denial.
+    let flag = |v: i64| match v {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    if reply.len() != 1 + 4 * checks.len() || flag(reply[0]).is_none() {
         return Err(bad());
     }
     let mut ends = SmallVec::<[u64; 1]>::new();
@@ -357,7 +363,7 @@ fn parse_reply(reply: &[i64], checks: &[LimitCheck], now_us: u64) -> Result<Answ
             false => 0,
         });
         Some(LimitState {
-            allowed: s[0] == 1,
+            allowed: flag(s[0])?,
             remaining: n(1)?,
             reset_ms,
             retry_ms: n(3)?,
@@ -631,5 +637,22 @@ mod tests {
         // for it first.
         let huge = vec![0xdd, 0xff, 0xff, 0xff, 0xff];
         assert!(Packed::from_redis_value(Value::BulkString(huge)).is_err());
+    }
+
+    /// A flag of the general layout (the request's, each limit's) is 0 or
+    /// 1; any other number is a reply this client does not understand, a
+    /// store error, not a denial.
+    #[test]
+    fn a_flag_other_than_0_or_1_is_no_answer() {
+        let checks = [check("a", "5/1s")];
+        assert!(parse_reply(&[1, 1, 4, 900, 0], &checks, 0).is_ok());
+        assert!(parse_reply(&[0, 0, 0, 900, 900], &checks, 0).is_ok());
+        for reply in [[1, 2, 4, 900, 0], [1, -1, 4, 900, 0], [2, 1, 4, 900, 0]] {
+            let err = parse_reply(&reply, &checks, 0).unwrap_err();
+            assert!(
+                matches!(err, Error::UnexpectedReply(_)),
+                "{reply:?}: {err:?}"
+            );
+        }
     }
 }
