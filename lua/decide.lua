@@ -290,7 +290,7 @@ for _ = 1, requests do
     local algorithm, limit, window = parsed[ARGV[arg]], parsed[ARGV[arg + 1]], parsed[ARGV[arg + 2]]
     local st
     if algorithm == 1 then
-      st = (modules[1] or module(1)).check(KEYS[key], limit, window, cost)
+      st = (modules[1] or module(1)).check(KEYS[key], limit, window, cost, peek)
     else
       if not now_us then
         local time = redis.call('TIME')

@@ -135,20 +135,23 @@ local function fixed_window_module(corruption)
     end
   end
 
-  -- decide.lua's module interface: check (which spends already), then commit
-  -- or undo.
-  function fixed_window.check(key, limit, window, cost)
+  -- decide.lua's module interface: check (which spends already, but for a
+  -- cost of 0 or a peek, which only look: a peek writes nothing, so Redis
+  -- answers it on a replica or out of memory), then commit or undo.
+  function fixed_window.check(key, limit, window, cost, peek)
     local before, ttl, fresh
-    if cost == 0 then
-      before, ttl = fixed_window.look(key, window, window)
-    else
+    local spent = cost > 0 and not peek
+    if spent then
       before, ttl, fresh = fixed_window.spend(key, cost, cost, window, window)
+    else
+      before, ttl = fixed_window.look(key, window, window)
     end
     -- One constructor: the table is allocated once, at its final size.
     return {
       key = key,
       window = window,
       fresh = fresh,
+      spent = spent,
       before = before,
       allowed = before + cost <= limit,
       reset = ttl,
@@ -160,13 +163,13 @@ local function fixed_window_module(corruption)
   end
 
   function fixed_window.commit(st, cost)
-    if cost > 0 then
+    if st.spent then
       fixed_window.settle(st.key, true, st.before, st.fresh, cost, st.window)
     end
   end
 
   function fixed_window.undo(st, cost)
-    if cost > 0 then
+    if st.spent then
       fixed_window.settle(st.key, false, st.before, st.fresh, cost, st.window)
     end
   end

@@ -233,6 +233,39 @@ async fn oom_a_reset_still_forgets_the_counters() {
     server.assert_every_key_has_ttl().await;
 }
 
+/// A peek spends nothing, so it needs no write, and Redis answers it out of
+/// memory and on a read-only replica, for every algorithm: `spent` denied,
+/// `used` and `fresh` allowed with what they have left. (A fixed window's
+/// peek spent and took the spend back, and so failed on both.)
+#[tokio::test]
+async fn peeks_are_answered_when_redis_refuses_writes() {
+    for algo in [Algo::Fixed, Algo::Sliding, Algo::Gcra] {
+        let primary = RedisServer::start();
+        let on_primary = limiter(algo, primary.store().await);
+        spend(&on_primary, &primary.log()).await;
+        let replica = primary.start_replica().await;
+        let on_replica = limiter(algo, replica.lazy_store());
+        primary.refuse_writes(true).await;
+        for (limiter, server) in [(&on_primary, &primary), (&on_replica, &replica)] {
+            for (key, allowed, remaining) in
+                [("spent", false, 0), ("used", true, 2), ("fresh", true, 3)]
+            {
+                let d = limiter
+                    .peek(key, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("{algo:?} {key}: {e}\n{}", server.log()));
+                assert_eq!(
+                    (d.is_allowed(), d.remaining()),
+                    (allowed, remaining),
+                    "{algo:?} {key}: {d:?}"
+                );
+            }
+        }
+        primary.refuse_writes(false).await;
+        counters_untouched(&on_primary, &primary.log()).await;
+    }
+}
+
 async fn read_only_replica_is_a_store_error(algo: Algo) {
     let primary = RedisServer::start();
     let on_primary = limiter(algo, primary.store().await);
