@@ -58,8 +58,10 @@ impl Drop for Refilling {
 /// to the deny cache, for the requests that run short next, unless a reset
 /// dropped the key meanwhile. An error keeps
 /// nothing and answers no one: requests that then run short reserve
-/// themselves and get the store's answer (the breaker and the metrics have
-/// recorded it).
+/// themselves and get the store's answer (the breaker has recorded it; the
+/// metrics count failed decisions, `ratelimit_store_errors_total`, and a
+/// refill decides no request, so they count it only if those requests
+/// fail too).
 ///
 /// [`fly`]: super::flight::fly
 async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) {
