@@ -202,8 +202,11 @@ impl LimiterBuilder {
     ///   units are spent in the store's counter when they are reserved (one
     ///   atomic call, `lua/reserve.lua`, on Redis's clock), so the counter
     ///   never passes the limit, and this instance stops spending them when
-    ///   the window ends, measured from before the call was sent (so always
-    ///   at or before Redis's end of the window).
+    ///   the window ends, measured from before the call was sent, less a
+    ///   thousandth of the window (so at or before Redis's end of the
+    ///   window, whose clock may run fast against this one's by up to 1,000
+    ///   ppm; a clock stepped forward, not slewed, on the Redis host ends
+    ///   Redis's windows early for every client, and is not covered).
     /// - **Can under-admit** by less than `n + n / 4` units per instance
     ///   per window: units reserved and not spent when the window ends
     ///   expire with it (they are not given back to the store). An instance

@@ -145,7 +145,11 @@ impl Pool {
     /// past either window.
     fn grant(&mut self, r: &Reservation, cost: u64, sent: Instant) -> LimitState {
         let now = Instant::now();
-        let end = sent + Duration::from_millis(r.window_left_ms);
+        // Redis ends the window on its own clock: a host clock that runs
+        // fast (NTP lets one drift by up to 500 ppm) ends it sooner than
+        // ours measures, so the units stop a thousandth of it early.
+        let left = r.window_left_ms - r.window_left_ms / 1000;
+        let end = sent + Duration::from_millis(left);
         let end = match self.live(now) && self.units > 0 {
             true => self.end.map_or(end, |old| old.min(end)),
             false => end,
@@ -480,6 +484,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1_000)).await;
         assert!(matches!(r.take(b"k", 1), Take::Short), "the window ended");
         assert!(r.peek("k", 1).is_none());
+    }
+
+    /// A grant's units stop a thousandth of the window before Redis's
+    /// window ends by this process's clock, measured from before the call
+    /// was sent: a Redis host whose clock runs fast by up to 1,000 ppm ends
+    /// the window no sooner.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_ends_a_thousandth_of_its_window_early() {
+        let mut pool = Pool::default();
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let state = pool.grant(&Reservation::new(10, 5, 3_600_000), 1, sent);
+        assert_eq!(state.reset_ms, 3_600_000 - 3_600 - 2);
+        assert_eq!(pool.end, Some(sent + Duration::from_millis(3_596_400)));
     }
 
     #[tokio::test(start_paused = true)]
