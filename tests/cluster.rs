@@ -384,6 +384,38 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions() {
     assert!(rounds > 50, "{rounds} rounds");
 }
 
+/// The batching task's first read of the slot map is bounded by its
+/// requests' deadlines, as every later read before a round is: with every
+/// master frozen before the store's first check, that check ends at its
+/// own timeout (150 ms), not after the read's own bound (500 ms), during
+/// which the task swept nothing.
+#[tokio::test]
+async fn the_first_read_of_the_slot_map_keeps_the_first_checks_deadline() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster
+        .builder("100/1m")
+        .await
+        .timeout(Duration::from_millis(150))
+        .breaker(Breaker::disabled())
+        .build()
+        .unwrap();
+    let masters = cluster.masters();
+    for &port in &masters {
+        cluster.freeze(port, true);
+    }
+    let started = Instant::now();
+    let result = limiter.check("first", 1).await;
+    let took = started.elapsed();
+    for &port in &masters {
+        cluster.freeze(port, false);
+    }
+    assert!(
+        matches!(result, Err(redis_ratelimit::Error::Timeout(_))),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(400), "{took:?}");
+}
+
 /// A key's fault domain on a cluster is its hash slot (as Redis computes
 /// it, hash tags included) divided by 256.
 #[tokio::test]

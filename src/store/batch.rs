@@ -94,7 +94,7 @@ use self::{
     },
     fill::Fill,
     lanes::Lanes,
-    routing::{Routing, read_router},
+    routing::Routing,
 };
 
 /// The most requests in one script call.
@@ -413,11 +413,15 @@ async fn run<C: Batched>(
 ) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     let lanes = Lanes::start(&conn, &fill);
-    let mut routing = Routing::new(read_router(&conn, None).await.unwrap_or_default());
+    // Read before the first round, as after a failed call: bounded by its
+    // requests' earliest deadline (a read that waited for a frozen node
+    // before the task swept anything held every queued request past its
+    // own), then in the background.
+    let mut routing = Routing::new(Default::default());
     // Set by a call that failed: the router is read again before the next
     // round (a cluster's slots may have moved); or, for a call that timed
     // out, in the background (see `Doubt`).
-    let stale = Arc::new(AtomicU8::new(Doubt::None as u8));
+    let stale = Arc::new(AtomicU8::new(Doubt::Failed as u8));
     // Requests taken from the queue while every round's permit was out.
     let mut held = Held::default();
     let mut sweep = Sweep::new();
