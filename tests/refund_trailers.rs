@@ -69,6 +69,36 @@ async fn remaining_after_refunds(limiter: &Limiter, expected: u64) -> u64 {
     limiter.peek("global", 1).await.unwrap().remaining()
 }
 
+/// Reads the HTTP 200 answer `res` to `path` to its end, or drops it after
+/// its first frame, then checks the global key has `left` units, one fewer
+/// unless the answer was `refunded`; what is left.
+async fn answered<B: http_body::Body + Unpin>(
+    res: Response<B>,
+    path: &str,
+    to_the_end: bool,
+    refunded: bool,
+    limiter: &Limiter,
+    mut left: u64,
+) -> u64
+where
+    B::Error: std::fmt::Debug,
+{
+    assert_eq!(res.status(), 200, "{path}");
+    let mut body = res.into_body();
+    if to_the_end {
+        body.collect().await.unwrap();
+    } else {
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+    }
+    if !refunded {
+        left -= 1;
+    }
+    let now = remaining_after_refunds(limiter, left).await;
+    assert_eq!(now, left, "{path}: refunded {refunded}");
+    left
+}
+
 async fn refunds_by_the_trailers(b: Backend) {
     let limiter = b.limiter("12/1m");
     let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
@@ -94,20 +124,8 @@ async fn refunds_by_the_trailers(b: Backend) {
     ];
     for (path, to_the_end, refunded) in cases {
         let res = send(&mut svc, path).await;
-        assert_eq!(res.status(), 200, "{path}");
         assert!(res.body().holds_a_refund(), "{path}");
-        let mut body = res.into_body();
-        if to_the_end {
-            body.collect().await.unwrap();
-        } else {
-            body.frame().await.unwrap().unwrap();
-            drop(body);
-        }
-        if !refunded {
-            left -= 1;
-        }
-        let now = remaining_after_refunds(&limiter, left).await;
-        assert_eq!(now, left, "{path}: refunded {refunded}");
+        left = answered(res, path, to_the_end, refunded, &limiter, left).await;
     }
 
     // A non-gRPC response, and a gRPC answer with its status at the head,
@@ -269,22 +287,7 @@ async fn grpc_web_by_its_status(b: Backend) {
         ("/in-body", true, false),
     ] {
         let res = send(&mut svc, path).await;
-        assert_eq!(res.status(), 200, "{path}");
-        let mut body = res.into_body();
-        if to_the_end {
-            body.collect().await.unwrap();
-        } else {
-            body.frame().await.unwrap().unwrap();
-            drop(body);
-        }
-        if !refunded {
-            left -= 1;
-        }
-        assert_eq!(
-            remaining_after_refunds(&limiter, left).await,
-            left,
-            "{path}"
-        );
+        left = answered(res, path, to_the_end, refunded, &limiter, left).await;
     }
 }
 
