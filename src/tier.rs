@@ -11,7 +11,12 @@
 //! [`from_fn`](crate::key::from_fn) over a JWT claim or a request extension
 //! that an auth layer set. A request whose selector fails (no header), or
 //! names no tier, uses the default. Tier names come from clients: an unknown
-//! name is only looked up, and never creates a limiter or a key space.
+//! name is only looked up, and never creates a limiter or a key space. A
+//! header is the client's to write: `Header::new("x-plan")` picks the tier
+//! only behind a gateway that sets or strips it; anywhere else a client
+//! names the widest tier itself. Pick the tier from what your auth step
+//! established (a request extension, a verified claim), as
+//! `examples/behind_proxy.rs` does.
 //!
 //! ```
 //! use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::{Header, PeerIp}, tier::Tiers};
