@@ -27,6 +27,13 @@
 //! but through those proxies: there a client that reaches it directly
 //! names its own address, and so can name one of the skip list's.
 //!
+//! Keep the skip list apart from the trusted proxies: where `ClientIp`'s
+//! walk ends on a trusted proxy (a request with no forwarding header, or
+//! one whose nearest entry a proxy wrote as `unknown` or obfuscated), the
+//! client *is* that proxy, and a skip list that holds it lets every such
+//! request through unlimited (skipping `10.0.0.0/8` while trusting it
+//! skips a proxy that hides its clients' addresses).
+//!
 //! ```
 //! use std::net::SocketAddr;
 //! use http::Request;
