@@ -772,16 +772,23 @@ async fn sliding_window_and_gcra_keys_are_healed_and_reset() {
     let _: () = conn.rpush(&key, "x").await.unwrap();
     assert_eq!(sliding.check("list", 1).await.unwrap().remaining(), 2);
 
-    // A GCRA timestamp far in the future, without a TTL: clamped to a full
-    // bucket's wait, not obeyed for years.
+    // A GCRA timestamp far in the future (the year 2255), without a TTL:
+    // obeyed only as long as a full bucket (1 s), to which the key's TTL is
+    // healed, not for centuries.
     let key = gcra.store_key("future");
-    let _: () = conn.set(&key, "99999999999999999").await.unwrap();
+    let _: () = conn.set(&key, "9000000000000000").await.unwrap();
     let d = gcra.check("future", 1).await.unwrap();
     assert!(!d.is_allowed(), "{d:?}");
     assert!(
-        d.retry_after().unwrap() <= Duration::from_millis(400),
+        d.retry_after().unwrap() <= Duration::from_millis(1000),
         "{d:?}"
     );
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!((1..=1001).contains(&ttl), "{ttl}");
+    // One beyond 2^53 µs is no time a TAT can be: corrupt, and reset.
+    let key = gcra.store_key("beyond");
+    let _: () = conn.set(&key, "99999999999999999").await.unwrap();
+    assert_eq!(gcra.check("beyond", 1).await.unwrap().remaining(), 2);
     let key = gcra.store_key("text");
     let _: () = conn.set(&key, "garbage").await.unwrap();
     assert_eq!(gcra.check("text", 1).await.unwrap().remaining(), 2);
