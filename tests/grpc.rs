@@ -32,16 +32,22 @@ use tonic_web::{GrpcWebClientLayer, GrpcWebLayer};
 /// Serves the health service behind `layer` on an ephemeral port (HTTP/1
 /// accepted too, for plain HTTP requests); its address.
 async fn spawn<K: KeyExtractor<Parts> + Clone>(layer: RateLimitLayer<K>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (incoming, url) = listen().await;
     let (_reporter, health) = tonic_health::server::health_reporter();
     let server = Server::builder()
         .accept_http1(true)
         .layer(layer)
         .add_service(health)
-        .serve_with_incoming(TcpIncoming::from(listener));
+        .serve_with_incoming(incoming);
     tokio::spawn(server);
     url
+}
+
+/// A listener on an ephemeral port, and its URL.
+async fn listen() -> (TcpIncoming, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    (TcpIncoming::from(listener), url)
 }
 
 async fn client(url: &str) -> HealthClient<Channel> {
@@ -227,15 +233,14 @@ where
     RateLimitLayer<Global, R>: Clone,
     R: Respond<http::Response<tonic::body::Body>>,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (incoming, url) = listen().await;
     let (_reporter, health) = tonic_health::server::health_reporter();
     let server = Server::builder()
         .accept_http1(true)
         .layer(layer)
         .layer(GrpcWebLayer::new())
         .add_service(health)
-        .serve_with_incoming(TcpIncoming::from(listener));
+        .serve_with_incoming(incoming);
     tokio::spawn(server);
     url
 }

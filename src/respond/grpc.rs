@@ -47,7 +47,8 @@ fn grpc_web_parts(ct: &[u8]) -> Option<(bool, &[u8])> {
         Some(text) if text.eq_ignore_ascii_case(b"-text") => (true, &rest[5..]),
         _ => (false, rest),
     };
-    let media = rest.split(|&b| b == b';').next().unwrap_or_default();
+    // `split` yields at least one piece: what comes before any parameter.
+    let media = rest.split(|&b| b == b';').next()?;
     match media.split_first() {
         None => Some((text, &[])),
         Some((b'+', codec)) => Some((text, codec.trim_ascii())),
