@@ -9,7 +9,7 @@ use std::{
 
 use quick_cache::sync::Cache;
 
-use crate::Decision;
+use crate::{Decision, Key};
 
 /// Bounded in entries: the least recently useful are evicted first.
 pub(crate) struct DenyCache {
@@ -22,6 +22,25 @@ pub(crate) struct DenyCache {
     /// shard's lock).
     live_until: AtomicU64,
     base: Instant,
+    /// Moves at every `remove` and `clear`: a denial the store made before
+    /// one of them is stale once it has run, so a miss taken before it
+    /// (see [`Miss`]) caches nothing.
+    epoch: AtomicU64,
+}
+
+/// A key the cache did not hold when its store call was sent: the store's
+/// denial is cached under it only if no `remove` or `clear` ran since, so
+/// a reply that crossed a reset or a refund is not cached after it.
+#[derive(Debug)]
+pub(crate) struct Miss {
+    key: Key,
+    epoch: u64,
+}
+
+impl Miss {
+    fn key(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(self.key.as_bytes())
+    }
 }
 
 #[derive(Clone)]
@@ -49,6 +68,7 @@ impl DenyCache {
             max_age,
             live_until: AtomicU64::new(0),
             base: Instant::now(),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -72,20 +92,36 @@ impl DenyCache {
         (cost >= entry.cost).then(|| entry.decision.aged(now - entry.at))
     }
 
-    /// Forgets the denial of `key`, if any.
+    /// `key` (store keys, UTF-8), missed now: taken before its store call
+    /// is sent.
+    pub(crate) fn miss(&self, key: &[u8]) -> Miss {
+        Miss {
+            key: Key::copy_from(key),
+            epoch: self.epoch.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Forgets the denial of `key`, if any, and any denial on its way.
     pub(crate) fn remove(&self, key: &str) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.cache.remove(key);
     }
 
-    /// Forgets every denial.
+    /// Forgets every denial, and any on its way.
     pub(crate) fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.cache.clear();
     }
 
-    /// Remembers a denial of `key` (store keys, UTF-8) at `cost`, until its
-    /// retry time or for the cache's max age, whichever is sooner. The key
-    /// is copied only here: a request carries it inline until its denial.
-    pub(crate) fn insert(&self, key: &[u8], cost: u64, decision: &Decision) {
+    /// Remembers a denial of `miss`'s key at `cost`, until its retry time
+    /// or for the cache's max age, whichever is sooner, unless a `remove`
+    /// or `clear` ran since the miss (the denial may be stale: the reset or
+    /// refund may have run in the store after it). The key is copied only
+    /// here: a request carries it inline until its denial.
+    pub(crate) fn insert(&self, miss: &Miss, cost: u64, decision: &Decision) {
+        if self.epoch.load(Ordering::SeqCst) != miss.epoch {
+            return;
+        }
         let Some(wait) = decision.retry_after() else {
             return;
         };
@@ -104,8 +140,12 @@ impl DenyCache {
         // Before the entry is in: a lookup that finds it sees it live.
         self.live_until
             .fetch_max(self.since_base(until), Ordering::Relaxed);
-        self.cache
-            .insert(String::from_utf8_lossy(key).into_owned(), entry);
+        self.cache.insert(miss.key().into_owned(), entry);
+        // A `remove` or `clear` that began after the check above may have
+        // run before the insert: undone here, after it.
+        if self.epoch.load(Ordering::SeqCst) != miss.epoch {
+            self.cache.remove(&*miss.key());
+        }
     }
 }
 
@@ -133,8 +173,8 @@ mod tests {
     fn a_denial_is_found_while_live_and_not_after() {
         let cache = DenyCache::new(100, Duration::from_millis(50));
         assert!(cache.get("a", 1).is_none());
-        cache.insert(b"a", 1, &denied(60_000));
-        cache.insert(b"b", 1, &denied(20));
+        cache.insert(&cache.miss(b"a"), 1, &denied(60_000));
+        cache.insert(&cache.miss(b"b"), 1, &denied(20));
         assert!(cache.get("a", 1).is_some_and(|d| !d.is_allowed()));
         assert!(cache.get("b", 1).is_some());
         assert!(cache.get("c", 1).is_none());
@@ -147,7 +187,26 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert!(cache.get("a", 1).is_none(), "past the max age");
         // A denial cached later is live again.
-        cache.insert(b"a", 1, &denied(60_000));
+        cache.insert(&cache.miss(b"a"), 1, &denied(60_000));
+        assert!(cache.get("a", 1).is_some());
+    }
+
+    /// Fails without the epoch: a denial the store made before a reset or
+    /// a refund, answered after it, was cached after the cache was cleared,
+    /// and repeated for up to the max age to a client the reset had freed.
+    #[test]
+    fn a_denial_answered_across_a_clear_or_remove_is_not_cached() {
+        let cache = DenyCache::new(100, Duration::from_secs(60));
+        let before_clear = cache.miss(b"a");
+        cache.clear();
+        cache.insert(&before_clear, 1, &denied(60_000));
+        assert!(cache.get("a", 1).is_none(), "crossed a clear");
+        let before_remove = cache.miss(b"a");
+        cache.remove("a");
+        cache.insert(&before_remove, 1, &denied(60_000));
+        assert!(cache.get("a", 1).is_none(), "crossed a remove");
+        // A miss taken after them caches as ever.
+        cache.insert(&cache.miss(b"a"), 1, &denied(60_000));
         assert!(cache.get("a", 1).is_some());
     }
 }

@@ -157,6 +157,38 @@ async fn a_reset_reaches_this_replica_at_once_and_others_within_the_max_age() {
     );
 }
 
+/// Fails without the deny cache's epoch: a denial Redis made before a
+/// reset, read by its caller only after the reset had cleared this
+/// replica's cache, was cached then, and repeated to the client the reset
+/// had freed for the cache's max age (1 s).
+#[tokio::test]
+async fn a_denial_read_after_a_reset_is_not_cached() {
+    let server = RedisServer::start();
+    let l = server.limiter("1/1h").await;
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    server.reset_stats().await;
+    let mut stale = Box::pin(l.check("k", 1));
+    assert!(futures_util::poll!(stale.as_mut()).is_pending());
+    // Redis decides it; its reply waits, unread, for its caller.
+    let asked = Instant::now();
+    while server.script_calls().await == 0 {
+        assert!(
+            asked.elapsed() < TEST_TIMEOUT,
+            "the check never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    l.reset("k").await.unwrap();
+    assert!(
+        !stale.await.unwrap().is_allowed(),
+        "decided before the reset"
+    );
+    assert!(
+        l.check("k", 1).await.unwrap().is_allowed(),
+        "the reset freed the client"
+    );
+}
+
 #[tokio::test]
 async fn a_peek_neither_fills_nor_trusts_the_deny_cache() {
     let server = RedisServer::start();

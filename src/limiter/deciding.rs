@@ -13,9 +13,10 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::{
-    Decision, Error, Key,
+    Decision, Error,
     breaker::Pass,
     decision::{Answered, Partition, Stamp, States},
+    deny_cache::Miss,
     headers::Policies,
     metrics,
     store::{BoxFuture, StoreReply},
@@ -93,7 +94,7 @@ struct Then {
     probe: ProbeGuard,
     started: metrics::Clock,
     cost: u64,
-    cache_key: Option<Key>,
+    cache_key: Option<Miss>,
     rare: Option<Box<Rare>>,
 }
 
@@ -212,7 +213,7 @@ impl Inner {
         &self,
         states: States,
         cost: u64,
-        cache_key: Option<Key>,
+        cache_key: Option<Miss>,
         at: Option<Stamp>,
     ) -> Result<Decision, Error> {
         let limits = self.limits.len();
@@ -234,7 +235,7 @@ impl Inner {
         if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key)
             && !decision.is_allowed()
         {
-            cache.insert(key.as_bytes(), cost, &decision);
+            cache.insert(&key, cost, &decision);
         }
         metrics::decision(&decision, false);
         tracing::debug!(
@@ -267,7 +268,7 @@ impl ProbeGuard {
         answer: impl Future<Output = Result<Answered, Error>> + Unpin,
         bounded: bool,
         cost: u64,
-        cache_key: Option<Key>,
+        cache_key: Option<Miss>,
         spends: bool,
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
@@ -284,7 +285,7 @@ impl ProbeGuard {
         reply: StoreReply,
         bounded: bool,
         cost: u64,
-        cache_key: Option<Key>,
+        cache_key: Option<Miss>,
         span: tracing::Span,
     ) -> Deciding {
         // An unbounded reply is polled and timed at once, which needs a

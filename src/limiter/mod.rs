@@ -5,7 +5,7 @@ use std::{borrow::Cow, fmt, sync::Arc, time::Duration};
 pub(crate) use self::deciding::Deciding;
 use self::deciding::ProbeGuard;
 use crate::{
-    Decision, Error, Key, MemoryStore, Quota, RedisStore,
+    Decision, Error, MemoryStore, Quota, RedisStore,
     breaker::{self, Pass},
     decision::{Ends, Stamp, States},
     deny_cache::DenyCache,
@@ -96,8 +96,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// default), whichever is sooner. **It can deny a request the store would
 /// have allowed** when the store's state changed behind its back: a
 /// [`reset`](Limiter::reset) or [`refund`](Limiter::refund) made by another
-/// replica (this limiter's own drop its entry for those keys; a reset
-/// clears the whole cache), an operator who deleted the counter, a quota
+/// replica (this limiter's own drop its entry for those keys, and a reset
+/// clears the whole cache; a denial decided before either and answered
+/// after it is not cached), an operator who deleted the counter, a quota
 /// raised in another process, or Redis losing its data (restart, failover).
 /// Such a client is denied for at most the max age after the change, and
 /// never longer than the `Retry-After` it was already told.
@@ -305,7 +306,7 @@ impl Limiter {
             );
             return done(Ok(d));
         }
-        let cache_key = cache_key.map(|(_, key)| Key::copy_from(key.as_bytes()));
+        let cache_key = cache_key.map(|(cache, key)| cache.miss(key.as_bytes()));
         if reserving.is_some() {
             // The breaker is asked by the one request of the key's flight.
             let check = checks.pop().expect("a reserving limiter has one limit");

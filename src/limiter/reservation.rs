@@ -40,9 +40,10 @@ use self::flight::{Awaiting, Back, ReserveCall, fly};
 pub(super) use self::refill::refill_behind;
 use super::{Inner, deciding::ProbeGuard, slots::Slots};
 use crate::{
-    Decision, Error, Key, LimitState,
+    Decision, Error, LimitState,
     breaker::Pass,
     decision::Stamp,
+    deny_cache::Miss,
     metrics,
     store::{LimitCheck, Reservation, Store},
 };
@@ -322,7 +323,7 @@ pub(super) async fn reserving(
     store: Arc<dyn Store>,
     check: LimitCheck,
     cost: u64,
-    cache_key: Option<Key>,
+    cache_key: Option<Miss>,
     asked: Instant,
 ) -> Result<Decision, Error> {
     let reservations = inner

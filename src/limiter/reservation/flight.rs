@@ -11,8 +11,9 @@ use tokio::{
 
 use super::{Outcome, Pool, copy};
 use crate::{
-    Decision, Error, Key, LimitState,
+    Decision, Error, LimitState,
     decision::Stamp,
+    deny_cache::Miss,
     limiter::{Inner, deciding::ProbeGuard, slots::Flight},
     metrics,
     store::{LimitCheck, Store},
@@ -53,7 +54,7 @@ pub(super) struct ReserveCall {
     pub(super) check: LimitCheck,
     pub(super) cost: u64,
     pub(super) want: u64,
-    pub(super) cache_key: Option<Key>,
+    pub(super) cache_key: Option<Miss>,
     /// The key's flight, held until the call's answer is kept.
     pub(super) guard: OwnedMutexGuard<()>,
 }
@@ -151,7 +152,7 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
                     // once the store has forgotten the key, so a denial of
                     // the counter it deleted is never left cached.
                     if let (Some(cache), Some(key)) = (&inner.deny_cache, &cache_key) {
-                        cache.insert(key.as_bytes(), cost, d);
+                        cache.insert(key, cost, d);
                     }
                     pool.flights += 1;
                     pool.left = r.remaining;

@@ -96,6 +96,8 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         pass,
         settled: false,
     };
+    // `key` is the check's store key: the deny cache's for one limit.
+    let miss = inner.deny_cache.as_ref().map(|cache| cache.miss(key));
     // A whole timeout from sending, as a request's flight ([`fly`]).
     let sent = Instant::now();
     let Ok(r) = probe
@@ -108,7 +110,7 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         pool.left = r.remaining;
         if r.granted > 0 {
             pool.grant(&r, 0, sent);
-        } else if let Some(cache) = &inner.deny_cache {
+        } else if let (Some(cache), Some(miss)) = (&inner.deny_cache, &miss) {
             // The store is spent: the requests that run short next are
             // denied from the deny cache, as after any denial, rather than
             // each asking again. Only while the key's entry lives, under
@@ -122,8 +124,7 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
                 retry_ms: r.window_left_ms,
             };
             let d = Decision::new([state], inner.policies_here()).with_spent(1, Stamp::Local(sent));
-            // `key` is the check's store key: the deny cache's for one limit.
-            cache.insert(key, 1, &d);
+            cache.insert(miss, 1, &d);
         }
     });
 }
