@@ -3,12 +3,13 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `ratelimit_allowed_total` | counter | `limit` (every limit of an admitted request that admitted it) |
-//! | `ratelimit_denied_total` | counter | `limit` (the limits that denied; and each enforced limit a request's cost exceeds the whole quota of, [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit), a 429 from the layers) |
+//! | `ratelimit_allowed_total` | counter | `limit` (every limit of an admitted request that admitted it; a concurrency limiter's granted lease) |
+//! | `ratelimit_denied_total` | counter | `limit` (a concurrency limiter's `Busy`; the limits that denied; and each enforced limit a request's cost exceeds the whole quota of, [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit), a 429 from the layers) |
 //! | `ratelimit_denied_locally_total` | counter | `limit` (deny-cache hits) |
 //! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too; this includes a shadow limit whose whole quota the cost exceeds, when the check is `CostExceedsLimit`) |
-//! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open) |
-//! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit) |
+//! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open; for a concurrency limiter, a failed or breaker-refused acquire and a failed renewal) |
+//! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit; a concurrency limiter's acquires) |
+//! | `ratelimit_lease_lost_total` | counter | `limit` (a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)'s lease the store no longer held at a renewal, with no free slot to take back: its request runs beyond the limit until one frees) |
 //! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full, or a new key's concurrency acquire refused because its lease table was; see `MemoryStore`) |
 
 #[cfg(feature = "metrics")]
@@ -23,7 +24,7 @@ use crate::Decision;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
     #[cfg(feature = "metrics")]
-    keys: Box<[metrics::Key; 6]>,
+    keys: Box<[metrics::Key; 7]>,
 }
 
 #[cfg(feature = "metrics")]
@@ -34,14 +35,16 @@ mod names {
     pub(super) const SHADOW_DENIED: usize = 3;
     pub(super) const STORE_ERRORS: usize = 4;
     pub(super) const STORE_LATENCY: usize = 5;
+    pub(super) const LEASE_LOST: usize = 6;
     /// In the order of the indices above.
-    pub(super) const ALL: [&str; 6] = [
+    pub(super) const ALL: [&str; 7] = [
         "ratelimit_allowed_total",
         "ratelimit_denied_total",
         "ratelimit_denied_locally_total",
         "ratelimit_shadow_denied_total",
         "ratelimit_store_errors_total",
         "ratelimit_store_latency_seconds",
+        "ratelimit_lease_lost_total",
     ];
 }
 
@@ -107,6 +110,26 @@ pub(crate) fn cost_exceeds(keys: &Keys, shadow: bool) {
     });
     #[cfg(not(feature = "metrics"))]
     let _ = (keys, shadow);
+}
+
+/// Counts a concurrency acquire's answer: a lease, or `Busy`.
+pub(crate) fn leased(keys: &Keys, granted: bool) {
+    #[cfg(feature = "metrics")]
+    keys.count(if granted {
+        names::ALLOWED
+    } else {
+        names::DENIED
+    });
+    #[cfg(not(feature = "metrics"))]
+    let _ = (keys, granted);
+}
+
+/// Counts a concurrency lease lost with no slot to take back.
+pub(crate) fn lease_lost(keys: &Keys) {
+    #[cfg(feature = "metrics")]
+    keys.count(names::LEASE_LOST);
+    #[cfg(not(feature = "metrics"))]
+    let _ = keys;
 }
 
 /// Counts a failed (or breaker-refused) store call for every limit.

@@ -8,7 +8,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_ratelimit::{Error, concurrency::Acquired, store::LeaseStore};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis_ratelimit::{
+    Error, MemoryStore,
+    concurrency::{Acquired, ConcurrencyLimiter},
+    store::{LeaseState, LeaseStore},
+};
 use support::{
     Backend, RedisServer,
     lease::{LEASE, unrenewed},
@@ -394,4 +400,109 @@ async fn script_flush_is_invisible_to_acquire_renew_and_release() {
     flush.exec_async(&mut conn).await.unwrap();
     assert!(held.release().await.unwrap());
     assert!(limiter.acquire("k").await.unwrap().is_acquired());
+}
+
+/// Polls until `token` holds a lease on `key` again, failing after a few
+/// renewal periods.
+async fn until_held_again(server: &RedisServer, key: &str, token: &str, what: &str) {
+    let asked = Instant::now();
+    while !server.lease_tokens(key).await.iter().any(|t| t == token) {
+        assert!(
+            asked.elapsed() < LEASE * 3,
+            "{what}: the holder's lease was not taken back\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Fails without the take-back: a lease Redis lost (a restart without
+/// persistence, a failover, a flush) stopped renewing, its request ran on
+/// outside the count, and a newcomer got its slot: two in flight on a limit
+/// of 1, for as long as the first ran.
+#[tokio::test]
+async fn a_lease_redis_lost_is_taken_back_while_its_request_runs() {
+    let b = Backend::redis().await;
+    let server = b.server().unwrap();
+    let limiter = b.short_lease(1);
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    let key = held.store_key().to_owned();
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    until_held_again(server, &key, held.token(), "a free slot").await;
+    let Acquired::Busy(busy) = limiter.acquire("k").await.unwrap() else {
+        panic!("a newcomer got the running holder's slot");
+    };
+    assert_eq!(busy.in_flight(), 1);
+
+    // Lost again, and a newcomer takes the slot first: the holder takes the
+    // next slot that frees, before another newcomer can.
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    let newcomer = limiter.acquire("k").await.unwrap().lease().unwrap();
+    tokio::time::sleep(LEASE / 2).await; // a renewal finds it lost, no room
+    assert_eq!(server.lease_tokens(&key).await, [newcomer.token()]);
+    assert!(newcomer.release().await.unwrap());
+    until_held_again(server, &key, held.token(), "the next slot to free").await;
+    assert!(!limiter.acquire("k").await.unwrap().is_acquired());
+    assert!(held.release().await.unwrap());
+    server.assert_every_key_has_ttl().await;
+}
+
+/// A memory store whose first release never answers (a release lost on
+/// its way, or dropped before it is sent).
+#[derive(Debug, Default)]
+struct FirstReleaseLost {
+    inner: MemoryStore,
+    lost: AtomicBool,
+}
+
+impl LeaseStore for FirstReleaseLost {
+    fn acquire(&self, key: &str, token: &str, limit: u64, lease_ms: u64) -> LeaseCall<LeaseState> {
+        self.inner.acquire(key, token, limit, lease_ms)
+    }
+
+    fn renew(&self, key: &str, token: &str, lease_ms: u64) -> LeaseCall<bool> {
+        self.inner.renew(key, token, lease_ms)
+    }
+
+    fn release(&self, key: &str, token: &str) -> LeaseCall<bool> {
+        if self.lost.swap(true, Ordering::SeqCst) {
+            self.inner.release(key, token)
+        } else {
+            Box::pin(std::future::pending())
+        }
+    }
+}
+
+type LeaseCall<T> = redis_ratelimit::store::BoxFuture<'static, Result<T, Error>>;
+
+/// Fails with the lease marked released before the store answered: a
+/// `release` dropped unfinished (a `select!`, a timeout around it) left the
+/// slot held, unrenewed, until the lease expired.
+#[tokio::test]
+async fn a_release_dropped_unfinished_still_frees_the_slot() {
+    let limiter = ConcurrencyLimiter::builder(1)
+        .store(FirstReleaseLost::default())
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    let mut release = Box::pin(held.release());
+    assert!(futures_util::poll!(release.as_mut()).is_pending());
+    drop(release);
+    let asked = Instant::now();
+    while !limiter.acquire("k").await.unwrap().is_acquired() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "the slot stayed held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

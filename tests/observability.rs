@@ -11,6 +11,7 @@ use metrics_util::{
 };
 use redis_ratelimit::{
     Breaker, Error, Limiter, MemoryStore, OnStoreError, Quota, RateLimitLayer,
+    concurrency::ConcurrencyLimiter,
     key::{Global, Header},
 };
 use support::{
@@ -542,5 +543,60 @@ async fn a_peek_on_a_full_memory_store_is_no_refusal() {
     assert!(
         lines.len() == 1 && lines[0].contains("store full"),
         "{lines:?}"
+    );
+}
+
+/// Fails before the concurrency limiter counted anything: its leases, its
+/// busy answers, a lease lost with no slot to take back and its store
+/// errors, under its name, as the rate limiter counts its own.
+#[tokio::test]
+async fn the_concurrency_limiter_counts_leases_refusals_losses_and_store_errors() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let captured = Captured::default();
+    let _logs = captured.install();
+    let mut server = RedisServer::start();
+    let limiter = ConcurrencyLimiter::builder(1)
+        .name("cc-metrics")
+        .store(server.store().await)
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    assert!(!limiter.acquire("k").await.unwrap().is_acquired());
+    // Redis loses the lease and a newcomer takes the slot.
+    let _: () = redis::cmd("DEL")
+        .arg(held.store_key())
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    let newcomer = limiter.acquire("k").await.unwrap().lease().unwrap();
+    let asked = std::time::Instant::now();
+    while captured.warning_lines().is_empty() {
+        assert!(asked.elapsed() < Duration::from_secs(3), "no loss seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lines = captured.warning_lines();
+    assert!(lines[0].contains("concurrency lease lost"), "{lines:?}");
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |name| counter(&snapshot, name, "cc-metrics");
+    assert_eq!(count("ratelimit_allowed_total"), 2);
+    assert_eq!(count("ratelimit_denied_total"), 1);
+    assert_eq!(count("ratelimit_lease_lost_total"), 1);
+    assert_eq!(count("ratelimit_store_errors_total"), 0);
+    assert_eq!(
+        histogram_samples(&snapshot, "ratelimit_store_latency_seconds"),
+        3
+    );
+
+    assert!(newcomer.release().await.unwrap());
+    // Taken back at its next renewal, or not yet: released either way.
+    held.release().await.unwrap();
+    server.kill();
+    assert!(limiter.acquire("k").await.is_err());
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        counter(&snapshot, "ratelimit_store_errors_total", "cc-metrics"),
+        1
     );
 }

@@ -6,7 +6,7 @@ use std::{fmt, sync::Arc, time::Duration};
 use tokio::{runtime::Handle, task::AbortHandle, time::MissedTickBehavior};
 
 use super::{ConcurrencyLimiter, headers::Policy, limiter::Inner};
-use crate::{Error, headers::HeaderSink};
+use crate::{Error, headers::HeaderSink, metrics};
 
 /// What [`ConcurrencyLimiter::acquire`] got.
 #[derive(Debug)]
@@ -89,6 +89,10 @@ impl Busy {
 /// lease simply expires. A holder that crashes, or whose renewals stop
 /// landing, loses the slot after one lease time; its late release then
 /// removes nothing, so it can never free a slot someone else holds by then.
+/// A lease found lost at a renewal while it is still held (its renewals
+/// failed for a lease time, or the store lost it) is taken back if the key
+/// has a free slot, and otherwise as soon as one frees: its request still
+/// runs, so it counts against the limit.
 ///
 /// A lease leaked with [`std::mem::forget`] keeps renewing for as long as its
 /// runtime runs.
@@ -162,15 +166,20 @@ impl Lease {
 
     /// Releases the slot now and waits for the store. `Ok(false)`: the lease
     /// had already expired (and the slot may be someone else's by now);
-    /// nothing was removed.
+    /// nothing was removed. If the release fails, times out or is dropped
+    /// unfinished, the release is sent again in the background, as a
+    /// dropped lease's is.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.stop_renewals();
-        self.released = true;
         let inner = &self.inner;
         let release = inner.store.release(&self.key, &self.token);
-        tokio::time::timeout(inner.timeout, release)
+        let released = tokio::time::timeout(inner.timeout, release)
             .await
-            .map_err(|_| Error::Timeout(inner.timeout))?
+            .map_err(|_| Error::Timeout(inner.timeout))?;
+        // Only now: until the store has answered, dropping `self` (an
+        // error above, or this future dropped) releases it again.
+        self.released = released.is_ok();
+        released
     }
 
     /// Writes `RateLimit-Policy` and `RateLimit` for a passed request.
@@ -215,26 +224,70 @@ pub(super) async fn release_quietly(inner: &Inner, key: &str, token: &str) {
     }
 }
 
-/// Renews a lease every third of the lease time until aborted, or until the
-/// store says it was lost.
+/// Renews a lease every third of the lease time until aborted.
+///
+/// A lease the store no longer holds (it expired before a renewal landed,
+/// or Redis lost it: a restart without persistence, a failover that lost
+/// writes, a flush) is taken back with an acquire of the same token while
+/// the key has a free slot: the request still runs, so it must count
+/// against the limit. Without one, the request runs beyond the limit, and
+/// the next ticks try again, so that it takes the next slot that frees
+/// rather than a newcomer.
 async fn renew(inner: Arc<Inner>, key: Arc<str>, token: Arc<str>) {
     let every = inner.lease / 3;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Lost, and not taken back yet.
+    let mut lost = false;
     loop {
         ticks.tick().await;
-        let renewal = inner.store.renew(&key, &token, inner.lease_ms());
-        match tokio::time::timeout(inner.timeout, renewal).await {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
-                tracing::warn!(%key, "concurrency lease lost: it expired before a renewal landed, so its slot may be held by another request");
-                return;
+        let held = if lost {
+            Ok(false)
+        } else {
+            renewed(&inner, &key, &token).await
+        };
+        let held = match held {
+            Ok(false) => retaken(&inner, &key, &token).await,
+            other => other,
+        };
+        match held {
+            Ok(true) if lost => {
+                lost = false;
+                tracing::info!(%key, "concurrency lease taken back after it was lost");
             }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, %key, "concurrency lease renewal failed; retrying")
+            Ok(true) => {}
+            Ok(false) if !lost => {
+                lost = true;
+                metrics::lease_lost(&inner.metrics);
+                tracing::warn!(%key, "concurrency lease lost (it expired before a renewal landed, or the store lost it) and no slot is free: the request runs beyond the limit until one frees, which it then takes");
             }
-            Err(_) => tracing::debug!(%key, "concurrency lease renewal timed out; retrying"),
+            Ok(false) => {}
+            Err(e) => {
+                metrics::store_error(std::iter::once(&inner.metrics));
+                tracing::debug!(error = %e, %key, "concurrency lease renewal failed; retrying");
+            }
         }
+    }
+}
+
+/// One renewal within the timeout: whether the store still held the lease.
+async fn renewed(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
+    let renewal = inner.store.renew(key, token, inner.lease_ms());
+    match tokio::time::timeout(inner.timeout, renewal).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout(inner.timeout)),
+    }
+}
+
+/// An acquire of a lost lease's own token within the timeout: whether it
+/// holds a slot again (a retried acquire of a live token only renews it,
+/// so it never takes two).
+async fn retaken(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
+    let limit = inner.policy.limit();
+    let acquire = inner.store.acquire(key, token, limit, inner.lease_ms());
+    match tokio::time::timeout(inner.timeout, acquire).await {
+        Ok(result) => result.map(|state| state.acquired),
+        Err(_) => Err(Error::Timeout(inner.timeout)),
     }
 }
 

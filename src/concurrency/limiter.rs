@@ -12,7 +12,7 @@ use super::{
 use crate::{
     Breaker, ConfigError, DEFAULT_TIMEOUT, Error, MemoryStore,
     breaker::{self, Pass},
-    keyspace,
+    keyspace, metrics,
     quota::{MAX_LIMIT, MAX_WINDOW},
     store::{BoxFuture, LeaseState, LeaseStore},
 };
@@ -76,6 +76,8 @@ pub(super) struct Inner {
     pub(super) timeout: Duration,
     retry_after: Duration,
     breaker: breaker::State,
+    /// Its `limit` label: the limiter's name.
+    pub(super) metrics: metrics::Keys,
 }
 
 impl Inner {
@@ -153,6 +155,7 @@ impl ConcurrencyLimiter {
         let domain = breaker::domain(inner.store.fault_domain(&key));
         let pass = inner.breaker.pass(domain);
         if pass == Pass::Open {
+            metrics::store_error(std::iter::once(&inner.metrics));
             return Box::pin(std::future::ready(Err(Error::CircuitOpen)));
         }
         // Made now, so that dropping the future unpolled frees a probe's
@@ -193,7 +196,9 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
         .store
         .acquire(&pending.key, &pending.token, limit, lease_ms);
     let call = pending.call.insert(call);
+    let started = metrics::clock();
     let outcome = tokio::time::timeout(timeout, call).await;
+    metrics::store_latency(&inner.metrics, started);
     pending.settled = true;
     let (key, token) = (pending.key.clone(), pending.token.clone());
     let (domain, pass) = (pending.domain, pending.pass);
@@ -204,6 +209,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
             held,
         })) => {
             limiter.record(domain, pass, None);
+            metrics::leased(&limiter.inner.metrics, true);
             Ok(Acquired::Lease(Lease::new(
                 limiter.clone(),
                 key,
@@ -213,6 +219,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
         }
         Ok(Ok(LeaseState { held, .. })) => {
             limiter.record(domain, pass, None);
+            metrics::leased(&limiter.inner.metrics, false);
             Ok(Acquired::Busy(Busy::new(
                 held,
                 limiter.inner.retry_after,
@@ -221,6 +228,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
         }
         Ok(Err(e)) => {
             limiter.record(domain, pass, Some(&e));
+            metrics::store_error(std::iter::once(&limiter.inner.metrics));
             // The reply may have been lost after the script ran.
             limiter.release_later(key, token, None);
             Err(e)
@@ -228,6 +236,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
         Err(_) => {
             let e = Error::Timeout(timeout);
             limiter.record(domain, pass, Some(&e));
+            metrics::store_error(std::iter::once(&limiter.inner.metrics));
             let limiter = limiter.clone();
             limiter.release_later(key, token, pending.call.take());
             Err(e)
@@ -434,6 +443,7 @@ impl ConcurrencyLimiterBuilder {
                 timeout: self.timeout,
                 retry_after: self.retry_after,
                 breaker: breaker::State::new(self.breaker),
+                metrics: metrics::Keys::new(&self.name),
             }),
         })
     }

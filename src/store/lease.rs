@@ -23,7 +23,9 @@ pub struct LeaseState {
 ///
 /// * drop expired leases before counting, and grant a lease only while fewer
 ///   than `limit` live ones remain;
-/// * treat `acquire` with a token that already holds a lease as a renewal;
+/// * treat `acquire` with a token that already holds a lease as a renewal
+///   (a lease found lost at a renewal is acquired again with its own token,
+///   which must never take a second slot);
 /// * only ever touch the caller's own token in `renew` and `release`, and
 ///   never create a lease in `renew`;
 /// * give every key an expiry no later than its last lease's.
