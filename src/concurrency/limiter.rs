@@ -132,12 +132,14 @@ impl ConcurrencyLimiter {
 
     /// Takes one of `key`'s slots, or reports it [`Busy`].
     ///
-    /// Store failures and the timeout are errors, and never leak a slot: the
-    /// acquire may still have been applied (a timed-out call can succeed in
-    /// Redis later), so its token is released in the background once the
-    /// call's real outcome is known (or after one lease time, whichever comes
-    /// first). The release is owner-checked, hence harmless if nothing was
-    /// granted. Dropping the future before it finishes (a client that went
+    /// Store failures and the timeout are errors, and hold no slot past one
+    /// lease time: the acquire may still have been applied (a timed-out call
+    /// can succeed in Redis later), so its token is released in the
+    /// background once the call's real outcome is known (or after one lease
+    /// time, whichever comes first). The release is owner-checked, hence
+    /// harmless if nothing was granted. An attempt the client retried on
+    /// its own (a cluster connection's retries) may land after that
+    /// release; its lease, never renewed, expires after one lease time. Dropping the future before it finishes (a client that went
     /// away, a `select!` that took another branch) leaks nothing either: its
     /// token is released the same way. The store is first called when the
     /// future is first polled, so one dropped unpolled asks it nothing.
