@@ -838,6 +838,47 @@ async fn a_reservation_resets_counters_that_incrby_refuses() {
     server.assert_every_key_has_ttl().await;
 }
 
+/// A fixed-window count above 2^53, which no spend reaches, is corrupt and
+/// reset by a decision too, on each script's path (the fast path alone,
+/// its general form with two limits, and the general script beside a
+/// sliding window), as a peek or a reservation resets it. A decision
+/// obeyed it: denied for the window, while a peek said allowed.
+#[tokio::test]
+async fn a_decision_resets_a_count_beyond_2_pow_53() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let store = server.store().await;
+    let limiters = [
+        ("alone", None),
+        ("two-fixed", Some(Quota::per_hour(100))),
+        (
+            "beside-sliding",
+            Some(Quota::per_hour(100).sliding_window()),
+        ),
+    ];
+    for (name, other) in limiters {
+        let mut builder = Limiter::builder("100/60s".parse().unwrap())
+            .name(name)
+            .store(store.clone());
+        if let Some(quota) = other {
+            builder = builder.limit(format!("{name}-hour"), quota);
+        }
+        let limiter = builder.build().unwrap();
+        let store_key = limiter.store_key("k");
+        let _: () = conn
+            .pset_ex(&store_key, "9007199254740994", 60_000)
+            .await
+            .unwrap();
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(d.is_allowed(), "{name}: {d:?}");
+        let count: String = conn.get(&store_key).await.unwrap();
+        assert_eq!(count, "1", "{name}");
+        let ttl: i64 = conn.pttl(&store_key).await.unwrap();
+        assert!((1..=60_000).contains(&ttl), "{name}: TTL {ttl}");
+    }
+    server.assert_every_key_has_ttl().await;
+}
+
 /// A counter in its last millisecond answers `PTTL` 0 (Redis expires a key
 /// only once its time has passed, and in a script by the script's start:
 /// a key can outlive its PTTL's reaching 0 by the length of a call). A
