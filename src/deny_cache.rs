@@ -3,7 +3,7 @@
 
 use std::{
     fmt,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
@@ -24,8 +24,9 @@ pub(crate) struct DenyCache {
     base: Instant,
     /// Moves at every `remove` and `clear`: a denial the store made before
     /// one of them is stale once it has run, so a miss taken before it
-    /// (see [`Miss`]) caches nothing.
-    epoch: AtomicU64,
+    /// (see [`Miss`]) caches nothing. It wraps: a miss would be mistaken
+    /// only after exactly 2^32 of them while its call was on its way.
+    epoch: AtomicU32,
 }
 
 /// A key the cache did not hold when its store call was sent: the store's
@@ -34,10 +35,20 @@ pub(crate) struct DenyCache {
 #[derive(Debug)]
 pub(crate) struct Miss {
     key: Key,
-    epoch: u64,
+    epoch: u32,
 }
 
 impl Miss {
+    /// The key and the epoch, held apart by a decision on its way (the
+    /// epoch in padding of its own: see `ProbeGuard`).
+    pub(crate) fn into_parts(self) -> (Key, u32) {
+        (self.key, self.epoch)
+    }
+
+    pub(crate) fn from_parts(key: Key, epoch: u32) -> Self {
+        Self { key, epoch }
+    }
+
     fn key(&self) -> std::borrow::Cow<'_, str> {
         String::from_utf8_lossy(self.key.as_bytes())
     }
@@ -68,7 +79,7 @@ impl DenyCache {
             max_age,
             live_until: AtomicU64::new(0),
             base: Instant::now(),
-            epoch: AtomicU64::new(0),
+            epoch: AtomicU32::new(0),
         }
     }
 

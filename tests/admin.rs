@@ -187,6 +187,12 @@ async fn a_denial_read_after_a_reset_is_not_cached() {
         l.check("k", 1).await.unwrap().is_allowed(),
         "the reset freed the client"
     );
+    // A denial made after the reset is cached as ever: one script call.
+    server.reset_stats().await;
+    for _ in 0..3 {
+        assert!(!l.check("k", 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(server.script_calls().await, 1, "cached after the reset");
 }
 
 #[tokio::test]

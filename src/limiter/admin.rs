@@ -93,6 +93,7 @@ impl Limiter {
             domain,
             pass,
             settled: false,
+            epoch: 0,
         };
         let peek = store.peek(checks, cost);
         let answer = Box::pin(async move { Ok((States::from_vec(peek.await?), Ends::none())) });

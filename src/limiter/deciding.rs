@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use crate::{
-    Decision, Error,
+    Decision, Error, Key,
     breaker::Pass,
     decision::{Answered, Partition, Stamp, States},
     deny_cache::Miss,
@@ -94,7 +94,9 @@ struct Then {
     probe: ProbeGuard,
     started: metrics::Clock,
     cost: u64,
-    cache_key: Option<Miss>,
+    /// The miss's key; its epoch is the probe's, in room the probe's
+    /// fields leave (a [`Miss`] here made [`Deciding`] a word larger).
+    cache_key: Option<Key>,
     rare: Option<Box<Rare>>,
 }
 
@@ -132,8 +134,8 @@ impl Then {
         let _entered = span.as_ref().map(tracing::Span::enter);
         let (states, ends) = self.probe.record(result, self.started, true)?;
         let at = Stamp::answered(ends);
-        let decision =
-            (self.probe.inner).conclude(states, self.cost, self.cache_key.take(), Some(at));
+        let miss = (self.cache_key.take()).map(|key| Miss::from_parts(key, self.probe.epoch));
+        let decision = (self.probe.inner).conclude(states, self.cost, miss, Some(at));
         match partition {
             Some(partition) => decision.map(|d| d.with_partition(partition)),
             None => decision,
@@ -259,6 +261,9 @@ pub(super) struct ProbeGuard {
     pub(super) domain: u8,
     pub(super) pass: Pass,
     pub(super) settled: bool,
+    /// The deny cache's epoch when the call was sent, for a decision's
+    /// [`Miss`] (0 for any other call).
+    pub(super) epoch: u32,
 }
 
 impl ProbeGuard {
@@ -310,8 +315,14 @@ impl ProbeGuard {
                 .map(tracing::Span::enter);
             Timed::start(reply, bounded, timeout)
         };
+        let (cache_key, epoch) = match cache_key.map(Miss::into_parts) {
+            Some((key, epoch)) => (Some(key), epoch),
+            None => (None, 0),
+        };
+        let mut probe = self;
+        probe.epoch = epoch;
         let mut then = Then {
-            probe: self,
+            probe,
             started,
             cost,
             cache_key,

@@ -333,6 +333,7 @@ impl Limiter {
             domain,
             pass,
             settled: false,
+            epoch: 0,
         };
         let span = tracing::debug_span!("rate_limit", limit = inner.policies.name(0), cost);
         match redis {

@@ -390,6 +390,7 @@ pub(super) async fn reserving(
         domain,
         pass,
         settled: false,
+        epoch: 0,
     };
     let back = Back {
         inner: inner.clone(),

@@ -95,6 +95,7 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         domain,
         pass,
         settled: false,
+        epoch: 0,
     };
     // `key` is the check's store key: the deny cache's for one limit.
     let miss = inner.deny_cache.as_ref().map(|cache| cache.miss(key));
