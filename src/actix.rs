@@ -18,6 +18,11 @@
 //!   middleware's own answers (429 and the rest) are the right side of
 //!   [`EitherBody`]. A custom answer is a `Fn(&Rejection) -> HttpResponse`
 //!   given to [`RateLimitMiddleware::respond_with`].
+//! * Errors: an `Err` of the services inside (a `wrap_fn`'s, an auth
+//!   middleware's 401) is the answer the client gets, so it is settled as
+//!   that answer, as under tower: refunded if its status is one to refund,
+//!   with the rate-limit headers. It is passed on as an `Err`, an
+//!   [`InnerError`].
 //!
 //! ```no_run
 //! use actix_web::{App, HttpResponse, HttpServer, web};
@@ -58,6 +63,10 @@ use actix_web::{
     http::header as actix_header,
 };
 use http::{HeaderName, HeaderValue};
+
+mod error;
+
+pub use self::error::InnerError;
 
 use crate::{
     Limiter, OnStoreError, Rejection, Respond,
@@ -377,13 +386,14 @@ impl Respond<HttpResponse> for DefaultResponse {
 impl<S, B, K, R, L> Transform<S, ServiceRequest> for LimitMiddleware<K, R, L>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
+    S::Error: Into<actix_web::Error>,
     B: MessageBody + 'static,
     K: KeyExtractor<ServiceRequest>,
     R: Respond<HttpResponse>,
     L: Admit + 'static,
 {
     type Response = ServiceResponse<EitherBody<<L as Gate>::Body<B>>>;
-    type Error = S::Error;
+    type Error = actix_web::Error;
     type Transform = LimitMiddlewareService<S, K, R, L>;
     type InitError = ();
     type Future = Ready<Result<Self::Transform, Self::InitError>>;
@@ -399,7 +409,9 @@ where
 /// The actix-web service made by a [`LimitMiddleware`].
 ///
 /// Readiness is the inner service's; a rejection is a response, never an
-/// error, and errors are the inner service's own.
+/// error, and errors are the inner service's own: one from a request the
+/// middleware let through is settled as the response it becomes, and
+/// passed on as an [`InnerError`].
 pub struct LimitMiddlewareService<S, K, R, L> {
     service: Rc<S>,
     core: Arc<Core<K, R, L>>,
@@ -454,14 +466,15 @@ pub type MiddlewareFuture<B, E> =
 impl<S, B, K, R, L> Service<ServiceRequest> for LimitMiddlewareService<S, K, R, L>
 where
     S: Service<ServiceRequest, Response = ServiceResponse<B>> + 'static,
+    S::Error: Into<actix_web::Error>,
     B: MessageBody + 'static,
     K: KeyExtractor<ServiceRequest>,
     R: Respond<HttpResponse>,
     L: Admit + 'static,
 {
     type Response = ServiceResponse<EitherBody<<L as Gate>::Body<B>>>;
-    type Error = S::Error;
-    type Future = MiddlewareFuture<<L as Gate>::Body<B>, S::Error>;
+    type Error = actix_web::Error;
+    type Future = MiddlewareFuture<<L as Gate>::Body<B>, actix_web::Error>;
 
     forward_ready!(service);
 
@@ -480,8 +493,27 @@ where
                 Ok(Start::Skip) => None,
                 Err(rejection) => return Ok(answer(req, &core, rejection)),
             };
-            // An error or a panic in the inner service drops `held` here.
-            let mut res = service.call(req).await?;
+            // A panic in the inner service drops `held` here. An error is
+            // what the client gets (actix-web answers it with its
+            // `error_response`), so it is settled as that response. It
+            // stays an `Err`, as actix-web's own middlewares pass errors
+            // on: making it a response would need the `HttpRequest`, and a
+            // copy of it kept across the call breaks routing (the router
+            // mutates the request through `Rc::get_mut`).
+            let mut res = match service.call(req).await {
+                Ok(res) => res,
+                Err(e) => {
+                    return Err(match held {
+                        // The error's body is built later, by actix-web:
+                        // nothing to keep for it (a lease ends here).
+                        Some(held) => InnerError::new(e.into(), |res| {
+                            drop(L::finish(&core, held, res));
+                        })
+                        .into(),
+                        None => e.into(),
+                    });
+                }
+            };
             let kept = match held {
                 Some(held) => L::finish(&core, held, res.response_mut()),
                 None => L::Kept::default(),

@@ -4,7 +4,12 @@
 
 mod support;
 
-use actix_web::{App, HttpResponse, dev::ServiceRequest, web};
+use actix_web::{
+    App, HttpResponse,
+    dev::{ServiceRequest, ServiceResponse},
+    error::ErrorServiceUnavailable,
+    web,
+};
 use redis_ratelimit::{
     Tiers,
     actix::RateLimitMiddleware,
@@ -310,7 +315,95 @@ async fn actix_refunds(b: Backend) {
     assert_eq!(after, [404, 404, 429]);
 }
 
-support::for_every_store!(actix_tiers, actix_skip, actix_refunds);
+/// An inner service's `Err` (here a `wrap_fn`'s, as actix-web-httpauth's
+/// 401 or actix-cors's refusal are) is the answer the client gets: a 503,
+/// refunded as a 503 response is and carrying the rate-limit headers, as
+/// under tower. Without refunds it is charged: the third request is 429.
+async fn actix_inner_errors_are_settled_as_their_answers(b: Backend) {
+    let limiter = b.limiter("2/60s");
+    for (key, refunds) in [("refunded", true), ("charged", false)] {
+        let layer = RateLimitMiddleware::new(limiter.clone(), key::Header::new("x-api-key"));
+        let layer = match refunds {
+            true => layer.refund_when(Refund::ServerErrors),
+            false => layer,
+        };
+        let url = spawn_actix(move || {
+            App::new()
+                .wrap_fn(|_, _| async {
+                    Err::<ServiceResponse, _>(ErrorServiceUnavailable("down"))
+                })
+                .wrap(layer.clone())
+        });
+        let caller = Caller::with_key(Some(key));
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            let r = caller.get(&url).await;
+            statuses.push(r.status.as_u16());
+            if r.status == 503 {
+                assert!(r.header("ratelimit").is_some(), "{key}: {r:?}");
+                assert_eq!(r.header("ratelimit-policy"), Some(r#""default";q=2;w=60"#));
+                assert_eq!(r.body, "down", "{key}: the inner error's own body");
+            }
+            if refunds {
+                let wait = async {
+                    while limiter.peek(key, 1).await.unwrap().remaining() != 2 {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                };
+                tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+                    .await
+                    .expect("the refund landed");
+            }
+        }
+        let expected: &[u16] = match refunds {
+            true => &[503, 503, 503, 503],
+            false => &[503, 503, 429, 429],
+        };
+        assert_eq!(statuses, expected, "{key}");
+    }
+}
+
+/// To the middlewares outside, an inner service's error is still an `Err`,
+/// as actix-web's own middlewares pass errors on: with the inner error's
+/// status, its `InnerError::cause` the inner error itself, and its response
+/// carrying the rate-limit headers however often it is built.
+#[tokio::test]
+async fn actix_passes_an_inner_error_on_as_an_error() {
+    use actix_web::{error::InternalError, test};
+    use redis_ratelimit::{Limiter, Quota, actix::InnerError, key::Global};
+
+    let limiter = Limiter::new(Quota::per_minute(2));
+    let app = test::init_service(
+        App::new()
+            .wrap_fn(|_, _| async { Err::<ServiceResponse, _>(ErrorServiceUnavailable("down")) })
+            .wrap(RateLimitMiddleware::new(limiter, Global)),
+    )
+    .await;
+    let req = test::TestRequest::get().uri("/").to_request();
+    let Err(err) = test::try_call_service(&app, req).await else {
+        panic!("the inner error became a response");
+    };
+    assert_eq!(err.as_response_error().status_code(), 503);
+    let inner = err.as_error::<InnerError>().expect("an InnerError").cause();
+    assert!(
+        inner.as_error::<InternalError<&str>>().is_some(),
+        "{inner:?}"
+    );
+    assert_eq!(err.to_string(), "down");
+    for _ in 0..2 {
+        let res = err.error_response();
+        assert_eq!(res.status(), 503);
+        let ratelimit = res.headers().get("ratelimit").map(|v| v.to_str().unwrap());
+        assert_eq!(ratelimit, Some(r#""default";r=1;t=60"#));
+    }
+}
+
+support::for_every_store!(
+    actix_tiers,
+    actix_skip,
+    actix_refunds,
+    actix_inner_errors_are_settled_as_their_answers
+);
 
 /// The actix middleware checks keys per limit against every tier as the
 /// tower layer does (one check, `core::assert_keys_fit`).
