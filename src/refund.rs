@@ -12,7 +12,9 @@
 //!   limiter, the request's tier's, that decided the request); other
 //!   responses cost none.
 //! * The response is not delayed: the refund runs as a task on the Tokio
-//!   runtime (actix-web runs on Tokio too). A refund that fails is logged
+//!   runtime (actix-web runs on Tokio too), but on the
+//!   [`MemoryStore`](crate::MemoryStore), which refunds in process, at
+//!   once, with no runtime needed. A refund that fails is logged
 //!   (at most once a second), never turned into a response: the client was
 //!   charged, and stays charged.
 //! * Only what was spent is refunded: requests the middleware rejected, or
@@ -206,14 +208,20 @@ impl Charged {
         }
     }
 
-    /// Gives `decision`'s cost back, in a task of its own.
+    /// Gives `decision`'s cost back: in place on the memory store (no
+    /// runtime needed), or else in a task of its own on the current Tokio
+    /// runtime.
     pub(crate) fn refund(self, decision: &Decision) {
         let keys: SmallVec<[&[u8]; 1]> = self.keys.iter().map(Key::as_bytes).collect();
-        let refunding = self.limiter.refunding(&keys, decision);
+        let call = match self.limiter.refund_in_place(&keys, decision) {
+            Ok(Some(call)) => call,
+            Ok(None) => return,
+            Err(e) => return failed(&e),
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    if let Err(e) = refunding.await {
+                    if let Err(e) = call.await {
                         failed(&e);
                     }
                 });

@@ -1,7 +1,8 @@
 //! Refunds by response over real HTTP, on the memory store and on Redis:
 //! server errors not charged, only failures counted, several limits, every
 //! algorithm, exactly one extra store call per refunded response, and the
-//! middleware's own rejections never refunded.
+//! middleware's own rejections never refunded; and, on the memory store,
+//! without a Tokio runtime.
 
 mod support;
 
@@ -196,4 +197,39 @@ async fn without_refunds_nothing_is_refunded() {
     assert_eq!(statuses(&r), [500, 500, 429]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(server.script_calls().await, 3, "{}", server.log());
+}
+
+/// The memory store needs no Tokio runtime, and neither do its refunds: a
+/// tower service driven on a thread without one refunds its 500s in place,
+/// so a limit of 1 answers every request (each future ready at its first
+/// poll, the memory store deciding at once).
+#[test]
+fn a_memory_refund_needs_no_runtime() {
+    use std::convert::Infallible;
+
+    use futures_util::FutureExt;
+    use http::{Request, Response, StatusCode};
+    use redis_ratelimit::key::Global;
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    assert!(tokio::runtime::Handle::try_current().is_err());
+    let limiter = Limiter::new(Quota::per_minute(1));
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
+    let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
+        let mut res = Response::new(String::new());
+        *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        Ok::<_, Infallible>(res)
+    }));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let ready = svc.ready().now_or_never().expect("ready").unwrap();
+        let res = ready.call(Request::new(())).now_or_never();
+        statuses.push(res.expect("answered at once").unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [500, 500, 500]);
+    let d = limiter
+        .peek("global", 1)
+        .now_or_never()
+        .expect("peeked at once");
+    assert_eq!(d.unwrap().remaining(), 1);
 }

@@ -20,6 +20,43 @@ enum RefundWork {
     Store(Arc<dyn Store>, Vec<Refund>, Arc<Inner>, Option<String>),
 }
 
+impl RefundWork {
+    /// Makes an in-process refund now; returns a store's call, still to
+    /// be awaited.
+    fn in_place(self) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
+        match self {
+            RefundWork::Nothing => None,
+            RefundWork::Memory(memory, credits) => {
+                let credits: Vec<_> = credits
+                    .iter()
+                    .map(|(key, quota, cost, end_us)| Credit {
+                        key: key.as_bytes(),
+                        quota: *quota,
+                        cost: *cost,
+                        end_us: *end_us,
+                        exact: true,
+                    })
+                    .collect();
+                memory.refund_now(&credits);
+                None
+            }
+            RefundWork::Store(store, refunds, inner, cache_key) => Some(async move {
+                let timeout = inner.timeout;
+                let result = match tokio::time::timeout(timeout, store.refund(refunds)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::Timeout(timeout)),
+                };
+                // The cached denial of these keys is stale now (whether
+                // or not the call went through, it may have).
+                if let (Some(cache), Some(key)) = (&inner.deny_cache, cache_key) {
+                    cache.remove(&key);
+                }
+                result
+            }),
+        }
+    }
+}
+
 impl Limiter {
     /// Whether a request of `cost` for `key` would be admitted now, spending
     /// nothing: the decision [`check`](Self::check) would give, with
@@ -207,8 +244,8 @@ impl Limiter {
         self.refunding(&keys, decision).await
     }
 
-    /// The refund of `decision` for `keys` as an owned future, for the
-    /// middleware: everything it needs is computed now.
+    /// The refund of `decision` for `keys` as an owned future: everything
+    /// it needs is computed now.
     pub(crate) fn refunding(
         &self,
         keys: &[&[u8]],
@@ -216,37 +253,23 @@ impl Limiter {
     ) -> impl Future<Output = Result<(), Error>> + Send + 'static {
         let work = self.refund_work(keys, decision);
         async move {
-            match work? {
-                RefundWork::Nothing => Ok(()),
-                RefundWork::Memory(memory, credits) => {
-                    let credits: Vec<_> = credits
-                        .iter()
-                        .map(|(key, quota, cost, end_us)| Credit {
-                            key: key.as_bytes(),
-                            quota: *quota,
-                            cost: *cost,
-                            end_us: *end_us,
-                            exact: true,
-                        })
-                        .collect();
-                    memory.refund_now(&credits);
-                    Ok(())
-                }
-                RefundWork::Store(store, refunds, inner, cache_key) => {
-                    let timeout = inner.timeout;
-                    let result = match tokio::time::timeout(timeout, store.refund(refunds)).await {
-                        Ok(result) => result,
-                        Err(_) => Err(Error::Timeout(timeout)),
-                    };
-                    // The cached denial of these keys is stale now (whether
-                    // or not the call went through, it may have).
-                    if let (Some(cache), Some(key)) = (&inner.deny_cache, cache_key) {
-                        cache.remove(&key);
-                    }
-                    result
-                }
+            match work.map(RefundWork::in_place)? {
+                Some(call) => call.await,
+                None => Ok(()),
             }
         }
+    }
+
+    /// The refund of `decision` for `keys`, for the middleware: made now
+    /// when it is in process (the memory store's, which needs no runtime),
+    /// or else the store call still to make, as an owned future (it needs
+    /// a Tokio runtime for its timeout).
+    pub(crate) fn refund_in_place(
+        &self,
+        keys: &[&[u8]],
+        decision: &Decision,
+    ) -> Result<Option<impl Future<Output = Result<(), Error>> + Send + 'static>, Error> {
+        self.refund_work(keys, decision).map(RefundWork::in_place)
     }
 
     fn refund_work(&self, keys: &[&[u8]], decision: &Decision) -> Result<RefundWork, Error> {
