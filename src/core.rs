@@ -427,7 +427,7 @@ impl<K, R> Core<K, R> {
                     status: http::StatusCode::INTERNAL_SERVER_ERROR,
                     reason: e.to_string(),
                 };
-                self.logs.key_error(&e);
+                self.logs.key_count(&e);
                 Verdict::Reject(Rejection::KeyUnavailable(e))
             }
             Err(e) => match self.store_failed(e) {
@@ -443,7 +443,12 @@ impl<K, R> Core<K, R> {
 /// (with how many were not logged).
 #[derive(Debug, Default)]
 struct Logs {
-    no_peer_logged: AtomicBool,
+    /// Set once an extractor's server-side failure (no peer address, a
+    /// custom extractor's 5xx) was logged.
+    key_error_logged: AtomicBool,
+    /// Set once an extractor's wrong number of keys was logged: a
+    /// misconfiguration of its own, not silenced by the one above.
+    key_count_logged: AtomicBool,
     /// Set once a refund left for a `TrailersLayer` found none.
     untaken_logged: Arc<AtomicBool>,
     store: Throttle,
@@ -493,8 +498,16 @@ impl Logs {
     fn key_error(&self, e: &KeyError) {
         if !e.is_server_error() {
             tracing::debug!(error = %e, "rate limit: no key for request");
-        } else if !self.no_peer_logged.swap(true, Ordering::Relaxed) {
+        } else if !self.key_error_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(error = %e, "rate limit: server misconfigured; answering such requests with 500, or letting them through unchecked under a limiter whose every limit is a shadow limit (logged once)");
+        }
+    }
+
+    /// A custom extractor gives a number of keys the limiter does not take:
+    /// a bug, answered with 500 even in shadow mode.
+    fn key_count(&self, e: &KeyError) {
+        if !self.key_count_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %e, "rate limit: the key extractor gives a wrong number of keys; answering such requests with 500, also under a limiter whose every limit is a shadow limit (logged once)");
         }
     }
 
@@ -533,10 +546,70 @@ impl Logs {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::{
+        io,
+        sync::{Arc, Mutex},
+    };
 
-    use super::Core;
-    use crate::{DefaultResponse, Limiter, Quota, key::Global};
+    use super::{Core, Verdict};
+    use crate::{
+        DefaultResponse, Error, Limiter, Quota, Rejection,
+        key::{Global, PeerIp},
+    };
+
+    /// What `tracing` prints while `f` runs, at INFO and above.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Out(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Out {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let out = Out::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(out.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Two misconfigurations, a request without a peer address and an
+    /// extractor giving the wrong number of keys, are each logged once at
+    /// error level: the first logged does not silence the other. The key
+    /// count's 500 is answered under shadow too, and its log says so.
+    #[test]
+    fn each_misconfiguration_is_logged_once_at_error_level() {
+        let limiter = Limiter::new(Quota::per_minute(1));
+        let core = Core::new(limiter, PeerIp, DefaultResponse);
+        let no_peer = http::Request::new(()).into_parts().0;
+        let key_count = || Err(Error::KeyCount { limits: 2, got: 3 });
+        let text = logged(|| {
+            for _ in 0..2 {
+                assert!(core.key(&no_peer).is_err());
+                for dry in [false, true] {
+                    match core.verdict(key_count(), dry) {
+                        Verdict::Reject(Rejection::KeyUnavailable(e)) => {
+                            assert_eq!(e.status(), 500, "shadow: {dry}");
+                        }
+                        _ => panic!("a wrong key count passed (shadow: {dry})"),
+                    }
+                }
+            }
+        });
+        let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+        assert_eq!(errors.len(), 2, "{text}");
+        assert!(errors[0].contains("no peer address"), "{text}");
+        assert!(errors[1].contains("3 keys given for 2 limits"), "{text}");
+        assert!(!errors[1].contains("unchecked"), "{text}");
+    }
 
     #[test]
     fn a_threads_copy_of_the_core_shares_its_logs() {

@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | [`Rejection::Denied`]: over the quota | 429 | `rate limit exceeded; retry in 12 s` | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
 //! | [`Rejection::Busy`]: the key's concurrency limit is in flight | 429 | `too many concurrent requests; retry in 1 s` | `Retry-After`, `RateLimit`, `RateLimit-Policy` |
-//! | [`Rejection::KeyUnavailable`]: no key for the request | the [`KeyError`]'s (400, 500, ...) | `missing rate limit key: header x-api-key` (400), `rate limit key unavailable` (500) | none |
+//! | [`Rejection::KeyUnavailable`]: no key for the request | the [`KeyError`]'s (400, 500, ...) | `missing rate limit key: header x-api-key` (400, [`KeyError::MissingHeader`]), `rate limit key too long: header x-api-key` (400, [`KeyError::HeaderTooLong`]), `rate limit key unavailable` (500, [`KeyError::NoPeerAddr`]), `request refused by the rate limiter` ([`KeyError::Rejected`]'s status: a custom extractor's refusal, or 500 for its wrong number of keys) | none |
 //! | [`Rejection::StoreUnavailable`]: store failed, policy [`OnStoreError::Deny`] | 503 | `rate limit store unavailable` | none |
 //! | [`Rejection::CostExceedsLimit`]: a cost no window can hold | 429 | `request cost 9 exceeds the rate limit of 5` | none (there is nothing to wait for) |
 //!

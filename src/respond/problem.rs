@@ -42,8 +42,9 @@ pub(crate) fn body(rejection: &Rejection, format: Format) -> Body {
             content_type: JSON,
             text: problem_json(rejection, &detail),
         },
-        // A gRPC call's answer has no body (GrpcResponse); where a body is
-        // written anyway (actix), it is the text.
+        // Neither adapter asks for this: both answer a gRPC call with
+        // GrpcResponse's trailers-only answer, which has no body. Were a
+        // body wanted, it would be the text.
         Format::Text | Format::Grpc => Body {
             content_type: TEXT,
             text: detail,
@@ -232,6 +233,66 @@ mod tests {
         let b = body(&missing(), Format::Text);
         assert_eq!(b.content_type, "text/plain; charset=utf-8");
         assert_eq!(b.text, detail(&missing()));
+    }
+
+    /// The bodies the tables in `src/respond.rs`'s docs and the README's
+    /// "Responses" give are the ones sent (but `Busy`'s, built by the
+    /// concurrency limiter only).
+    #[test]
+    fn the_docs_tables_give_the_bodies_sent() {
+        let docs = include_str!("../respond.rs");
+        let readme = include_str!("../../README.md");
+        let readme = &readme[readme.find("### Responses").unwrap()..];
+        let readme = &readme[..readme[1..].find("\n#").unwrap_or(readme.len())];
+        let header = || "x-api-key".parse().unwrap();
+        let rejected = |status: u16| {
+            Rejection::KeyUnavailable(KeyError::Rejected {
+                status: StatusCode::from_u16(status).unwrap(),
+                reason: "3 keys given for 2 limits".into(),
+            })
+        };
+        let denied = denied([state(false, 11_200), state(true, 0)], false);
+        let store = Rejection::StoreUnavailable(Error::CircuitOpen);
+        // Each case: its row in the module docs, and in the README (by its
+        // status's cell), if it has one there.
+        let cases = [
+            (&denied, "Denied", Some("429")),
+            (&missing(), "KeyUnavailable", Some("400")),
+            (
+                &Rejection::KeyUnavailable(KeyError::HeaderTooLong(header())),
+                "KeyUnavailable",
+                None,
+            ),
+            (
+                &Rejection::KeyUnavailable(KeyError::NoPeerAddr),
+                "KeyUnavailable",
+                Some("500"),
+            ),
+            // A custom extractor's wrong number of keys (`Core::verdict`).
+            (&rejected(500), "KeyUnavailable", Some("500")),
+            (&rejected(401), "KeyUnavailable", Some("its status")),
+            (&store, "StoreUnavailable", Some("503")),
+            (
+                &Rejection::CostExceedsLimit { cost: 9, limit: 5 },
+                "CostExceedsLimit",
+                None,
+            ),
+        ];
+        for (rejection, variant, readme_status) in cases {
+            let cell = format!("`{}`", detail(rejection));
+            let row = format!("//! | [`Rejection::{variant}`]");
+            let row = docs.lines().find(|l| l.starts_with(&row)).unwrap();
+            assert!(row.contains(&cell), "{cell} not in {row}");
+            if let Some(status) = readme_status {
+                let (start, end) = (format!("| {status} |"), format!("| {cell} |"));
+                assert!(
+                    readme
+                        .lines()
+                        .any(|l| l.starts_with(&start) && l.ends_with(&end)),
+                    "no README row {start} .. {end}"
+                );
+            }
+        }
     }
 
     #[test]
