@@ -647,6 +647,32 @@ async fn scripts_come_back_after_script_flush_on_every_node() {
     cluster.assert_every_key_has_ttl();
 }
 
+/// A master that lost its scripts (restarted, `SCRIPT FLUSH`) while another
+/// master is frozen: the script is loaded on the first alone, and its keys
+/// are decided. Fails with `SCRIPT LOAD` after `NOSCRIPT`, which redis-rs
+/// sends to every node and which waits for every one: every call to the
+/// healthy master timed out until the frozen one came back.
+#[tokio::test]
+async fn a_master_that_lost_its_scripts_is_used_while_another_is_frozen() {
+    let cluster = RedisCluster::start();
+    let limiter = cluster
+        .builder("100/1m")
+        .await
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    let owner = cluster.master_of(&limiter.store_key("k"));
+    let frozen = *cluster.masters().iter().find(|&&m| m != owner).unwrap();
+    cluster.freeze(frozen, true);
+    let _: () = cluster.query(owner, redis::cmd("SCRIPT").arg("FLUSH"));
+    let decided = limiter.check("k", 1).await;
+    cluster.freeze(frozen, false);
+    let d = decided.unwrap_or_else(|e| panic!("{e}\n{}", cluster.log()));
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 98));
+    cluster.assert_every_key_has_ttl();
+}
+
 /// The slot of a counted key moves to another master: while it migrates,
 /// the old master answers `ASK` and the store follows it to the new one;
 /// after, the old master answers `MOVED`. The count goes on exactly, even

@@ -163,3 +163,38 @@ async fn a_user_denied_del_still_connects() {
         .unwrap();
     assert!(!denied.is_empty(), "DEL was not denied");
 }
+
+/// After `NOSCRIPT` a call goes again as `EVAL`; a user whose ACL allows
+/// `EVALSHA` and `SCRIPT LOAD` but not `EVAL` gets the script loaded and
+/// the call sent again as before, and decides on.
+#[tokio::test]
+async fn a_user_denied_eval_still_recovers_from_noscript() {
+    let server = RedisServer::start();
+    let url = server.acl_user_without("limiter", "secret", "eval").await;
+    let store = RedisStore::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let limiter = redis_ratelimit::Limiter::builder("3/1m".parse().unwrap())
+        .store(store)
+        .build()
+        .unwrap();
+    for remaining in [2, 1] {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        let d = limiter
+            .check("k", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+        assert_eq!((d.is_allowed(), d.remaining()), (true, remaining));
+    }
+    // EVAL was tried and refused, not run.
+    let denied: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    assert!(!denied.is_empty(), "EVAL was not denied");
+}

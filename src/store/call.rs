@@ -10,6 +10,7 @@ use redis::{
     Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, ToRedisArgs, aio::ConnectionLike,
 };
 
+use super::scripts;
 use crate::Error;
 
 /// A script call: its keys first (they fix the Redis Cluster slot), then
@@ -74,18 +75,46 @@ impl Call {
     }
 
     /// `EVALSHA`; on `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`),
-    /// `SCRIPT LOAD` and `EVALSHA` again, as redis-rs's own invocation does.
+    /// the same call as `EVAL` of the script's source, which runs it and
+    /// loads it for the next `EVALSHA`. Not `SCRIPT LOAD` first, as
+    /// redis-rs's own invocation does: on a Redis Cluster that goes to every
+    /// node and fails unless every one answers, so one frozen replica failed
+    /// every call to a healthy master that had lost its scripts. `EVAL` goes
+    /// where `EVALSHA` went, by its first key. A user whose ACL allows
+    /// `EVALSHA` and `SCRIPT LOAD` but not `EVAL` gets `SCRIPT LOAD` and
+    /// `EVALSHA` again, as before.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
     ) -> Result<T, Error> {
         match (self.cmd.query_async(conn).await, self.script) {
             (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                if let Some(source) = scripts::source_of(script) {
+                    match self.eval(source).query_async(conn).await {
+                        // `EVAL` itself refused by the user's ACL (a refusal
+                        // inside a script is `ERR ACL failure in script`):
+                        // the script did not run.
+                        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {}
+                        result => return Ok(result?),
+                    }
+                }
                 script.prepare_invoke().load_async(conn).await?;
                 Ok(self.cmd.query_async(conn).await?)
             }
             (result, _) => Ok(result?),
         }
+    }
+
+    /// This call as `EVAL <source> <numkeys> <keys...> <args...>`.
+    fn eval(&self, source: &str) -> Cmd {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(source);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                eval.arg(bytes);
+            }
+        }
+        eval
     }
 }
 
@@ -96,6 +125,21 @@ mod tests {
     use super::*;
 
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+
+    #[test]
+    fn a_call_as_eval_carries_the_source_and_the_same_words() {
+        let mut call = Call::new(&scripts::RENEW, &["a"]);
+        call.arg(7u64).arg("x");
+        let mut expected = redis::cmd("EVAL");
+        expected
+            .arg(scripts::RENEW_LUA)
+            .arg(1)
+            .arg("a")
+            .arg(7u64)
+            .arg("x");
+        let eval = call.eval(scripts::RENEW_LUA);
+        assert_eq!(eval.get_packed_command(), expected.get_packed_command());
+    }
 
     #[test]
     fn a_call_is_the_evalsha_redis_rs_would_send() {

@@ -3,8 +3,9 @@
 //!
 //! All keys of one decision share a hash tag (see the crate's keyspace
 //! rules), so each decision belongs to the one master that owns its slot.
-//! redis-rs routes `EVALSHA` by its first key, follows `MOVED` and `ASK`,
-//! and on `NOSCRIPT` sends `SCRIPT LOAD` to every node before trying again.
+//! redis-rs routes `EVALSHA` by its first key and follows `MOVED` and
+//! `ASK`; on `NOSCRIPT` the call is sent again as `EVAL`, to the same node
+//! (`SCRIPT LOAD` would go to every node, and fail while any one is down).
 //! On one cluster connection, concurrent fixed-window decisions bound for
 //! one master go in one call, whatever their slots, and so do those of one
 //! sliding-window or GCRA limit alike; others go per slot (see `batch.rs`

@@ -305,7 +305,7 @@ impl From<Pool<RedisConnectionManager>> for RedisStore {
 
 impl RedisStore {
     /// Runs a script call on a connection of this store: `EVALSHA`, then
-    /// `SCRIPT LOAD` and `EVALSHA` again on `NOSCRIPT`.
+    /// on `NOSCRIPT` the same call as `EVAL` ([`Call::invoke`]).
     pub(super) fn run<T>(&self, call: Call) -> BoxFuture<'static, Result<T, Error>>
     where
         T: FromRedisValue + Send + 'static,

@@ -51,6 +51,14 @@ pub(crate) fn all() -> [(&'static Script, &'static str); 9] {
 
 /// `lua/lib.lua` and the algorithm modules, joined, then `$tail`: the
 /// scripts that decide, peek or refund with them.
+/// The source of `script`, one of [`all`]'s: for `EVAL` after `NOSCRIPT`.
+pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
+    all()
+        .into_iter()
+        .find(|(known, _)| known.get_hash() == script.get_hash())
+        .map(|(_, source)| source)
+}
+
 macro_rules! after_the_algorithms {
     ($($tail:expr),+ $(,)?) => {
         concat!(
