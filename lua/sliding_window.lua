@@ -113,10 +113,15 @@ local function sliding_window_module()
     local remaining_after = math.floor(limit - (c + cost) - weighted)
     -- One constructor: a table grown field by field rehashes as it goes.
     -- A hash without (a sane) TTL is healed by commit or undo, not here: the
-    -- spend must be the first write (see the header).
+    -- spend must be the first write (see the header). A TTL up to 1 s longer
+    -- than the expiry is sane: PTTL counts from the script's start and the
+    -- expiry from TIME, read after it, so the two differ by a millisecond
+    -- boundary, and more across hosts (a replica whose clock is behind its
+    -- master's); healed, it was a write that a peek on a replica, or out of
+    -- memory, failed on now and then.
     return {
       key = key, s = s, c = c, p = p, expiry = expiry,
-      heal = ttl == -1 or ttl > expiry,
+      heal = ttl == -1 or ttl > expiry + 1000,
       allowed = c + cost + weighted <= limit,
       remaining = remaining > 0 and remaining or 0,
       remaining_after = remaining_after > 0 and remaining_after or 0,
