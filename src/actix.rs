@@ -20,8 +20,9 @@
 //!   given to [`RateLimitMiddleware::respond_with`].
 //! * Errors: an `Err` of the services inside (a `wrap_fn`'s, an auth
 //!   middleware's 401) is the answer the client gets, so it is settled as
-//!   that answer, as under tower: refunded if its status is one to refund,
-//!   with the rate-limit headers. It is passed on as an `Err`, an
+//!   that answer, as the tower layer settles a response (an inner `Err`
+//!   under tower is passed on unsettled: there it is no answer): refunded
+//!   if its status is one to refund, with the rate-limit headers. It is passed on as an `Err`, an
 //!   [`InnerError`].
 //!
 //! ```no_run

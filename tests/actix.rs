@@ -398,6 +398,38 @@ async fn actix_passes_an_inner_error_on_as_an_error() {
     }
 }
 
+/// An inner error whose response can be built once only
+/// (`InternalError::from_response`, a common way to answer 401) reaches the
+/// client as that response, with the rate-limit headers. Settling it took
+/// the response, and the client got an empty 500.
+#[tokio::test]
+async fn actix_an_inner_error_built_once_reaches_the_client_whole() {
+    use actix_web::{HttpResponse, error::InternalError, test};
+    use redis_ratelimit::{Limiter, Quota, key::Global};
+
+    let limiter = Limiter::new(Quota::per_minute(2));
+    let app = test::init_service(
+        App::new()
+            .wrap_fn(|_, _| async {
+                let res = HttpResponse::Unauthorized().body("who are you");
+                Err::<ServiceResponse, _>(InternalError::from_response("no", res).into())
+            })
+            .wrap(RateLimitMiddleware::new(limiter, Global)),
+    )
+    .await;
+    let req = test::TestRequest::get().uri("/").to_request();
+    let Err(err) = test::try_call_service(&app, req).await else {
+        panic!("the inner error became a response");
+    };
+    // What actix-web's dispatcher sends for an `Err`.
+    assert_eq!(err.as_response_error().status_code(), 401);
+    let res = err.error_response();
+    assert_eq!(res.status(), 401);
+    assert!(res.headers().contains_key("ratelimit"), "{res:?}");
+    let body = actix_web::body::to_bytes(res.into_body()).await.unwrap();
+    assert_eq!(&body[..], b"who are you");
+}
+
 support::for_every_store!(
     actix_tiers,
     actix_skip,

@@ -1,7 +1,7 @@
 //! [`InnerError`]: an inner service's `Err`, settled as the answer it
 //! becomes.
 
-use std::fmt;
+use std::{cell::RefCell, fmt};
 
 use actix_web::{HttpResponse, ResponseError, http::StatusCode, http::header::HeaderMap};
 
@@ -33,7 +33,12 @@ use actix_web::{HttpResponse, ResponseError, http::StatusCode, http::header::Hea
 /// ```
 pub struct InnerError {
     cause: actix_web::Error,
-    /// The headers of the cause's response, once settled.
+    /// The cause's response as settled, until actix-web takes it: some
+    /// errors build their response once only (`InternalError::from_response`
+    /// hands its response over at the first call, and a bare 500 after).
+    settled: RefCell<Option<HttpResponse>>,
+    /// Its status and headers, for the calls after that.
+    status: StatusCode,
     headers: HeaderMap,
 }
 
@@ -42,8 +47,12 @@ impl InnerError {
     pub(crate) fn new(cause: actix_web::Error, finish: impl FnOnce(&mut HttpResponse)) -> Self {
         let mut res = cause.error_response();
         finish(&mut res);
-        let headers = res.headers().clone();
-        Self { cause, headers }
+        Self {
+            cause,
+            status: res.status(),
+            headers: res.headers().clone(),
+            settled: RefCell::new(Some(res)),
+        }
     }
 
     /// The inner service's error, as the middleware got it (under nested
@@ -54,13 +63,19 @@ impl InnerError {
 }
 
 impl ResponseError for InnerError {
+    /// The settled response's.
     fn status_code(&self) -> StatusCode {
-        self.cause.as_response_error().status_code()
+        self.status
     }
 
-    /// The cause's response, with the headers it was settled with.
+    /// The settled response, the first time; after, the cause's response
+    /// again, with the status and headers it was settled with.
     fn error_response(&self) -> HttpResponse {
+        if let Some(res) = self.settled.borrow_mut().take() {
+            return res;
+        }
         let mut res = self.cause.error_response();
+        *res.status_mut() = self.status;
         *res.headers_mut() = self.headers.clone();
         res
     }

@@ -68,7 +68,9 @@ pub type InFlightLimitMiddleware<K, R = DefaultResponse> =
 /// The actix-web service made by [`InFlightLimitMiddleware`].
 ///
 /// Readiness is the inner service's; a full key is answered with a 429
-/// response, never an error, and errors are the inner service's own.
+/// response, never an error. An error of the services inside ends the
+/// request's lease and is passed on as an
+/// [`InnerError`](crate::actix::InnerError), with the headers.
 pub type InFlightLimitMiddlewareService<S, K, R> =
     LimitMiddlewareService<S, K, R, ConcurrencyLimiter>;
 
