@@ -198,3 +198,28 @@ async fn a_user_denied_eval_still_recovers_from_noscript() {
         .unwrap();
     assert!(!denied.is_empty(), "EVAL was not denied");
 }
+
+/// A Redis whose `EVAL` is renamed away (a hardening step) answers the
+/// `EVAL` after `NOSCRIPT` "unknown command": the script is loaded and the
+/// call sent again as before, and decides on. Without the fallback every
+/// call failed after a restart or a flush until the process restarted.
+#[tokio::test]
+async fn a_redis_with_eval_renamed_still_recovers_from_noscript() {
+    let server = RedisServer::start_with(&["--rename-command", "EVAL", "EVAL_hidden"]);
+    let limiter = redis_ratelimit::Limiter::builder("3/1m".parse().unwrap())
+        .store(server.store().await)
+        .build()
+        .unwrap();
+    for remaining in [2, 1] {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        let d = limiter
+            .check("k", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+        assert_eq!((d.is_allowed(), d.remaining()), (true, remaining));
+    }
+}

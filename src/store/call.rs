@@ -91,10 +91,11 @@ impl Call {
             (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 if let Some(source) = scripts::source_of(script) {
                     match self.eval(source).query_async(conn).await {
-                        // `EVAL` itself refused by the user's ACL (a refusal
-                        // inside a script is `ERR ACL failure in script`):
-                        // the script did not run.
-                        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {}
+                        // `EVAL` itself refused: by the user's ACL (a refusal
+                        // inside a script is `ERR ACL failure in script`), or
+                        // renamed away (`rename-command`). The script did
+                        // not run.
+                        Err(e) if refused(&e) => {}
                         result => return Ok(result?),
                     }
                 }
@@ -116,6 +117,13 @@ impl Call {
         }
         eval
     }
+}
+
+/// Whether `e` is Redis refusing the command itself: not allowed to this
+/// user, or unknown (renamed).
+fn refused(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || (e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("unknown command")))
 }
 
 #[cfg(test)]

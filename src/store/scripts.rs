@@ -1,8 +1,9 @@
 //! The Lua scripts, loaded once from `lua/` and run with `EVALSHA`.
 //!
-//! `redis::Script::invoke_async` sends `EVALSHA` and, on `NOSCRIPT` (after a
-//! `SCRIPT FLUSH` or a Redis restart), loads the script and retries, so no
-//! caller ever sees a missing script.
+//! A call sends `EVALSHA` and, on `NOSCRIPT` (after a `SCRIPT FLUSH` or a
+//! Redis restart), the same call as `EVAL` of the source, which loads it
+//! ([`Call::invoke`](super::call::Call::invoke)), so no caller ever sees a
+//! missing script.
 
 use std::sync::LazyLock;
 
@@ -49,8 +50,6 @@ pub(crate) fn all() -> [(&'static Script, &'static str); 9] {
     ]
 }
 
-/// `lua/lib.lua` and the algorithm modules, joined, then `$tail`: the
-/// scripts that decide, peek or refund with them.
 /// The source of `script`, one of [`all`]'s: for `EVAL` after `NOSCRIPT`.
 pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
     all()
@@ -59,6 +58,8 @@ pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
         .map(|(_, source)| source)
 }
 
+/// `lua/lib.lua` and the algorithm modules, joined, then `$tail`: the
+/// scripts that decide, peek or refund with them.
 macro_rules! after_the_algorithms {
     ($($tail:expr),+ $(,)?) => {
         concat!(
