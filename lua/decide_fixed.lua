@@ -179,13 +179,13 @@ for _ = 1, runs do
     -- The common run, one limit and a cost, decided inline, exactly as
     -- fixed_window.spend and settle would: function calls and table
     -- accesses were most of what a decision cost Redis.
-    -- A count above 2^53 before the spend is corrupt (no spend reaches
-    -- it), and reset as any other corrupt value is.
-    local most = cost + 9007199254740992
+    -- A count above 2^53 is corrupt (no spend reaches it; compared after
+    -- the spend, alone: a sum with the cost would round in Lua's doubles),
+    -- and reset as any other corrupt value is.
     for i = key + 1, key + count do
       local k = key_of[i]
       local total = rpcall('INCRBY', k, cost_s)
-      if type(total) ~= 'number' or total < cost or total > most then
+      if type(total) ~= 'number' or total < cost or total > 9007199254740992 then
         fw = fw or fixed_window_module((value_helpers()))
         total = fw.respend(k, total, cost_s)
       end

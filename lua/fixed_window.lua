@@ -99,7 +99,7 @@ local function fixed_window_module(corruption)
   -- Spends cost (> 0) at once: the count before it, the window left, and
   -- whether the spend created the counter (which then has no TTL yet).
   -- The count after a spend whose INCRBY replied `count`, which was not an
-  -- integer from cost to cost + 2^53: raises every error but a corrupt value (a write Redis
+  -- integer from cost to 2^53: raises every error but a corrupt value (a write Redis
   -- refused, out of memory or on a read-only replica, is the caller's error,
   -- and the key is left as it was); a corrupt value (not an integer >= 0, or
   -- the wrong type) starts afresh.
@@ -113,8 +113,9 @@ local function fixed_window_module(corruption)
 
   function fixed_window.spend(key, cost, cost_arg, window, window_arg)
     local count = redis.pcall('INCRBY', key, cost_arg)
-    -- Above 2^53 before the spend: corrupt, as `look` reads it.
-    if type(count) ~= 'number' or count < cost or count > cost + 2^53 then
+    -- Above 2^53: corrupt, as `look` reads it (compared alone: a sum with
+    -- the cost would round in Lua's doubles).
+    if type(count) ~= 'number' or count < cost or count > 2^53 then
       count = fixed_window.respend(key, count, cost_arg)
     end
     if count == cost then

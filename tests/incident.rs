@@ -865,16 +865,16 @@ async fn a_decision_resets_a_count_beyond_2_pow_53() {
         }
         let limiter = builder.build().unwrap();
         let store_key = limiter.store_key("k");
-        let _: () = conn
-            .pset_ex(&store_key, "9007199254740994", 60_000)
-            .await
-            .unwrap();
-        let d = limiter.check("k", 1).await.unwrap();
-        assert!(d.is_allowed(), "{name}: {d:?}");
-        let count: String = conn.get(&store_key).await.unwrap();
-        assert_eq!(count, "1", "{name}");
-        let ttl: i64 = conn.pttl(&store_key).await.unwrap();
-        assert!((1..=60_000).contains(&ttl), "{name}: TTL {ttl}");
+        // An odd count with an odd cost: their sum rounds in Lua's doubles.
+        for (stored, cost) in [("9007199254740994", 1), ("9007199254740993", 3)] {
+            let _: () = conn.pset_ex(&store_key, stored, 60_000).await.unwrap();
+            let d = limiter.check("k", cost).await.unwrap();
+            assert!(d.is_allowed(), "{name} {stored}: {d:?}");
+            let count: String = conn.get(&store_key).await.unwrap();
+            assert_eq!(count, cost.to_string(), "{name} {stored}");
+            let ttl: i64 = conn.pttl(&store_key).await.unwrap();
+            assert!((1..=60_000).contains(&ttl), "{name}: TTL {ttl}");
+        }
     }
     server.assert_every_key_has_ttl().await;
 }
