@@ -8,7 +8,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use redis_ratelimit::{
     Error, MemoryStore,
@@ -451,7 +454,11 @@ async fn a_lease_redis_lost_is_taken_back_while_its_request_runs() {
     assert!(newcomer.release().await.unwrap());
     until_held_again(server, &key, held.token(), "the next slot to free").await;
     assert!(!limiter.acquire("k").await.unwrap().is_acquired());
-    assert!(held.release().await.unwrap());
+    // Lost while held: another holder had its slot meanwhile (a lock's
+    // holders overlapped), which the release says, though it was taken
+    // back since. It said `true`.
+    assert!(!held.release().await.unwrap(), "the overlap went unsaid");
+    assert!(server.lease_tokens(&key).await.is_empty());
     server.assert_every_key_has_ttl().await;
 }
 
@@ -504,5 +511,78 @@ async fn a_release_dropped_unfinished_still_frees_the_slot() {
             "the slot stayed held"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A memory store that says every renewal found the lease lost, and whose
+/// second acquire (the renewal's take-back) is applied only once the test
+/// lets it, as a command already on its way to Redis would be, whether or
+/// not its caller still waits.
+#[derive(Debug, Default)]
+struct SlowTakeBack {
+    inner: MemoryStore,
+    acquires: std::sync::atomic::AtomicU64,
+    started: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+    applied: Arc<tokio::sync::Notify>,
+}
+
+impl LeaseStore for SlowTakeBack {
+    fn acquire(&self, key: &str, token: &str, limit: u64, lease_ms: u64) -> LeaseCall<LeaseState> {
+        if self.acquires.fetch_add(1, Ordering::SeqCst) != 1 {
+            return self.inner.acquire(key, token, limit, lease_ms);
+        }
+        let (inner, started, go) = (self.inner.clone(), self.started.clone(), self.go.clone());
+        let applied = self.applied.clone();
+        let (key, token) = (key.to_owned(), token.to_owned());
+        let reply = tokio::spawn(async move {
+            started.notify_one();
+            go.notified().await;
+            // A long lease: left behind, it would hold the slot past the test.
+            let state = inner.acquire(&key, &token, limit, 60_000).await;
+            applied.notify_one();
+            state
+        });
+        Box::pin(async move { reply.await.unwrap() })
+    }
+
+    fn renew(&self, _: &str, _: &str, _: u64) -> LeaseCall<bool> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
+
+    fn release(&self, key: &str, token: &str) -> LeaseCall<bool> {
+        self.inner.release(key, token)
+    }
+}
+
+/// A lease released while its renewal's take-back is on its way: the slot
+/// the take-back took after the release is released again. Fails with the
+/// renewal task aborted at the release: the take-back, already sent, took
+/// a slot nobody held, for its whole lease (a lock held by no one).
+#[tokio::test]
+async fn a_take_back_that_lands_after_the_release_is_released_too() {
+    let store = SlowTakeBack::default();
+    let (started, go) = (store.started.clone(), store.go.clone());
+    let applied = store.applied.clone();
+    let limiter = ConcurrencyLimiter::builder(1)
+        .store(store)
+        .lease(Duration::from_millis(600))
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    started.notified().await;
+    assert!(!held.release().await.unwrap(), "it was lost");
+    go.notify_one();
+    applied.notified().await;
+    let asked = Instant::now();
+    // Well within the lease the take-back's slot would live (its token's
+    // 600 ms: the store cuts the 60 s to it).
+    while !limiter.acquire("k").await.unwrap().is_acquired() {
+        assert!(
+            asked.elapsed() < Duration::from_millis(300),
+            "the take-back kept the slot"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -3,7 +3,9 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use tokio::{runtime::Handle, task::AbortHandle, time::MissedTickBehavior};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::{runtime::Handle, sync::Notify, time::Instant};
 
 use super::{ConcurrencyLimiter, headers::Policy, limiter::Inner};
 use crate::{Error, headers::HeaderSink, metrics};
@@ -101,8 +103,22 @@ pub struct Lease {
     key: Arc<str>,
     token: Arc<str>,
     held: u64,
-    renewal: Option<AbortHandle>,
+    renewal: Arc<Renewal>,
     released: bool,
+}
+
+/// What a lease and its renewal task share.
+#[derive(Default)]
+struct Renewal {
+    /// Set when the lease is released or dropped: the task stops, and
+    /// releases again a slot it took back meanwhile, whose acquire may have
+    /// run in the store after the lease's release.
+    stopped: AtomicBool,
+    /// Set once a renewal found the lease lost: another holder may have had
+    /// its slot meanwhile, even if it was taken back since.
+    lost: AtomicBool,
+    /// Wakes the task when `stopped` is set.
+    wake: Notify,
 }
 
 impl fmt::Debug for Lease {
@@ -124,10 +140,11 @@ impl Lease {
         held: u64,
     ) -> Self {
         let inner = limiter.inner;
-        let renew = renew(inner.clone(), key.clone(), token.clone());
-        let renewal = Handle::try_current()
-            .ok()
-            .map(|rt| rt.spawn(renew).abort_handle());
+        let renewal = Arc::new(Renewal::default());
+        if let Ok(rt) = Handle::try_current() {
+            let shared = (inner.clone(), key.clone(), token.clone());
+            rt.spawn(renew(shared, renewal.clone()));
+        }
         Self {
             inner,
             key,
@@ -165,10 +182,11 @@ impl Lease {
     }
 
     /// Releases the slot now and waits for the store. `Ok(false)`: the lease
-    /// had already expired (and the slot may be someone else's by now);
-    /// nothing was removed. If the release fails, times out or is dropped
-    /// unfinished, the release is sent again in the background, as a
-    /// dropped lease's is.
+    /// had already expired, so nothing was removed, or it was lost while
+    /// held and taken back since; either way another holder may have had
+    /// the slot meanwhile (a lock's holders overlapped). If the release
+    /// fails, times out or is dropped unfinished, the release is sent again
+    /// in the background, as a dropped lease's is.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.stop_renewals();
         let inner = &self.inner;
@@ -179,7 +197,8 @@ impl Lease {
         // Only now: until the store has answered, dropping `self` (an
         // error above, or this future dropped) releases it again.
         self.released = released.is_ok();
-        released
+        let lost = self.renewal.lost.load(Ordering::SeqCst);
+        released.map(|removed| removed && !lost)
     }
 
     /// Writes `RateLimit-Policy` and `RateLimit` for a passed request.
@@ -188,9 +207,8 @@ impl Lease {
     }
 
     fn stop_renewals(&mut self) {
-        if let Some(task) = self.renewal.take() {
-            task.abort();
-        }
+        self.renewal.stopped.store(true, Ordering::SeqCst);
+        self.renewal.wake.notify_one();
     }
 }
 
@@ -224,7 +242,8 @@ pub(super) async fn release_quietly(inner: &Inner, key: &str, token: &str) {
     }
 }
 
-/// Renews a lease every third of the lease time until aborted.
+/// Renews a lease every third of the lease time until it is released or
+/// dropped (`renewal.stopped`).
 ///
 /// A lease the store no longer holds (it expired before a renewal landed,
 /// or Redis lost it: a restart without persistence, a failover that lost
@@ -232,22 +251,39 @@ pub(super) async fn release_quietly(inner: &Inner, key: &str, token: &str) {
 /// the key has a free slot: the request still runs, so it must count
 /// against the limit. Without one, the request runs beyond the limit, and
 /// the next ticks try again, so that it takes the next slot that frees
-/// rather than a newcomer.
-async fn renew(inner: Arc<Inner>, key: Arc<str>, token: Arc<str>) {
+/// rather than a newcomer. A take-back is never aborted halfway: if the
+/// lease was released meanwhile, the slot it took is released again.
+async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: Arc<Renewal>) {
     let every = inner.lease / 3;
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let stopped = || renewal.stopped.load(Ordering::SeqCst);
+    let mut next = Instant::now() + every;
     // Lost, and not taken back yet.
     let mut lost = false;
     loop {
-        ticks.tick().await;
+        // The next tick, or a stop (a permit left by one before this wait
+        // ends it at once).
+        let _ = tokio::time::timeout_at(next, renewal.wake.notified()).await;
+        if stopped() {
+            return;
+        }
+        next = (next + every).max(Instant::now());
         let held = if lost {
             Ok(false)
         } else {
             renewed(&inner, &key, &token).await
         };
         let held = match held {
-            Ok(false) => retaken(&inner, &key, &token).await,
+            Ok(false) if stopped() => return,
+            Ok(false) => {
+                renewal.lost.store(true, Ordering::SeqCst);
+                let retaken = retaken(&inner, &key, &token).await;
+                if stopped() {
+                    // Its acquire may have run after the lease's release.
+                    release_quietly(&inner, &key, &token).await;
+                    return;
+                }
+                retaken
+            }
             other => other,
         };
         match held {

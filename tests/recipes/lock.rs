@@ -43,9 +43,10 @@ pub async fn with_lock<T>(
     // The release removes this holder's own token and nothing else.
     match lease.release().await {
         Ok(true) => {}
-        // The lease ran out while `work` ran (the process stalled for longer
-        // than the lease, renewals included): another holder may have
-        // overlapped. See "Fencing" in docs/recipes.md.
+        // The lease ran out or was lost while `work` ran (the process
+        // stalled for longer than the lease, renewals included, or Redis
+        // lost it), even if it was taken back since: another holder may
+        // have overlapped. See "Fencing" in docs/recipes.md.
         Ok(false) => tracing::warn!(resource, "lock expired while held"),
         // It expires on its own.
         Err(e) => tracing::warn!(resource, error = %e, "lock release failed"),
