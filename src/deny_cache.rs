@@ -22,11 +22,27 @@ pub(crate) struct DenyCache {
     /// shard's lock).
     live_until: AtomicU64,
     base: Instant,
-    /// Moves at every `remove` and `clear`: a denial the store made before
-    /// one of them is stale once it has run, so a miss taken before it
-    /// (see [`Miss`]) caches nothing. It wraps: a miss would be mistaken
-    /// only after exactly 2^32 of them while its call was on its way.
+    /// Moves at every `clear`, and `stripes[stripe(key)]` at every
+    /// `remove(key)`: a denial the store made before one of them is stale
+    /// once it has run, so a miss taken before it (see [`Miss`]) caches
+    /// nothing. A key's epoch is the sum of the two, which moves whenever
+    /// either does (both only grow); it wraps, so a miss would be mistaken
+    /// only after exactly 2^32 moves while its call was on its way. Striped
+    /// so that refunds, one `remove` each (every success under
+    /// `Refund::Successes`), leave other keys' denials cached.
     epoch: AtomicU32,
+    stripes: [AtomicU32; STRIPES],
+}
+
+/// How many stripes of `remove` epochs a cache keeps.
+const STRIPES: usize = 64;
+
+/// The stripe of `key`'s `remove` epoch: a cheap hash of its bytes.
+fn stripe(key: &[u8]) -> usize {
+    let hash = key.iter().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    });
+    (hash >> 26) as usize % STRIPES
 }
 
 /// A key the cache did not hold when its store call was sent: the store's
@@ -80,6 +96,7 @@ impl DenyCache {
             live_until: AtomicU64::new(0),
             base: Instant::now(),
             epoch: AtomicU32::new(0),
+            stripes: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
 
@@ -108,13 +125,19 @@ impl DenyCache {
     pub(crate) fn miss(&self, key: &[u8]) -> Miss {
         Miss {
             key: Key::copy_from(key),
-            epoch: self.epoch.load(Ordering::SeqCst),
+            epoch: self.epoch_of(key),
         }
     }
 
-    /// Forgets the denial of `key`, if any, and any denial on its way.
+    /// `key`'s epoch now: see `epoch`.
+    fn epoch_of(&self, key: &[u8]) -> u32 {
+        let removes = self.stripes[stripe(key)].load(Ordering::SeqCst);
+        self.epoch.load(Ordering::SeqCst).wrapping_add(removes)
+    }
+
+    /// Forgets the denial of `key`, if any, and any denial of it on its way.
     pub(crate) fn remove(&self, key: &str) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.stripes[stripe(key.as_bytes())].fetch_add(1, Ordering::SeqCst);
         self.cache.remove(key);
     }
 
@@ -130,7 +153,7 @@ impl DenyCache {
     /// refund may have run in the store after it). The key is copied only
     /// here: a request carries it inline until its denial.
     pub(crate) fn insert(&self, miss: &Miss, cost: u64, decision: &Decision) {
-        if self.epoch.load(Ordering::SeqCst) != miss.epoch {
+        if self.epoch_of(miss.key.as_bytes()) != miss.epoch {
             return;
         }
         let Some(wait) = decision.retry_after() else {
@@ -154,7 +177,7 @@ impl DenyCache {
         self.cache.insert(miss.key().into_owned(), entry);
         // A `remove` or `clear` that began after the check above may have
         // run before the insert: undone here, after it.
-        if self.epoch.load(Ordering::SeqCst) != miss.epoch {
+        if self.epoch_of(miss.key.as_bytes()) != miss.epoch {
             self.cache.remove(&*miss.key());
         }
     }
@@ -218,6 +241,22 @@ mod tests {
         assert!(cache.get("a", 1).is_none(), "crossed a remove");
         // A miss taken after them caches as ever.
         cache.insert(&cache.miss(b"a"), 1, &denied(60_000));
+        assert!(cache.get("a", 1).is_some());
+    }
+
+    /// Fails with one epoch for every key: a refund of any key (every
+    /// success under `Refund::Successes`) kept every denial on its way from
+    /// being cached, so a hammered key cost a store call a request again.
+    #[test]
+    fn a_remove_of_another_key_leaves_a_denial_on_its_way_cached() {
+        let cache = DenyCache::new(100, Duration::from_secs(60));
+        let other = (0..)
+            .map(|i| format!("other-{i}"))
+            .find(|k| super::stripe(k.as_bytes()) != super::stripe(b"a"))
+            .unwrap();
+        let miss = cache.miss(b"a");
+        cache.remove(&other);
+        cache.insert(&miss, 1, &denied(60_000));
         assert!(cache.get("a", 1).is_some());
     }
 }

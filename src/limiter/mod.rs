@@ -97,8 +97,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// have allowed** when the store's state changed behind its back: a
 /// [`reset`](Limiter::reset) or [`refund`](Limiter::refund) made by another
 /// replica (this limiter's own drop its entry for those keys, and a reset
-/// clears the whole cache; a denial decided before either and answered
-/// after it is not cached), an operator who deleted the counter, a quota
+/// clears the whole cache; a denial of those keys, or for a reset of any,
+/// decided before it and answered after it is not cached), an operator who
+/// deleted the counter, a quota
 /// raised in another process, or Redis losing its data (restart, failover).
 /// Such a client is denied for at most the max age after the change, and
 /// never longer than the `Retry-After` it was already told.
