@@ -13,8 +13,12 @@
 //! names no tier, uses the default. Tier names come from clients: an unknown
 //! name is only looked up, and never creates a limiter or a key space. A
 //! header is the client's to write: `Header::new("x-plan")` picks the tier
-//! only behind a gateway that sets or strips it; anywhere else a client
-//! names the widest tier itself. Pick the tier from what your auth step
+//! only behind a gateway that sets or strips it (replaces it: `Header`
+//! reads the first value, so a gateway that appends its own leaves the
+//! client's first); anywhere else a client names the tier itself, and since
+//! each tier counts apart, one that switches names between requests is
+//! admitted every tier's quota in a window, the default's included. Pick
+//! the tier from what your auth step
 //! established (a request extension, a verified claim), as
 //! `examples/behind_proxy.rs` does.
 //!

@@ -417,6 +417,8 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ("RATE_LIMIT_TIERS", "default.100-1000=3/60s"),
         ("RATE_LIMIT_TIER_HEADER", "x-plan"),
         ("RATE_LIMIT_SKIP", "10.0.0.0/33"),
+        // A list that names nothing is a typo, not "none".
+        ("RATE_LIMIT_SKIP", " , "),
         ("RATE_LIMIT_REFUND", "5xx"),
         ("RATE_LIMIT_RESERVE", "0"),
         ("RATE_LIMIT_RESERVE", "ten"),
@@ -441,6 +443,8 @@ fn bad_values_stop_the_server_naming_the_variable() {
             ("TRUSTED_PROXIES", "10.0.0.0/8"),
             ("TRUSTED_HOPS", "0"),
         ][..],
+        // No proxy named: trusting none is leaving it unset.
+        &[("RATE_LIMIT_KEY", "client-ip"), ("TRUSTED_PROXIES", ",")][..],
     ] {
         let var = vars.last().unwrap().0;
         for name in EXAMPLES {

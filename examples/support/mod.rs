@@ -560,6 +560,7 @@ fn client_ip_settings(key: KeyBy) -> Result<KeyBy, Error> {
         };
     };
     if let Some(list) = proxies {
+        some_entry("TRUSTED_PROXIES", &list)?;
         client_ip = client_ip
             .trust(&list)
             .map_err(|e| Error::config("TRUSTED_PROXIES", &list, e))?;
@@ -589,6 +590,22 @@ fn client_ip_settings(key: KeyBy) -> Result<KeyBy, Error> {
         client_ip = client_ip.header(header);
     }
     Ok(KeyBy::ClientIp(client_ip))
+}
+
+/// Refuses a list of addresses that names none (`,`): a typo, not "none",
+/// which is the variable unset.
+fn some_entry(name: &'static str, list: &str) -> Result<(), Error> {
+    if list
+        .split([',', ' ', '\t', '\n'])
+        .any(|entry| !entry.is_empty())
+    {
+        return Ok(());
+    }
+    Err(Error::config(
+        name,
+        list,
+        "it names no address or range; unset it for none",
+    ))
 }
 
 /// A variable's value; unset and empty are the same.

@@ -13,7 +13,7 @@ use redis_ratelimit::{
     tier::Tiered,
 };
 
-use super::{Error, KeyBy, limits::Limits, var};
+use super::{Error, KeyBy, limits::Limits, some_entry, var};
 
 /// The layer the examples serve: keys by `RATE_LIMIT_KEY`, tiers by a
 /// header, skips by network (an empty list or no tiers cost nothing).
@@ -102,6 +102,7 @@ impl Policy {
         }
         let skip = var("RATE_LIMIT_SKIP")?;
         if let Some(list) = &skip {
+            some_entry("RATE_LIMIT_SKIP", list)?;
             Networks::new(key::PeerIp, list).map_err(|e| {
                 Error::config(
                     "RATE_LIMIT_SKIP",
