@@ -156,24 +156,22 @@ async fn a_user_denied_del_still_connects() {
         .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
     drop(store);
     // The probe was refused, not run.
+    assert_acl_refused(&server, "DEL").await;
+}
+
+/// Fails unless `server`'s ACL log holds a refusal (of `what`).
+async fn assert_acl_refused(server: &RedisServer, what: &str) {
     let denied: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")
         .query_async(&mut server.conn().await)
         .await
         .unwrap();
-    assert!(!denied.is_empty(), "DEL was not denied");
+    assert!(!denied.is_empty(), "{what} was not denied");
 }
 
-/// After `NOSCRIPT` a call goes again as `EVAL`; a user whose ACL allows
-/// `EVALSHA` and `SCRIPT LOAD` but not `EVAL` gets the script loaded and
-/// the call sent again as before, and decides on.
-#[tokio::test]
-async fn a_user_denied_eval_still_recovers_from_noscript() {
-    let server = RedisServer::start();
-    let url = server.acl_user_without("limiter", "secret", "eval").await;
-    let store = RedisStore::connect(url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+/// Two checks of 3/1m on `store`, each after a `SCRIPT FLUSH` of `server`:
+/// both decided, as if no script had been lost.
+async fn decides_after_script_flushes(server: &RedisServer, store: RedisStore) {
     let limiter = redis_ratelimit::Limiter::builder("3/1m".parse().unwrap())
         .store(store)
         .build()
@@ -190,13 +188,21 @@ async fn a_user_denied_eval_still_recovers_from_noscript() {
             .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
         assert_eq!((d.is_allowed(), d.remaining()), (true, remaining));
     }
-    // EVAL was tried and refused, not run.
-    let denied: Vec<redis::Value> = redis::cmd("ACL")
-        .arg("LOG")
-        .query_async(&mut server.conn().await)
+}
+
+/// After `NOSCRIPT` a call goes again as `EVAL`; a user whose ACL allows
+/// `EVALSHA` and `SCRIPT LOAD` but not `EVAL` gets the script loaded and
+/// the call sent again as before, and decides on.
+#[tokio::test]
+async fn a_user_denied_eval_still_recovers_from_noscript() {
+    let server = RedisServer::start();
+    let url = server.acl_user_without("limiter", "secret", "eval").await;
+    let store = RedisStore::connect(url)
         .await
-        .unwrap();
-    assert!(!denied.is_empty(), "EVAL was not denied");
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    decides_after_script_flushes(&server, store).await;
+    // EVAL was tried and refused, not run.
+    assert_acl_refused(&server, "EVAL").await;
 }
 
 /// A Redis whose `EVAL` is renamed away (a hardening step) answers the
@@ -206,20 +212,6 @@ async fn a_user_denied_eval_still_recovers_from_noscript() {
 #[tokio::test]
 async fn a_redis_with_eval_renamed_still_recovers_from_noscript() {
     let server = RedisServer::start_with(&["--rename-command", "EVAL", "EVAL_hidden"]);
-    let limiter = redis_ratelimit::Limiter::builder("3/1m".parse().unwrap())
-        .store(server.store().await)
-        .build()
-        .unwrap();
-    for remaining in [2, 1] {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut server.conn().await)
-            .await
-            .unwrap();
-        let d = limiter
-            .check("k", 1)
-            .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
-        assert_eq!((d.is_allowed(), d.remaining()), (true, remaining));
-    }
+    let store = server.store().await;
+    decides_after_script_flushes(&server, store).await;
 }
