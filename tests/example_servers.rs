@@ -445,6 +445,12 @@ fn bad_values_stop_the_server_naming_the_variable() {
         ][..],
         // No proxy named: trusting none is leaving it unset.
         &[("RATE_LIMIT_KEY", "client-ip"), ("TRUSTED_PROXIES", ",")][..],
+        // A skip list over the proxies skips whoever hides behind them.
+        &[
+            ("RATE_LIMIT_KEY", "client-ip"),
+            ("TRUSTED_PROXIES", "10.0.0.0/8"),
+            ("RATE_LIMIT_SKIP", "10.1.0.0/16"),
+        ][..],
     ] {
         let var = vars.last().unwrap().0;
         for name in EXAMPLES {

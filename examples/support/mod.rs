@@ -25,7 +25,7 @@
 //! | `RATE_LIMIT_ON_ERROR` | `allow` | when the store fails: `allow` the request or `deny` it (503) |
 //! | `RATE_LIMIT_TIERS` | unset: one tier | named tiers with their own quota, `<name>=<quota>` separated by `;`, e.g. `free=3/60s;pro=8/60s`; the tier header picks one, and a request without it, or naming no tier, gets `RATE_LIMIT`; every tier uses `RATE_LIMIT_ALGORITHM`, `RATE_LIMIT_BURST`, `RATE_LIMIT_DENY_CACHE` and `RATE_LIMIT_SHADOW`, and its `RateLimit` headers show its name and quota |
 //! | `RATE_LIMIT_TIER_HEADER` | `x-plan` | with `RATE_LIMIT_TIERS`: the request header naming the tier (clients send it: only behind a gateway that overwrites it is a tier more than the client's choice) |
-//! | `RATE_LIMIT_SKIP` | unset: none | clients never limited (no store call, no rate-limit headers), as addresses or CIDR ranges separated by commas, e.g. `127.0.0.0/8,::1`; matched on the client the key is made from: the peer for `ip` and `header:<name>`, the client behind `TRUSTED_PROXIES`/`TRUSTED_HOPS` for `client-ip` |
+//! | `RATE_LIMIT_SKIP` | unset: none | clients never limited (no store call, no rate-limit headers), as addresses or CIDR ranges separated by commas, e.g. `127.0.0.0/8,::1`; matched on the client the key is made from: the peer for `ip` and `header:<name>`, the client behind `TRUSTED_PROXIES`/`TRUSTED_HOPS` for `client-ip`; one that overlaps `TRUSTED_PROXIES` is refused |
 //! | `RATE_LIMIT_REFUND` | unset: none | give a request's cost back when its response is one of `server-errors` (5xx but 501 and 505; on gRPC not `UNIMPLEMENTED` or `DEADLINE_EXCEEDED`), `client-errors` (4xx) or `successes` (2xx); in the tonic example by `grpc-status`, at the head or in the trailers (`refund::TrailersLayer`) |
 //! | `RUST_LOG` | `info` | tracing filter |
 //!
@@ -39,7 +39,13 @@
 //! A bad value stops the server with a message naming the variable (exit
 //! status 2); a Redis that cannot be reached at startup exits with status 1.
 
-use std::{env, fmt, net::SocketAddr, process::ExitCode};
+use std::{
+    env, fmt,
+    net::{IpAddr, SocketAddr},
+    process::ExitCode,
+};
+
+use ipnet::IpNet;
 
 use http::HeaderName;
 use redis::IntoConnectionInfo;
@@ -425,6 +431,7 @@ impl Config {
             }
         };
         let policy = Policy::from_env(limits.as_ref())?;
+        skip_apart_from_proxies()?;
         Ok(Self {
             bind,
             policy,
@@ -590,6 +597,39 @@ fn client_ip_settings(key: KeyBy) -> Result<KeyBy, Error> {
         client_ip = client_ip.header(header);
     }
     Ok(KeyBy::ClientIp(client_ip))
+}
+
+/// Refuses a `RATE_LIMIT_SKIP` that overlaps `TRUSTED_PROXIES`: a request
+/// whose client cannot be read past a proxy (no forwarding header,
+/// `unknown`, an obfuscated identifier) is keyed by the proxy's address, and
+/// would go unlimited (see `skip::Networks`).
+fn skip_apart_from_proxies() -> Result<(), Error> {
+    let (Some(proxies), Some(skip)) = (var("TRUSTED_PROXIES")?, var("RATE_LIMIT_SKIP")?) else {
+        return Ok(());
+    };
+    // Both lists were read already: entries that are neither an address nor
+    // a range were refused there.
+    let nets = |list: &str| -> Vec<IpNet> {
+        list.split([',', ' ', '\t', '\n'])
+            .filter_map(|e| {
+                e.parse::<IpNet>()
+                    .ok()
+                    .or_else(|| e.parse::<IpAddr>().ok().map(IpNet::from))
+            })
+            .collect()
+    };
+    for proxy in nets(&proxies) {
+        for skipped in nets(&skip) {
+            if proxy.contains(&skipped.network()) || skipped.contains(&proxy.network()) {
+                return Err(Error::usage(format!(
+                    "RATE_LIMIT_SKIP ({skipped}) overlaps TRUSTED_PROXIES ({proxy}): a request \
+                     whose client cannot be read past the proxy is keyed by the proxy and \
+                     would never be limited; keep the two lists apart"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a list of addresses that names none (`,`): a typo, not "none",
