@@ -1,9 +1,11 @@
 //! A master demoted to a replica behind the address the store connects to:
 //! a failover behind a DNS name or a virtual IP, as managed Redis services
 //! do it, while the store's connections stay open to the old node. That
-//! node answers every write `READONLY`; the store must leave it for the node
-//! the address names now, by itself and within a bound, and count on from
-//! the counters the new master has (replicated), never from zero.
+//! node answers every write `READONLY` (or, with `replica-serve-stale-data
+//! no` and no link to its own master, every command `MASTERDOWN`); the
+//! store must leave it for the node the address names now, by itself and
+//! within a bound, and count on from the counters the new master has
+//! (replicated), never from zero.
 //!
 //! `support::switch::SwitchProxy` is the address: connections made after the
 //! switch reach the new master, those made before stay with the old one.
@@ -32,6 +34,16 @@ async fn replica_of(server: &RedisServer, port: Option<u16>) {
         .unwrap_or_else(|e| panic!("REPLICAOF: {e}\n{}", server.log()));
 }
 
+/// How the old master answers once demoted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Demoted {
+    /// A replica of the new master: `READONLY` to a write.
+    ReadOnly,
+    /// A replica of an address where no server listens, with
+    /// `replica-serve-stale-data no`: `MASTERDOWN` to every command.
+    MasterDown,
+}
+
 fn limiter(store: RedisStore) -> Limiter {
     limits::every_check("100/1h".parse().unwrap(), store)
         .build()
@@ -45,13 +57,15 @@ fn limiter(store: RedisStore) -> Limiter {
 /// new master, within [`RECOVERY`], then to count on from the 3
 /// replicated: 96 left after the 4th.
 async fn leaves_the_demoted_master(connect: impl AsyncFnOnce(String) -> RedisStore) {
-    leaves_the_demoted_master_as(None, connect).await;
+    leaves_the_demoted_master_as(None, Demoted::ReadOnly, connect).await;
 }
 
 /// [`leaves_the_demoted_master`], connected as `user` (name, password) if
-/// given: a user of both nodes whose ACL allows every command but `QUIT`.
+/// given: a user of both nodes whose ACL allows every command but `QUIT`;
+/// the old master answering as `demoted` says.
 async fn leaves_the_demoted_master_as(
     user: Option<(&str, &str)>,
+    demoted: Demoted,
     connect: impl AsyncFnOnce(String) -> RedisStore,
 ) {
     let old = RedisServer::start();
@@ -88,7 +102,19 @@ async fn leaves_the_demoted_master_as(
     old.sync_replicas().await;
 
     replica_of(&new, None).await;
-    replica_of(&old, Some(new.port())).await;
+    match demoted {
+        Demoted::ReadOnly => replica_of(&old, Some(new.port())).await,
+        Demoted::MasterDown => {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("replica-serve-stale-data")
+                .arg("no")
+                .query_async(&mut old.conn().await)
+                .await
+                .unwrap();
+            replica_of(&old, Some(support::free_port())).await;
+        }
+    }
     address.switch_to(new.port());
 
     let failed_over = Instant::now();
@@ -97,10 +123,15 @@ async fn leaves_the_demoted_master_as(
         match limiter.check("k", 1).await {
             Ok(d) => break d,
             Err(Error::Redis(e))
-                if matches!(
-                    e.kind(),
-                    ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::BusyLoading)
-                ) =>
+                if match demoted {
+                    Demoted::ReadOnly => matches!(
+                        e.kind(),
+                        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::BusyLoading)
+                    ),
+                    Demoted::MasterDown => {
+                        e.kind() == ErrorKind::Server(ServerErrorKind::MasterDown)
+                    }
+                } =>
             {
                 refused += 1;
             }
@@ -156,8 +187,29 @@ async fn the_pool_leaves_a_demoted_master() {
 /// demoted node cannot be taken from it by an ACL.
 #[tokio::test]
 async fn a_user_denied_quit_still_leaves_a_demoted_master() {
-    leaves_the_demoted_master_as(Some(("limiter", "secret")), async |url| {
+    leaves_the_demoted_master_as(
+        Some(("limiter", "secret")),
+        Demoted::ReadOnly,
+        async |url| RedisStore::connect(url).await.unwrap(),
+    )
+    .await;
+}
+
+/// A demoted master that has lost its link to the new one, and serves no
+/// stale data, answers every call `MASTERDOWN` (before it runs it), never
+/// `READONLY`: it is left all the same.
+#[tokio::test]
+async fn the_connection_manager_leaves_a_demoted_master_answering_masterdown() {
+    leaves_the_demoted_master_as(None, Demoted::MasterDown, async |url| {
         RedisStore::connect(url).await.unwrap()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_pool_leaves_a_demoted_master_answering_masterdown() {
+    leaves_the_demoted_master_as(None, Demoted::MasterDown, async |url| {
+        support::pool_store(&url, 4, String::new).await
     })
     .await;
 }
@@ -172,9 +224,20 @@ async fn a_user_denied_quit_still_leaves_a_demoted_master() {
 #[cfg(feature = "sentinel")]
 #[tokio::test]
 async fn the_sentinel_store_leaves_a_demoted_master() {
+    sentinel_store_leaves(Demoted::ReadOnly).await;
+}
+
+#[cfg(feature = "sentinel")]
+#[tokio::test]
+async fn the_sentinel_store_leaves_a_demoted_master_answering_masterdown() {
+    sentinel_store_leaves(Demoted::MasterDown).await;
+}
+
+#[cfg(feature = "sentinel")]
+async fn sentinel_store_leaves(demoted: Demoted) {
     use support::sentinel::MASTER;
     let mut sentinel = None;
-    leaves_the_demoted_master(async |url| {
+    leaves_the_demoted_master_as(None, demoted, async |url| {
         let port = url.rsplit(':').next().unwrap();
         let s =
             RedisServer::start_sentinel(&format!("sentinel monitor {MASTER} 127.0.0.1 {port} 1\n"));

@@ -4,17 +4,23 @@
 //! replica, decides again on the new master with the counts the replica
 //! already had; so too when the master freezes rather than dies, and when
 //! the first sentinel listed does not answer while checks time out sooner
-//! than a lookup takes.
+//! than a lookup takes, and when the master is cut off from its replica
+//! and its sentinels but not from the store, and refuses every write
+//! (`NOREPLICAS`) rather than being demoted.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
+use redis::{
+    ConnectionAddr,
+    sentinel::{SentinelClientBuilder, SentinelServerType},
+};
 use redis_ratelimit::{Decision, Error, Limiter, RedisStore};
 use support::{
     TEST_TIMEOUT,
     limits::every_check,
-    sentinel::{MASTER, Sentinels, query, replication},
+    sentinel::{APP, MASTER, Sentinels, query, query_as_app, replication},
 };
 
 /// A limiter timeout shorter than a lookup of the master that waits for a
@@ -95,6 +101,55 @@ async fn a_slow_first_sentinel_does_not_stop_the_store_finding_the_new_master() 
     let decision = decided_again(&limiter, &deployment, "the master died").await;
     assert_counted_on_the_promoted_replica(&decision, &deployment).await;
     deployment.sentinels[0].kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_leaves_a_master_cut_off_from_its_replicas_that_refuses_writes() {
+    let mut deployment = Sentinels::start_isolable().await;
+    let addrs = deployment
+        .sentinels
+        .iter()
+        .map(|sentinel| ConnectionAddr::Tcp("127.0.0.1".into(), sentinel.port()));
+    let (user, password) = APP;
+    let client = SentinelClientBuilder::new(addrs, MASTER, SentinelServerType::Master)
+        .and_then(|builder| {
+            builder
+                .set_client_to_redis_username(user)
+                .set_client_to_redis_password(password)
+                .build()
+        })
+        .unwrap();
+    let store = RedisStore::from_sentinel(client)
+        .await
+        .unwrap_or_else(|e| panic!("RedisStore::from_sentinel: {e}\n{}", deployment.log()));
+    // Answers come at once: no call waits long enough to count as stalled,
+    // so only the refusals can have the store look for another master.
+    let limiter = every_check("100/1h".parse().unwrap(), store)
+        .timeout(SHORT)
+        .build()
+        .unwrap();
+    spend_ten_and_replicate(&limiter, &deployment).await;
+
+    deployment.isolate_master().await;
+    let decision = decided_again(&limiter, &deployment, "the master was cut off").await;
+    assert_counted_on_the_promoted_replica(&decision, &deployment).await;
+    // The old master is still a master, and still refuses writes: the store
+    // left it, it was not demoted under it.
+    let old: redis::RedisResult<i64> = query_as_app(
+        deployment.master.port(),
+        redis::cmd("EVAL")
+            .arg("return redis.call('INCR', KEYS[1])")
+            .arg(1)
+            .arg("probe"),
+    )
+    .await;
+    let refused = old.expect_err("the old master took a write");
+    assert!(
+        refused.to_string().contains("NOREPLICAS"),
+        "{refused}\n{}",
+        deployment.log()
+    );
+    deployment.master.kill();
 }
 
 /// A limiter of 100 an hour on the deployment's master whose every check

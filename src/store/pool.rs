@@ -11,8 +11,8 @@
 //! manager, and the call is sent once more on it. Redis may have run it
 //! before the connection dropped: a decision is then charged twice (a limit
 //! reached early, never passed), and a refund or a reset runs once however
-//! often it is sent (`lua/once.lua`). So does a call answered `READONLY`:
-//! its node was demoted to a replica while the connection stayed open (a
+//! often it is sent (`lua/once.lua`). So does a call answered `READONLY`
+//! (or `MASTERDOWN`): its node was demoted to a replica while the connection stayed open (a
 //! failover behind a DNS name or a virtual IP), and a fresh connection
 //! reaches whatever node the address names now; the call wrote nothing (a
 //! script's first write is refused on a replica). Other error replies from
@@ -44,7 +44,7 @@ where
         e => Error::Pool(e.to_string()),
     })?;
     match call.invoke(&mut *conn).await {
-        Err(Error::Redis(e)) if is_broken(&e) || is_read_only(&e) => {
+        Err(Error::Redis(e)) if is_broken(&e) || is_replicas(&e) => {
             // Still down: keep the first error; the next checkout tries again.
             let Ok(fresh) = pool.dedicated_connection().await else {
                 return Err(Error::Redis(e));
@@ -63,18 +63,28 @@ pub(super) fn is_broken(e: &RedisError) -> bool {
     e.is_connection_dropped() || e.kind() == ErrorKind::ClusterConnectionNotFound
 }
 
-/// Whether `e` is Redis's `READONLY`: the node is a replica.
-pub(super) fn is_read_only(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+/// Whether `e` is an answer only a replica gives: `READONLY` to a write,
+/// or `MASTERDOWN` (a replica whose link to its master is down, with
+/// `replica-serve-stale-data no`, answers most commands so, before it runs
+/// them). Either way the node was demoted, and the call ran nothing.
+pub(super) fn is_replicas(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
 }
 
-/// Whether `value` is Redis's `READONLY` error reply. redis-rs's
-/// connections hand an error reply over as a value, on the `Ok` side; only
-/// the caller that reads it (`query_async`) turns it into an error, so a
-/// wrapper around a connection sees a demoted node here, not in
-/// [`is_read_only`].
-pub(super) fn replies_read_only(value: &Value) -> bool {
-    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
+/// Whether `value` is an error reply only a replica gives (see
+/// [`is_replicas`]). redis-rs's connections hand an error reply over as a
+/// value, on the `Ok` side; only the caller that reads it (`query_async`)
+/// turns it into an error, so a wrapper around a connection sees a demoted
+/// node here, not in [`is_replicas`].
+pub(super) fn replies_as_replica(value: &Value) -> bool {
+    matches!(
+        value,
+        Value::ServerError(e)
+            if matches!(e.kind(), Some(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
+    )
 }
 
 #[cfg(test)]

@@ -173,7 +173,7 @@ impl RedisStore {
     /// Uses an existing [`ConnectionManager`].
     ///
     /// The manager reconnects by itself when its connection drops. When its
-    /// node answers `READONLY` (it was demoted to a replica while the
+    /// node answers `READONLY` or `MASTERDOWN` (it was demoted to a replica while the
     /// connection stayed open: a failover behind a DNS name or a virtual
     /// IP), the store has the node close the connection (`QUIT`), and the
     /// manager reconnects to whatever node the address names now; the call
@@ -217,7 +217,7 @@ impl RedisStore {
     /// as soon as Redis is back. Redis may have run the call before the link
     /// dropped: a decision is then charged twice (a limit reached early,
     /// never passed), and a refund or a reset takes effect once however
-    /// often it is sent. A call answered `READONLY` (the node was demoted to
+    /// often it is sent. A call answered `READONLY` or `MASTERDOWN` (the node was demoted to
     /// a replica while the connection stayed open) replaces its connection
     /// and is sent again too, reaching whatever node the address names now.
     /// Other error replies from Redis keep the connection.

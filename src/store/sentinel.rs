@@ -9,7 +9,8 @@
 //! cases.
 //!
 //! * **A call finds the master gone** (the connection closed, reset,
-//!   refused) **or read-only** (`READONLY`: that node is a replica now). The
+//!   refused) **or a replica** (`READONLY`, or `MASTERDOWN` from a replica
+//!   that lost its own master: that node was demoted). The
 //!   connection is dropped, and the call waits for a lookup, then is sent
 //!   once more, to the master the sentinels name now. Redis may have run it
 //!   before its connection dropped (the reply was lost): a decision is then
@@ -23,6 +24,14 @@
 //!   sends every call after to it; at the same address, nothing changes.
 //!   Calls go on using the connection in use meanwhile. Such a lookup
 //!   starts at most once per 500 ms, and not while another one runs.
+//! * **The master refuses a call with `NOREPLICAS`**: it has
+//!   `min-replicas-to-write` and reaches too few replicas. Cut off from its
+//!   replicas and its sentinels while the store still reaches it, it stays
+//!   a master for as long as the partition lasts (the sentinels promote a
+//!   replica but cannot demote it), refusing every call. The call fails,
+//!   and a lookup starts as for a call gone unanswered (once per 500 ms at
+//!   most, calls going on meanwhile), so the store moves to the master the
+//!   sentinels promoted, if they did.
 //!
 //! All the repair is in [`Sentinel::send`]; the lookups are in
 //! `sentinel_lookup.rs`. A lookup runs in a task of its own, one at a time,
@@ -148,13 +157,13 @@ impl Sentinel {
     /// early; a refund or a reset finds its marker and does nothing more
     /// (`lua/once.lua`).
     ///
-    /// `read_only` tells whether a reply is the `READONLY` error reply:
-    /// redis-rs hands error replies over as values, so a demoted master's
-    /// answer comes as `Ok`, not as an error.
+    /// `refusal` reads a reply's error replies (see [`Refusal`]): redis-rs
+    /// hands them over as values, so a demoted master's answer comes as
+    /// `Ok`, not as an error.
     async fn send<T, F>(
         &self,
         request: impl Fn(MultiplexedConnection) -> F,
-        read_only: impl Fn(&T) -> bool,
+        refusal: impl Fn(&T) -> Option<Refusal>,
     ) -> RedisResult<T>
     where
         F: Future<Output = RedisResult<T>>,
@@ -162,16 +171,24 @@ impl Sentinel {
         let master = self.master().await?;
         let generation = master.generation;
         let result = self.awaited(generation, request(master.conn)).await;
-        let lost = match &result {
-            Ok(reply) => read_only(reply),
-            Err(e) => needs_new_master(e),
+        let refused = match &result {
+            Ok(reply) => refusal(reply),
+            Err(e) => Refusal::of_error(e),
         };
-        if !lost {
-            return result;
+        match refused {
+            None => return result,
+            Some(Refusal::NoReplicas) => {
+                self.suspect(
+                    generation,
+                    "the master cannot reach its replicas (NOREPLICAS)",
+                );
+                return result;
+            }
+            Some(Refusal::Replica) => {}
         }
         match &result {
             Ok(_) => {
-                tracing::warn!(master = %self.shared.name, "master answered READONLY (demoted): asking the sentinels")
+                tracing::warn!(master = %self.shared.name, "master answered as a replica (READONLY or MASTERDOWN: demoted): asking the sentinels")
             }
             Err(e) => {
                 tracing::warn!(master = %self.shared.name, error = %e, "master lost: asking the sentinels")
@@ -200,7 +217,7 @@ impl Sentinel {
 
 /// A call waiting for the master's reply. Dropped before the reply, after
 /// waiting [`STALLED`] or more, it has the sentinels asked whether they name
-/// another master now ([`Sentinel::stalled`]).
+/// another master now ([`Sentinel::suspect`]).
 struct Awaiting<'a> {
     sentinel: &'a Sentinel,
     generation: u64,
@@ -217,7 +234,8 @@ impl Awaiting<'_> {
 impl Drop for Awaiting<'_> {
     fn drop(&mut self) {
         if self.since.elapsed() >= STALLED {
-            self.sentinel.stalled(self.generation);
+            self.sentinel
+                .suspect(self.generation, "a call went unanswered");
         }
     }
 }
@@ -225,14 +243,69 @@ impl Drop for Awaiting<'_> {
 /// Whether `e` means this connection's node is no longer the master to use:
 /// the connection is gone, or the node is a read-only replica now.
 fn needs_new_master(e: &RedisError) -> bool {
-    pool::is_broken(e) || pool::is_read_only(e)
+    pool::is_broken(e) || pool::is_replicas(e)
+}
+
+/// An error reply that says the node may no longer be the master to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The connection is gone, or the node answered as a replica
+    /// (`READONLY`, or `MASTERDOWN`: see `pool::is_replicas`), and so
+    /// ran nothing. The connection is dropped and the call sent again once
+    /// the sentinels name the master.
+    Replica,
+    /// `NOREPLICAS`: a master with `min-replicas-to-write` that reaches
+    /// too few replicas, and so refuses writes (a script's, before it has
+    /// written anything). It may be cut off from its replicas and its
+    /// sentinels, which promote one of the replicas: they cannot demote
+    /// it while they cannot reach it, so it would refuse every call for as
+    /// long as the partition lasts. The call fails (its limiter's
+    /// [`OnStoreError`](crate::OnStoreError) policy), and the sentinels are
+    /// asked whether they name another master now, at most once per 500 ms
+    /// ([`Sentinel::suspect`]); calls go on using the connection in use
+    /// meanwhile.
+    NoReplicas,
+}
+
+/// Redis's error code for a write refused for want of replicas.
+const NOREPLICAS: &str = "NOREPLICAS";
+
+impl Refusal {
+    /// The refusal in a reply, if it is an error reply that says one.
+    fn of_value(value: &Value) -> Option<Self> {
+        match value {
+            _ if pool::replies_as_replica(value) => Some(Self::Replica),
+            Value::ServerError(e) if e.code() == NOREPLICAS => Some(Self::NoReplicas),
+            _ => None,
+        }
+    }
+
+    /// The refusal in a call's error, if it says one.
+    fn of_error(e: &RedisError) -> Option<Self> {
+        if needs_new_master(e) {
+            Some(Self::Replica)
+        } else if e.code() == Some(NOREPLICAS) {
+            Some(Self::NoReplicas)
+        } else {
+            None
+        }
+    }
+
+    /// The refusal among a pipeline's replies: a replica's over a
+    /// master's that reaches too few replicas.
+    fn of_values(values: &[Value]) -> Option<Self> {
+        values
+            .iter()
+            .filter_map(Self::of_value)
+            .min_by_key(|refusal| *refusal != Self::Replica)
+    }
 }
 
 impl ConnectionLike for Sentinel {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(self.send(
             move |mut conn| async move { conn.req_packed_command(cmd).await },
-            pool::replies_read_only,
+            Refusal::of_value,
         ))
     }
 
@@ -244,7 +317,7 @@ impl ConnectionLike for Sentinel {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(self.send(
             move |mut conn| async move { conn.req_packed_commands(cmd, offset, count).await },
-            |replies: &Vec<Value>| replies.iter().any(pool::replies_read_only),
+            |replies: &Vec<Value>| Refusal::of_values(replies),
         ))
     }
 
@@ -349,5 +422,34 @@ impl RedisStore {
         };
         store.self_test().await?;
         Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(resp: &str) -> Value {
+        redis::parse_redis_value(resp.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_replicas_answers_and_a_cut_off_masters_are_told_apart() {
+        let read_only = reply("-READONLY You can't write against a read only replica.\r\n");
+        let master_down = reply(
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
+        );
+        let no_replicas = reply("-NOREPLICAS Not enough good replicas to write. script: 1f\r\n");
+        let other = reply("-ERR decide_fixed: bad limit\r\n");
+        assert_eq!(Refusal::of_value(&read_only), Some(Refusal::Replica));
+        assert_eq!(Refusal::of_value(&master_down), Some(Refusal::Replica));
+        assert_eq!(Refusal::of_value(&no_replicas), Some(Refusal::NoReplicas));
+        assert_eq!(Refusal::of_value(&other), None);
+        assert_eq!(Refusal::of_value(&Value::Int(1)), None);
+        // In a pipeline, a replica's answer wins: the node is not the master.
+        let mixed = [Value::Okay, no_replicas.clone(), master_down, no_replicas];
+        assert_eq!(Refusal::of_values(&mixed), Some(Refusal::Replica));
+        assert_eq!(Refusal::of_values(&mixed[..2]), Some(Refusal::NoReplicas));
+        assert_eq!(Refusal::of_values(&[Value::Okay, other]), None);
     }
 }

@@ -12,8 +12,9 @@
 //! installs the connection, numbered one more than the last. A lookup
 //! starts when a call finds no connection or a broken one
 //! ([`Sentinel::replace`]: such calls wait for it), or when a call on the
-//! master went unanswered ([`Sentinel::stalled`]: calls go on using the
-//! connection in use meanwhile).
+//! master went unanswered or was refused with `NOREPLICAS`
+//! ([`Sentinel::suspect`]: calls go on using the connection in use
+//! meanwhile).
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,8 @@ use super::{Master, Sentinel};
 /// the meantime fail at once with it, rather than start another lookup.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// The least time between the starts of two lookups for stalled calls.
+/// The least time between the starts of two lookups for suspect calls
+/// (stalled, or refused with `NOREPLICAS`).
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 
 /// The connection in use and the lookups' state.
@@ -42,7 +44,7 @@ pub(super) struct State {
     running: bool,
     /// The last lookup's error, if it failed.
     failed: Option<(Instant, RedisError)>,
-    /// When the last lookup for stalled calls started.
+    /// When the last lookup for suspect calls started.
     checked: Option<Instant>,
 }
 
@@ -122,14 +124,16 @@ impl Sentinel {
         }
     }
 
-    /// A call on the connection numbered `generation` was dropped before
-    /// its reply came, after waiting [`STALLED`](super::STALLED) or more:
-    /// the master may be frozen, and the sentinels may have promoted a
-    /// replica. Starts a lookup, unless one runs, that connection is no
-    /// longer in use, or the last such lookup started less than
-    /// [`CHECK_EVERY`] ago. Cheap, and never waits: it runs in the drop of
-    /// the call's future.
-    pub(super) fn stalled(&self, generation: u64) {
+    /// A call on the connection numbered `generation` says the master may
+    /// have been replaced while it stays reachable (`why`): the call was
+    /// dropped before its reply came, after waiting
+    /// [`STALLED`](super::STALLED) or more (the master may be frozen), or
+    /// the master refused it with `NOREPLICAS` (it may be cut off from its
+    /// replicas and sentinels). Starts a lookup, unless one runs, that
+    /// connection is no longer in use, or the last such lookup started less
+    /// than [`CHECK_EVERY`] ago. Cheap, and never waits: it runs in the
+    /// drop of the call's future, or as the refused call returns.
+    pub(super) fn suspect(&self, generation: u64, why: &'static str) {
         let Ok(runtime) = Handle::try_current() else {
             return;
         };
@@ -148,7 +152,7 @@ impl Sentinel {
             state.checked = Some(Instant::now());
             self.running(&mut state)
         };
-        tracing::debug!(master = %self.shared.name, "a call went unanswered: asking the sentinels whether the master changed");
+        tracing::debug!(master = %self.shared.name, "{why}: asking the sentinels whether the master changed");
         runtime.spawn(lookup.run());
     }
 

@@ -4,8 +4,10 @@
 //! The manager reconnects when its connection drops, but a node demoted to
 //! a replica while the connection stays open (a failover behind a DNS name
 //! or a virtual IP, as managed Redis services do it; a manual `REPLICAOF`)
-//! answers every write `READONLY` for as long as the connection lasts, and
-//! every check would fail with it. So a call answered `READONLY` asks Redis
+//! answers every write `READONLY` (`MASTERDOWN`, with
+//! `replica-serve-stale-data no`, while it has no link to its new master)
+//! for as long as the connection lasts, and every check would fail with it.
+//! So a call answered either way asks Redis
 //! to close the connection (`QUIT`, which any client may send, on the same
 //! manager, then a `PING` that fails on the closed connection), and the
 //! manager reconnects, to whatever node the address names by then. The
@@ -29,7 +31,8 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager},
 };
 
-/// A `ConnectionManager` that leaves a read-only node; clones share it.
+/// A `ConnectionManager` that leaves a node demoted to a replica; clones
+/// share it.
 #[derive(Clone)]
 pub(crate) struct Standalone {
     manager: ConnectionManager,
@@ -45,12 +48,12 @@ impl Standalone {
         }
     }
 
-    /// After a call's `result`: leaves the node if it answered `READONLY`.
+    /// After a call's `result`: leaves the node if it answered as a replica.
     async fn after<T>(&mut self, result: RedisResult<T>, read_only: bool) -> RedisResult<T> {
         if read_only && let Some(unlogged) = self.leaving.admit() {
             tracing::warn!(
                 unlogged,
-                "Redis answered READONLY: its node is a replica now; reconnecting"
+                "Redis answered READONLY or MASTERDOWN: its node is a replica now; reconnecting"
             );
             // Their replies do not matter. Redis answers QUIT, then closes
             // the connection; the manager reconnects once a command fails on
@@ -68,8 +71,8 @@ impl ConnectionLike for Standalone {
         Box::pin(async move {
             let result = self.manager.req_packed_command(cmd).await;
             let read_only = match &result {
-                Ok(value) => pool::replies_read_only(value),
-                Err(e) => pool::is_read_only(e),
+                Ok(value) => pool::replies_as_replica(value),
+                Err(e) => pool::is_replicas(e),
             };
             self.after(result, read_only).await
         })
@@ -84,8 +87,8 @@ impl ConnectionLike for Standalone {
         Box::pin(async move {
             let result = self.manager.req_packed_commands(cmd, offset, count).await;
             let read_only = match &result {
-                Ok(values) => values.iter().any(pool::replies_read_only),
-                Err(e) => pool::is_read_only(e),
+                Ok(values) => values.iter().any(pool::replies_as_replica),
+                Err(e) => pool::is_replicas(e),
             };
             self.after(result, read_only).await
         })
