@@ -14,7 +14,7 @@
 --     harmless; this is what makes releasing after an ambiguous (timed-out)
 --     acquire safe;
 --   * Redis deletes a ZSET when its last member goes, so nothing is left
---     without a TTL;
+--     without a TTL; a set left with leases lives as long as its last one;
 --   * the argument is validated before the first write.
 
 local token = ARGV[1]
@@ -34,6 +34,12 @@ redis.call('ZREM', key, token)
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- The set lives exactly as long as its last lease left (the one released
+-- may have been the last).
+local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIRE', key, math.max(1, tonumber(last[2]) - now))
+end
 if tonumber(score) > now then
   return 1
 end

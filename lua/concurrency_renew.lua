@@ -15,6 +15,8 @@
 --   * a lease found expired (but not yet dropped) counts as lost and is
 --     removed;
 --   * the key's TTL is refreshed to its last lease's expiry;
+--   * a Redis out of memory (noeviction) still renews: the update grows
+--     nothing (see below);
 --   * time is Redis's own (TIME); arguments are validated before the first
 --     write.
 
@@ -44,6 +46,13 @@ if tonumber(score) <= now then
   return 0
 end
 
+-- Under `maxmemory` with `noeviction`, Redis refuses a script's first write
+-- if that command may grow memory (ZADD may), but never a later one: so the
+-- key's TTL is set again first, as it is (PEXPIRE may not grow memory), and
+-- the score's update, which grows nothing, is let through. A full Redis would
+-- otherwise fail every renewal, and every lease held would be lost one lease
+-- time later.
+redis.call('PEXPIRE', key, math.max(1, redis.call('PTTL', key)))
 redis.call('ZADD', key, 'XX', now + lease, token)
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
 redis.call('PEXPIRE', key, math.max(1, tonumber(last[2]) - now))

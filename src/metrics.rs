@@ -9,7 +9,7 @@
 //! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too; this includes a shadow limit whose whole quota the cost exceeds, when the check is `CostExceedsLimit`) |
 //! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open; for a concurrency limiter, a failed or breaker-refused acquire and a failed renewal) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit; a concurrency limiter's acquires) |
-//! | `ratelimit_lease_lost_total` | counter | `limit` (a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)'s lease the store no longer held at a renewal, with no free slot to take back: its request runs beyond the limit until one frees) |
+//! | `ratelimit_lease_lost_total` | counter | `limit` (a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)'s lease the store no longer held at a renewal: it expired while renewals failed, or the store lost it; it is taken back at once, beyond the limit if newcomers filled the key meanwhile) |
 //! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full, or a new key's concurrency acquire refused because its lease table was; see `MemoryStore`) |
 
 #[cfg(feature = "metrics")]
@@ -124,7 +124,7 @@ pub(crate) fn leased(keys: &Keys, granted: bool) {
     let _ = (keys, granted);
 }
 
-/// Counts a concurrency lease lost with no slot to take back.
+/// Counts a concurrency lease found lost at a renewal.
 pub(crate) fn lease_lost(keys: &Keys) {
     #[cfg(feature = "metrics")]
     keys.count(names::LEASE_LOST);

@@ -441,19 +441,32 @@ async fn a_lease_redis_lost_is_taken_back_while_its_request_runs() {
     };
     assert_eq!(busy.in_flight(), 1);
 
-    // Lost again, and a newcomer takes the slot first: the holder takes the
-    // next slot that frees, before another newcomer can.
+    // Lost again, and a newcomer takes the slot first: the holder is taken
+    // back all the same, beyond the limit, since it runs, and the key admits
+    // no one until fewer than the limit run. Fails with a take-back that
+    // waited for a free slot: a second newcomer took the one the first
+    // freed, and the holder ran uncounted for as long as newcomers came.
     let _: () = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut server.conn().await)
         .await
         .unwrap();
     let newcomer = limiter.acquire("k").await.unwrap().lease().unwrap();
-    tokio::time::sleep(LEASE / 2).await; // a renewal finds it lost, no room
-    assert_eq!(server.lease_tokens(&key).await, [newcomer.token()]);
+    until_held_again(server, &key, held.token(), "a full key").await;
+    let mut tokens = server.lease_tokens(&key).await;
+    tokens.sort();
+    let mut both = [newcomer.token(), held.token()];
+    both.sort();
+    assert_eq!(tokens, both);
+    let Acquired::Busy(busy) = limiter.acquire("k").await.unwrap() else {
+        panic!("a second newcomer got in beside two running requests");
+    };
+    assert_eq!(busy.in_flight(), 2);
     assert!(newcomer.release().await.unwrap());
-    until_held_again(server, &key, held.token(), "the next slot to free").await;
-    assert!(!limiter.acquire("k").await.unwrap().is_acquired());
+    let Acquired::Busy(busy) = limiter.acquire("k").await.unwrap() else {
+        panic!("a newcomer got in while the holder taken back still runs");
+    };
+    assert_eq!(busy.in_flight(), 1);
     // Lost while held: another holder had its slot meanwhile (a lock's
     // holders overlapped), which the release says, though it was taken
     // back since. It said `true`.
@@ -585,4 +598,109 @@ async fn a_take_back_that_lands_after_the_release_is_released_too() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A take-back still on its way when the renewal's timeout passes, and the
+/// lease released after that: the slot it takes once it lands is released
+/// again. Fails with a take-back dropped at the timeout: the release found
+/// nothing to free, and the take-back then took a slot no one held, for
+/// its whole lease (a lock held by no one).
+#[tokio::test]
+async fn a_take_back_that_lands_after_its_timeout_and_the_release_is_released_too() {
+    let store = SlowTakeBack::default();
+    let (started, go) = (store.started.clone(), store.go.clone());
+    let applied = store.applied.clone();
+    let limiter = ConcurrencyLimiter::builder(1)
+        .store(store)
+        .lease(Duration::from_millis(1500))
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    started.notified().await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // past the timeout
+    assert!(!held.release().await.unwrap(), "it was lost");
+    go.notify_one();
+    applied.notified().await;
+    let asked = Instant::now();
+    // Well within the lease the take-back's slot would live (1.5 s).
+    while !limiter.acquire("k").await.unwrap().is_acquired() {
+        assert!(
+            asked.elapsed() < Duration::from_millis(500),
+            "the take-back kept the slot"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Redis out of memory under `noeviction` refuses a script's first write
+/// when it may grow memory: a renewal's score update grows nothing, and
+/// still lands. Fails with the update as the script's first write: every
+/// renewal failed with `OOM`, the lease expired a lease time later, and its
+/// take-back (a new member, which may grow memory) was refused too.
+#[tokio::test]
+async fn a_lease_is_renewed_while_redis_is_out_of_memory() {
+    let b = Backend::redis().await;
+    let server = b.server().unwrap();
+    let limiter = b.short_lease(1);
+    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
+    let key = held.store_key().to_owned();
+    let mut conn = server.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A new lease is refused: OOM, by the store-error policy.
+    assert!(limiter.acquire("other").await.is_err());
+    tokio::time::sleep(LEASE * 2).await;
+    let tokens = server.lease_tokens(&key).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        tokens,
+        [held.token()],
+        "the lease was lost\n{}",
+        server.log()
+    );
+    assert!(held.release().await.unwrap(), "it was never lost");
+    server.assert_every_key_has_ttl().await;
+}
+
+/// A set keeps the TTL of its last lease: releasing the lease that expires
+/// last shortens it to the next one's. Fails with release leaving the TTL
+/// as it was: the set outlived every lease in it.
+#[tokio::test]
+async fn releasing_the_last_lease_to_expire_shortens_the_sets_ttl() {
+    let b = Backend::redis().await;
+    let server = b.server().unwrap();
+    let limiter = b.short_lease(2);
+    let first = limiter.acquire("k").await.unwrap().lease().unwrap();
+    tokio::time::sleep(LEASE / 4).await; // the second expires 250 ms later
+    let second = limiter.acquire("k").await.unwrap().lease().unwrap();
+    let key = first.store_key().to_owned();
+    let mut conn = server.conn().await;
+    let score: f64 = redis::cmd("ZSCORE")
+        .arg(&key)
+        .arg(first.token())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(second.release().await.unwrap());
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    let pttl = server.pttl(&key).await;
+    assert!(
+        pttl > 0 && (pttl as f64) <= score - now_ms + 5.0,
+        "TTL {pttl} ms, the last lease left ends in {} ms",
+        score - now_ms
+    );
+    assert!(first.release().await.unwrap());
 }

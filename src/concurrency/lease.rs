@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::{runtime::Handle, sync::Notify, time::Instant};
 
 use super::{ConcurrencyLimiter, headers::Policy, limiter::Inner};
-use crate::{Error, headers::HeaderSink, metrics};
+use crate::{Error, headers::HeaderSink, metrics, store::LeaseState};
 
 /// What [`ConcurrencyLimiter::acquire`] got.
 #[derive(Debug)]
@@ -92,9 +92,10 @@ impl Busy {
 /// landing, loses the slot after one lease time; its late release then
 /// removes nothing, so it can never free a slot someone else holds by then.
 /// A lease found lost at a renewal while it is still held (its renewals
-/// failed for a lease time, or the store lost it) is taken back if the key
-/// has a free slot, and otherwise as soon as one frees: its request still
-/// runs, so it counts against the limit.
+/// failed for a lease time, or the store lost it) is taken back at once,
+/// beyond the limit if newcomers filled the key meanwhile: its request
+/// still runs, so it counts, and the key admits no one until fewer than the
+/// limit run.
 ///
 /// A lease leaked with [`std::mem::forget`] keeps renewing for as long as its
 /// runtime runs.
@@ -247,12 +248,14 @@ pub(super) async fn release_quietly(inner: &Inner, key: &str, token: &str) {
 ///
 /// A lease the store no longer holds (it expired before a renewal landed,
 /// or Redis lost it: a restart without persistence, a failover that lost
-/// writes, a flush) is taken back with an acquire of the same token while
-/// the key has a free slot: the request still runs, so it must count
-/// against the limit. Without one, the request runs beyond the limit, and
-/// the next ticks try again, so that it takes the next slot that frees
-/// rather than a newcomer. A take-back is never aborted halfway: if the
-/// lease was released meanwhile, the slot it took is released again.
+/// writes, a flush) is taken back at once with an acquire of the same
+/// token, whatever the limit ([`TAKE_BACK_LIMIT`]): its request still runs,
+/// so it counts, and a key that newcomers filled meanwhile holds more
+/// leases than its limit, and admits no one, until fewer than the limit
+/// run. A take-back is waited for until its outcome is known (at most one
+/// lease time, as an acquire given up: a lease outlives no longer), never
+/// dropped on its way: if the lease was released meanwhile, the slot it
+/// took is released again.
 async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: Arc<Renewal>) {
     let every = inner.lease / 3;
     let stopped = || renewal.stopped.load(Ordering::SeqCst);
@@ -267,44 +270,56 @@ async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: A
             return;
         }
         next = (next + every).max(Instant::now());
-        let held = if lost {
-            Ok(false)
-        } else {
-            renewed(&inner, &key, &token).await
-        };
-        let held = match held {
-            Ok(false) if stopped() => return,
-            Ok(false) => {
-                renewal.lost.store(true, Ordering::SeqCst);
-                let retaken = retaken(&inner, &key, &token).await;
-                if stopped() {
-                    // Its acquire may have run after the lease's release.
-                    release_quietly(&inner, &key, &token).await;
-                    return;
+        if !lost {
+            match renewed(&inner, &key, &token).await {
+                Ok(true) => continue,
+                Ok(false) if stopped() => return,
+                Ok(false) => {
+                    lost = true;
+                    renewal.lost.store(true, Ordering::SeqCst);
+                    metrics::lease_lost(&inner.metrics);
                 }
-                retaken
+                Err(e) => {
+                    metrics::store_error(std::iter::once(&inner.metrics));
+                    tracing::debug!(error = %e, %key, "concurrency lease renewal failed; retrying");
+                    continue;
+                }
             }
-            other => other,
-        };
-        match held {
-            Ok(true) if lost => {
+        }
+        let taken = taken_back(&inner, &key, &token).await;
+        if stopped() {
+            // Its acquire may have run after the lease's release.
+            release_quietly(&inner, &key, &token).await;
+            return;
+        }
+        match taken {
+            Ok(LeaseState {
+                acquired: true,
+                held,
+            }) => {
                 lost = false;
-                tracing::info!(%key, "concurrency lease taken back after it was lost");
+                let limit = inner.policy.limit();
+                if held > limit {
+                    tracing::warn!(%key, held, limit, "concurrency lease lost (it expired before a renewal landed, or the store lost it) and taken back beyond the limit, since its request still runs: no request is admitted until fewer than the limit run");
+                } else {
+                    tracing::info!(%key, "concurrency lease lost and taken back");
+                }
             }
-            Ok(true) => {}
-            Ok(false) if !lost => {
-                lost = true;
-                metrics::lease_lost(&inner.metrics);
-                tracing::warn!(%key, "concurrency lease lost (it expired before a renewal landed, or the store lost it) and no slot is free: the request runs beyond the limit until one frees, which it then takes");
+            Ok(_) => {
+                tracing::warn!(%key, "concurrency lease lost and the store refused to take it back (a full in-memory lease table): the request runs uncounted; retried at the next renewal");
             }
-            Ok(false) => {}
             Err(e) => {
                 metrics::store_error(std::iter::once(&inner.metrics));
-                tracing::debug!(error = %e, %key, "concurrency lease renewal failed; retrying");
+                tracing::debug!(error = %e, %key, "concurrency lease take-back failed; retrying");
             }
         }
     }
 }
+
+/// The limit a take-back acquires under: the largest a store takes, so
+/// that the store grants it whatever the key holds (but for an in-memory
+/// store whose lease table is full).
+const TAKE_BACK_LIMIT: u64 = 1 << 53;
 
 /// One renewal within the timeout: whether the store still held the lease.
 async fn renewed(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
@@ -315,15 +330,18 @@ async fn renewed(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
     }
 }
 
-/// An acquire of a lost lease's own token within the timeout: whether it
-/// holds a slot again (a retried acquire of a live token only renews it,
-/// so it never takes two).
-async fn retaken(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
-    let limit = inner.policy.limit();
-    let acquire = inner.store.acquire(key, token, limit, inner.lease_ms());
-    match tokio::time::timeout(inner.timeout, acquire).await {
-        Ok(result) => result.map(|state| state.acquired),
-        Err(_) => Err(Error::Timeout(inner.timeout)),
+/// An acquire of a lost lease's own token, whatever the limit
+/// ([`TAKE_BACK_LIMIT`]; a retried acquire of a live token only renews it,
+/// so it never takes two), waited for until its outcome is known, but at
+/// most one lease time: one dropped on its way could take its slot after
+/// the lease's release, for a lease time that no one holds it.
+async fn taken_back(inner: &Inner, key: &str, token: &str) -> Result<LeaseState, Error> {
+    let acquire = inner
+        .store
+        .acquire(key, token, TAKE_BACK_LIMIT, inner.lease_ms());
+    match tokio::time::timeout(inner.lease, acquire).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout(inner.lease)),
     }
 }
 
