@@ -97,6 +97,15 @@ pub enum Refund {
     /// service alone gives.
     ServerErrors,
     /// 4xx responses.
+    ///
+    /// Any client can have a 4xx at will: a 404 for a path that does not
+    /// exist, a 405 for a method a route does not take, a 400 for a body
+    /// it cannot parse. Each such request is refunded, at the cost of a
+    /// second store call, so a client that sends only such requests is
+    /// never limited by this limit. It suits a limit on work done (count
+    /// only the requests served), not one against floods; for those,
+    /// refund only [`Refund::when`] the status is one your handlers alone
+    /// give.
     ClientErrors,
     /// 2xx responses: count only failures, such as failed logins.
     Successes,

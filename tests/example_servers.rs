@@ -451,6 +451,18 @@ fn bad_values_stop_the_server_naming_the_variable() {
             ("TRUSTED_PROXIES", "10.0.0.0/8"),
             ("RATE_LIMIT_SKIP", "10.1.0.0/16"),
         ][..],
+        // So does one written as IPv4-mapped IPv6, which the crate reads as
+        // the IPv4 address it maps, either way round.
+        &[
+            ("RATE_LIMIT_KEY", "client-ip"),
+            ("TRUSTED_PROXIES", "10.0.0.0/8"),
+            ("RATE_LIMIT_SKIP", "::ffff:10.0.0.7"),
+        ][..],
+        &[
+            ("RATE_LIMIT_KEY", "client-ip"),
+            ("TRUSTED_PROXIES", "::ffff:10.0.0.0/104"),
+            ("RATE_LIMIT_SKIP", "10.1.0.0/16"),
+        ][..],
     ] {
         let var = vars.last().unwrap().0;
         for name in EXAMPLES {

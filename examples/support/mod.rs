@@ -39,11 +39,7 @@
 //! A bad value stops the server with a message naming the variable (exit
 //! status 2); a Redis that cannot be reached at startup exits with status 1.
 
-use std::{
-    env, fmt,
-    net::{IpAddr, SocketAddr},
-    process::ExitCode,
-};
+use std::{env, fmt, net::SocketAddr, process::ExitCode};
 
 use ipnet::IpNet;
 
@@ -52,6 +48,7 @@ use redis::IntoConnectionInfo;
 use redis_ratelimit::{
     MemoryStore, OnStoreError,
     key::{self, Key, KeyError, KeyExtractor, RequestInfo},
+    skip,
 };
 use tokio::net::TcpListener;
 
@@ -608,18 +605,18 @@ fn skip_apart_from_proxies() -> Result<(), Error> {
         return Ok(());
     };
     // Both lists were read already: entries that are neither an address nor
-    // a range were refused there.
-    let nets = |list: &str| -> Vec<IpNet> {
-        list.split([',', ' ', '\t', '\n'])
-            .filter_map(|e| {
-                e.parse::<IpNet>()
-                    .ok()
-                    .or_else(|| e.parse::<IpAddr>().ok().map(IpNet::from))
-            })
-            .collect()
+    // a range were refused there. Read again as the crate reads them: an
+    // IPv4-mapped range (`::ffff:10.0.0.0/104`) is the IPv4 one it maps, so
+    // it overlaps an IPv4 range as it does there.
+    let nets = |name: &'static str, list: &str| -> Result<Vec<IpNet>, Error> {
+        match skip::Networks::new(key::PeerIp, list) {
+            Ok(networks) => Ok(networks.nets().to_vec()),
+            Err(e) => Err(Error::config(name, list, e)),
+        }
     };
-    for proxy in nets(&proxies) {
-        for skipped in nets(&skip) {
+    let skip = nets("RATE_LIMIT_SKIP", &skip)?;
+    for proxy in nets("TRUSTED_PROXIES", &proxies)? {
+        for skipped in &skip {
             if proxy.contains(&skipped.network()) || skipped.contains(&proxy.network()) {
                 return Err(Error::usage(format!(
                     "RATE_LIMIT_SKIP ({skipped}) overlaps TRUSTED_PROXIES ({proxy}): a request \
