@@ -310,14 +310,22 @@ for _ = 1, requests do
   end
   reply[at + 1] = all and 1 or 0
   at = at + 1
-  for i = 1, n do
+  -- Settled last limit first: a key listed twice (which Store::decide's
+  -- callers may send) was spent twice in order, so its spends are undone
+  -- in reverse, and the first spend's undo, which deletes a counter it
+  -- created, comes last. In order, that delete came first and the second
+  -- undo's DECRBY made a counter of -cost with no TTL.
+  for i = n, 1, -1 do
     local st = states[i]
-    local spends = all and st.allowed and not peek
-    if spends then
+    if all and st.allowed and not peek then
       modules[algos[i]].commit(st, cost)
     else
       modules[algos[i]].undo(st, cost)
     end
+  end
+  for i = 1, n do
+    local st = states[i]
+    local spends = all and st.allowed and not peek
     local remaining, reset = st.remaining, st.reset_us or st.reset
     if spends then
       remaining, reset = st.remaining_after, st.reset_after_us or st.reset_after

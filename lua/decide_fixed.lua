@@ -239,17 +239,22 @@ for _ = 1, runs do
       end
       reply[at + 1] = all and 1 or 0
       at = at + 1
+      -- Settled last limit first, as decide.lua does (a key listed twice
+      -- is undone in the reverse of its spends).
+      if cost > 0 then
+        for i = n, 1, -1 do
+          local p = parsed[ARGV[first_policy + i - 1]]
+          local keep = all and before[i] + cost <= limit[p]
+          fw.settle(key_of[key + i], keep, before[i], fresh[i], cost_s, window_s[p])
+        end
+      end
       for i = 1, n do
         local p = parsed[ARGV[first_policy + i - 1]]
         local spent, ttl = before[i], ttls[i]
         local allowed = spent + cost <= limit[p]
         local left = limit[p] - spent
-        local keep = all and allowed
-        if keep then
+        if all and allowed then
           left = left - cost
-        end
-        if cost > 0 then
-          fw.settle(key_of[key + i], keep, spent, fresh[i], cost_s, window_s[p])
         end
         if left < 0 then
           left = 0 -- a lowered limit can be passed

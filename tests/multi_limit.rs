@@ -273,3 +273,41 @@ fn new_refuses_an_extractor_that_fits_no_limit() {
         .unwrap();
     let _ = RateLimitLayer::new(limiter, key::each((Header::new("x-api-key"), Global)));
 }
+
+/// `Store::decide` is public and takes any checks: one listing the same
+/// fixed-window key twice, denied by the second (its spend passes the
+/// limit), leaves the key as it was, with no counter left behind. Fails
+/// with the spends undone in order: the first undo deleted the counter it
+/// had created, the second's `DECRBY` made one of -1 with no TTL, on the
+/// fast path (fixed windows only) and on the general script (a sliding
+/// window beside them) alike.
+#[tokio::test]
+async fn a_key_listed_twice_in_one_decision_leaves_no_counter_without_ttl() {
+    use redis_ratelimit::{Store, store::LimitCheck};
+    let server = support::RedisServer::start();
+    let store = server.store().await;
+    let check = |key: &str, quota: Quota| LimitCheck {
+        key: key.into(),
+        quota,
+        shadow: false,
+    };
+    let fixed = Quota::per_hour(1);
+    let sliding = Quota::per_hour(5).sliding_window();
+    let cases = [
+        vec![check("fast", fixed), check("fast", fixed)],
+        vec![
+            check("general", fixed),
+            check("sliding", sliding),
+            check("general", fixed),
+        ],
+    ];
+    for checks in cases {
+        let key = checks[0].key.clone();
+        let states = store.decide(checks, 1).await.unwrap();
+        assert!(states[0].allowed && !states.last().unwrap().allowed);
+        let mut conn = server.conn().await;
+        let left: Option<i64> = conn.get(&key).await.unwrap();
+        assert_eq!(left, None, "{key}: a counter left behind\n{}", server.log());
+    }
+    server.assert_every_key_has_ttl().await;
+}

@@ -81,8 +81,8 @@ pub struct Refund {
     /// tells the spent window from a later one within half a window.
     pub window_end_in_ms: i64,
     /// For a GCRA spend a Redis store decided: when the spend ends (the
-    /// theoretical arrival time it left) on Redis's own clock (`TIME`, in
-    /// µs), never after it. A refund is then bounded by what is still
+    /// theoretical arrival time it left) on Redis's own clock (`TIME`), in
+    /// µs rounded up. A refund is then bounded by what is still
     /// outstanding on the store's clock, whatever the round trips took;
     /// `window_end_in_ms`, measured by the caller, can only be later by
     /// them. `None` otherwise.
@@ -148,6 +148,12 @@ impl Reservation {
 pub trait Store: fmt::Debug + Send + Sync + 'static {
     /// Decides `cost` against every limit in `checks` at once; the reply has
     /// one state per check, in order.
+    ///
+    /// The keys of one call should differ (a [`Limiter`](crate::Limiter)'s
+    /// always do). A key listed twice leaves no counter behind that it
+    /// should not, but its states say little: a fixed window's second
+    /// check counts the first one's spend, and a sliding window or GCRA
+    /// spends once for both.
     fn decide(
         &self,
         checks: Vec<LimitCheck>,
