@@ -15,8 +15,8 @@
 --                   measured it (may be negative): the fixed window's end,
 --                   the sliding window's (the bucket the cost went to), or
 --                   the TAT the GCRA spend left
---   spend_ends_at   GCRA: that TAT on Redis's clock (TIME, in µs), never
---                   after it, as decide.lua's reply gives it; 0 when the
+--   spend_ends_at   GCRA: that TAT on Redis's clock (TIME), in µs rounded
+--                   up, as decide.lua's reply gives it; 0 when the
 --                   caller does not know it (another algorithm, or a store
 --                   call that did not report Redis's clock)
 --          then the call's id (once.lua)
@@ -178,7 +178,11 @@ local function cell(r)
   local back = r.cost * s.step
   local outstanding = s.cap
   if left <= s.cap_us then
-    outstanding = left * s.per_us
+    -- The spend's end is its TAT rounded up to the whole µs: more than
+    -- left - 1 µs of it is outstanding, and perhaps not all of left.
+    -- Crediting left whole gave back up to per_us - 1 units too many
+    -- (under 1 µs), moving every spend behind it that much earlier.
+    outstanding = (left - 1) * s.per_us + 1
   end
   back = math.min(back, outstanding)
   if d > s.cap_us or d * s.per_us + b > s.cap then

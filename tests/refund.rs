@@ -480,3 +480,47 @@ async fn a_shadow_denials_refund_asks_the_store_nothing() {
         Err(Error::Unsupported("refund"))
     ));
 }
+
+/// A GCRA spend's end comes rounded up to the whole µs (decide.lua's
+/// reply), so a refund credits what is outstanding of it no further than
+/// that allows: with a unit of 1/3 µs and a spend that ends 1/3 µs into
+/// its last µs, one more spend queued behind it stays exactly where it was
+/// less what is outstanding, a whole number of µs ahead (`…:0`). Fails with
+/// the rounded end credited whole: 2/3 µs more came back, and the spend
+/// behind it moved to `…:1`, earlier than exact.
+#[tokio::test]
+async fn a_gcra_refund_credits_no_more_than_the_rounded_spend_end_allows() {
+    let server = support::RedisServer::start();
+    let mut conn = server.conn().await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    // 3 a 1 ms (a unit is 1/3 µs), a burst of 1000. The spend refunded ends
+    // 1/3 µs into its last µs, reported as `end`; one more spend of 1000
+    // µs is queued behind it.
+    let end = secs * 1_000_000 + micros + 100_000;
+    let stored = format!("{}:1", end - 1 + 1000);
+    let _: () = redis::cmd("SET")
+        .arg("k")
+        .arg(&stored)
+        .arg("PX")
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let end = end.to_string();
+    // More units back than are outstanding: what is outstanding bounds it.
+    let argv = ["3", "3", "1", "1000", "1000", "100", end.as_str(), "ab-2"];
+    let credited: i64 = redis::Script::new(redis_ratelimit::store::REFUND_LUA)
+        .key("k")
+        .key("k:rf:ab-2")
+        .arg(&argv[..])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(credited, 1);
+    let after: String = conn.get("k").await.unwrap();
+    assert!(
+        after.ends_with(":0"),
+        "the spend behind moved by a fraction of a µs: {stored} -> {after}"
+    );
+    server.assert_every_key_has_ttl().await;
+}
