@@ -122,10 +122,10 @@ async fn the_store_leaves_a_master_cut_off_from_its_replicas_that_refuses_writes
     let store = RedisStore::from_sentinel(client)
         .await
         .unwrap_or_else(|e| panic!("RedisStore::from_sentinel: {e}\n{}", deployment.log()));
-    // Answers come at once: no call waits long enough to count as stalled,
-    // so only the refusals can have the store look for another master.
+    // A timeout below the 50 ms after which a call dropped unanswered has
+    // the store look for another master: only the refusals can.
     let limiter = every_check("100/1h".parse().unwrap(), store)
-        .timeout(SHORT)
+        .timeout(Duration::from_millis(40))
         .build()
         .unwrap();
     spend_ten_and_replicate(&limiter, &deployment).await;
@@ -150,6 +150,72 @@ async fn the_store_leaves_a_master_cut_off_from_its_replicas_that_refuses_writes
         deployment.log()
     );
     deployment.master.kill();
+}
+
+/// A master only short of replicas (its replica frozen, the sentinels
+/// naming it still) refuses every write with `NOREPLICAS` for as long as
+/// that lasts. The store asks the sentinels whether the master changed,
+/// but less and less often while they name the same one. Each lookup
+/// checks the master's `ROLE` (about twice here, on new connections): 7
+/// `ROLE`s in the 6 s watched; fails with a lookup every 500 ms, 28.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_for_a_master_only_short_of_replicas_back_off() {
+    let deployment = Sentinels::start_needing_a_replica().await;
+    let store = RedisStore::sentinel(deployment.urls(), MASTER)
+        .await
+        .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()));
+    let limiter = every_check("100/1h".parse().unwrap(), store)
+        .timeout(Duration::from_millis(40))
+        .build()
+        .unwrap();
+    assert!(limiter.check("user:1", 1).await.unwrap().is_allowed());
+    deployment.replica.freeze(true);
+    let refused = |e: &Error| e.to_string().contains("NOREPLICAS");
+    let since = Instant::now();
+    loop {
+        match limiter.check("user:1", 1).await {
+            Err(e) if refused(&e) => break,
+            _ => {}
+        }
+        assert!(
+            since.elapsed() < RECOVERY,
+            "the master never refused a write\n{}",
+            deployment.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let port = deployment.master.port();
+    let _: () = query(port, redis::cmd("CONFIG").arg("RESETSTAT"))
+        .await
+        .unwrap();
+    let watched = Instant::now();
+    let mut failures = 0;
+    while watched.elapsed() < Duration::from_secs(6) {
+        if let Err(e) = limiter.check("user:1", 1).await {
+            assert!(refused(&e), "{e}\n{}", deployment.log());
+            failures += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats: String = query(port, redis::cmd("INFO").arg("commandstats"))
+        .await
+        .unwrap();
+    let roles = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_role:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse::<u64>().unwrap());
+    println!("{roles} ROLE calls in 6 s of {failures} refused checks");
+    assert!(
+        failures > 50,
+        "{failures} refused checks\n{}",
+        deployment.log()
+    );
+    assert!(
+        (1..=14).contains(&roles),
+        "{roles} ROLE calls on the master in 6 s\n{}",
+        deployment.log()
+    );
 }
 
 /// A limiter of 100 an hour on the deployment's master whose every check

@@ -31,7 +31,9 @@
 //!   replica but cannot demote it), refusing every call. The call fails,
 //!   and a lookup starts as for a call gone unanswered (once per 500 ms at
 //!   most, calls going on meanwhile), so the store moves to the master the
-//!   sentinels promoted, if they did.
+//!   sentinels promoted, if they did. While lookups keep finding the same
+//!   master (one only short of replicas, a replica down for maintenance),
+//!   the least time between them doubles, up to 4 s.
 //!
 //! All the repair is in [`Sentinel::send`]; the lookups are in
 //! `sentinel_lookup.rs`. A lookup runs in a task of its own, one at a time,
@@ -80,7 +82,7 @@ use redis::{
 };
 use tokio::sync::watch;
 
-use self::lookup::State;
+use self::lookup::{State, Suspicion};
 use super::super::pool;
 use super::{Backend, Batcher, RedisStore, self_test};
 use crate::Error;
@@ -178,10 +180,7 @@ impl Sentinel {
         match refused {
             None => return result,
             Some(Refusal::NoReplicas) => {
-                self.suspect(
-                    generation,
-                    "the master cannot reach its replicas (NOREPLICAS)",
-                );
+                self.suspect(generation, Suspicion::NoReplicas);
                 return result;
             }
             Some(Refusal::Replica) => {}
@@ -234,8 +233,7 @@ impl Awaiting<'_> {
 impl Drop for Awaiting<'_> {
     fn drop(&mut self) {
         if self.since.elapsed() >= STALLED {
-            self.sentinel
-                .suspect(self.generation, "a call went unanswered");
+            self.sentinel.suspect(self.generation, Suspicion::Stalled);
         }
     }
 }
@@ -261,7 +259,8 @@ enum Refusal {
     /// it while they cannot reach it, so it would refuse every call for as
     /// long as the partition lasts. The call fails (its limiter's
     /// [`OnStoreError`](crate::OnStoreError) policy), and the sentinels are
-    /// asked whether they name another master now, at most once per 500 ms
+    /// asked whether they name another master now, at most once per 500 ms,
+    /// less often (up to every 4 s) while they keep naming this one
     /// ([`Sentinel::suspect`]); calls go on using the connection in use
     /// meanwhile.
     NoReplicas,

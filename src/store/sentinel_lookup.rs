@@ -34,6 +34,24 @@ const RETRY: Duration = Duration::from_millis(100);
 /// (stalled, or refused with `NOREPLICAS`).
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 
+/// The most that [`CHECK_EVERY`] grows to for calls refused with
+/// `NOREPLICAS`, doubling each time a lookup for them finds the master in
+/// use: a master that is only short of replicas (one down for maintenance)
+/// refuses writes for as long as that lasts, and a lookup every 500 ms
+/// from every instance of a service (each a connection to the master, for
+/// its `ROLE`) would be a steady load for nothing.
+const REFUSED_CHECK_MAX: Duration = Duration::from_secs(4);
+
+/// Why a call has the sentinels asked whether the master changed
+/// ([`Sentinel::suspect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Suspicion {
+    /// Dropped unanswered after waiting [`STALLED`](super::STALLED).
+    Stalled,
+    /// Refused with `NOREPLICAS`.
+    NoReplicas,
+}
+
 /// The connection in use and the lookups' state.
 #[derive(Default)]
 pub(super) struct State {
@@ -46,6 +64,9 @@ pub(super) struct State {
     failed: Option<(Instant, RedisError)>,
     /// When the last lookup for suspect calls started.
     checked: Option<Instant>,
+    /// The least time from it to a lookup for a call refused with
+    /// `NOREPLICAS` (zero: [`CHECK_EVERY`]; see [`REFUSED_CHECK_MAX`]).
+    refused_gap: Duration,
 }
 
 /// The connection in use.
@@ -101,7 +122,7 @@ impl Sentinel {
                             "no Tokio runtime to ask the sentinels on",
                         ))
                     })?;
-                    start = Some((self.running(&mut state), runtime));
+                    start = Some((self.running(&mut state, None), runtime));
                 }
                 // Taken while the lookup runs: it cannot end unseen.
                 self.shared.ended.subscribe()
@@ -125,15 +146,16 @@ impl Sentinel {
     }
 
     /// A call on the connection numbered `generation` says the master may
-    /// have been replaced while it stays reachable (`why`): the call was
-    /// dropped before its reply came, after waiting
-    /// [`STALLED`](super::STALLED) or more (the master may be frozen), or
-    /// the master refused it with `NOREPLICAS` (it may be cut off from its
-    /// replicas and sentinels). Starts a lookup, unless one runs, that
-    /// connection is no longer in use, or the last such lookup started less
-    /// than [`CHECK_EVERY`] ago. Cheap, and never waits: it runs in the
-    /// drop of the call's future, or as the refused call returns.
-    pub(super) fn suspect(&self, generation: u64, why: &'static str) {
+    /// have been replaced while it stays reachable: the call was dropped
+    /// before its reply came, after waiting [`STALLED`](super::STALLED) or
+    /// more (the master may be frozen), or the master refused it with
+    /// `NOREPLICAS` (it may be cut off from its replicas and sentinels).
+    /// Starts a lookup, unless one runs, that connection is no longer in
+    /// use, or the last such lookup started less than [`CHECK_EVERY`] ago
+    /// (for `NOREPLICAS`, up to [`REFUSED_CHECK_MAX`] ago, once lookups
+    /// for it found the same master). Cheap, and never waits: it runs in
+    /// the drop of the call's future, or as the refused call returns.
+    pub(super) fn suspect(&self, generation: u64, suspicion: Suspicion) {
         let Ok(runtime) = Handle::try_current() else {
             return;
         };
@@ -143,26 +165,33 @@ impl Sentinel {
                 .current
                 .as_ref()
                 .is_some_and(|current| current.master.generation == generation);
-            if !in_use
-                || state.running
-                || state.checked.is_some_and(|at| at.elapsed() < CHECK_EVERY)
-            {
+            let gap = match suspicion {
+                Suspicion::Stalled => CHECK_EVERY,
+                Suspicion::NoReplicas => state.refused_gap.max(CHECK_EVERY),
+            };
+            if !in_use || state.running || state.checked.is_some_and(|at| at.elapsed() < gap) {
                 return;
             }
             state.checked = Some(Instant::now());
-            self.running(&mut state)
+            self.running(&mut state, Some(suspicion))
+        };
+        let why = match suspicion {
+            Suspicion::Stalled => "a call went unanswered",
+            Suspicion::NoReplicas => "the master cannot reach its replicas (NOREPLICAS)",
         };
         tracing::debug!(master = %self.shared.name, "{why}: asking the sentinels whether the master changed");
         runtime.spawn(lookup.run());
     }
 
-    /// Marks a lookup as running (`state` says none does): the caller
-    /// spawns it once it no longer holds the state.
-    fn running(&self, state: &mut State) -> Running {
+    /// Marks a lookup as running (`state` says none does), for a suspect
+    /// call if `suspicion` says why: the caller spawns it once it no longer
+    /// holds the state.
+    fn running(&self, state: &mut State, suspicion: Option<Suspicion>) -> Running {
         state.running = true;
         Running {
             sentinel: self.clone(),
             outcome: None,
+            refused: suspicion == Some(Suspicion::NoReplicas),
         }
     }
 
@@ -200,6 +229,8 @@ impl Sentinel {
 struct Running {
     sentinel: Sentinel,
     outcome: Option<RedisResult<Found>>,
+    /// It was started for a call refused with `NOREPLICAS`.
+    refused: bool,
 }
 
 impl Running {
@@ -216,7 +247,13 @@ impl Drop for Running {
             let mut state = sentinel.state();
             state.running = false;
             match self.outcome.take() {
-                Some(Ok(Found::Same)) => state.failed = None,
+                Some(Ok(Found::Same)) => {
+                    state.failed = None;
+                    if self.refused {
+                        let gap = state.refused_gap.max(CHECK_EVERY) * 2;
+                        state.refused_gap = gap.min(REFUSED_CHECK_MAX);
+                    }
+                }
                 Some(Ok(Found::New(conn, addr))) => {
                     if state.current.is_some() {
                         tracing::warn!(master = %name, %addr, "the sentinels name another master: moving to it");
@@ -225,6 +262,7 @@ impl Drop for Running {
                     }
                     state.generation += 1;
                     state.failed = None;
+                    state.refused_gap = CHECK_EVERY;
                     let master = Master {
                         conn,
                         generation: state.generation,

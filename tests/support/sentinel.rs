@@ -108,6 +108,20 @@ impl Sentinels {
         Self::start_with(&master.concat(), &replica.concat(), &auth).await
     }
 
+    /// Like [`start`](Self::start), with a master that refuses writes with
+    /// `NOREPLICAS` once its replica has not acknowledged for over a second
+    /// (`min-replicas-to-write 1`, `min-replicas-max-lag 1`): freezing the
+    /// replica makes it so, and the sentinels go on naming the master.
+    pub async fn start_needing_a_replica() -> Self {
+        let master = [
+            "--min-replicas-to-write",
+            "1",
+            "--min-replicas-max-lag",
+            "1",
+        ];
+        Self::start_with(&master.map(String::from), &[], "").await
+    }
+
     /// Cuts the master off from its replica and its sentinels: the users
     /// they log in as ([`PEER`], and `default`, which a login refused
     /// falls back to) are switched off and their connections closed. The
