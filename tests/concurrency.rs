@@ -446,11 +446,7 @@ async fn a_lease_redis_lost_is_taken_back_while_its_request_runs() {
     // no one until fewer than the limit run. Fails with a take-back that
     // waited for a free slot: a second newcomer took the one the first
     // freed, and the holder ran uncounted for as long as newcomers came.
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut server.conn().await)
-        .await
-        .unwrap();
+    support::lease::lose_leases_after_a_renewal(server, &key).await;
     let newcomer = limiter.acquire("k").await.unwrap().lease().unwrap();
     until_held_again(server, &key, held.token(), "a full key").await;
     let mut tokens = server.lease_tokens(&key).await;
@@ -681,9 +677,14 @@ async fn a_lease_is_renewed_while_redis_is_out_of_memory() {
 async fn releasing_the_last_lease_to_expire_shortens_the_sets_ttl() {
     let b = Backend::redis().await;
     let server = b.server().unwrap();
-    let limiter = b.short_lease(2);
+    // A long lease: no renewal moves a score while the test reads them.
+    let limiter = b
+        .concurrency(2)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
     let first = limiter.acquire("k").await.unwrap().lease().unwrap();
-    tokio::time::sleep(LEASE / 4).await; // the second expires 250 ms later
+    tokio::time::sleep(Duration::from_millis(250)).await; // the second ends 250 ms later
     let second = limiter.acquire("k").await.unwrap().lease().unwrap();
     let key = first.store_key().to_owned();
     let mut conn = server.conn().await;

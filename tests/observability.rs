@@ -565,11 +565,7 @@ async fn the_concurrency_limiter_counts_leases_refusals_losses_and_store_errors(
     let held = limiter.acquire("k").await.unwrap().lease().unwrap();
     assert!(!limiter.acquire("k").await.unwrap().is_acquired());
     // Redis loses the lease and a newcomer takes the slot.
-    let _: () = redis::cmd("DEL")
-        .arg(held.store_key())
-        .query_async(&mut server.conn().await)
-        .await
-        .unwrap();
+    support::lease::lose_leases_after_a_renewal(&server, held.store_key()).await;
     let newcomer = limiter.acquire("k").await.unwrap().lease().unwrap();
     let asked = std::time::Instant::now();
     while captured.warning_lines().is_empty() {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::{runtime::Handle, sync::Notify, time::Instant};
 
 use super::{ConcurrencyLimiter, headers::Policy, limiter::Inner};
-use crate::{Error, headers::HeaderSink, metrics, store::LeaseState};
+use crate::{Error, headers::HeaderSink, metrics, quota::MAX_LIMIT, store::LeaseState};
 
 /// What [`ConcurrencyLimiter::acquire`] got.
 #[derive(Debug)]
@@ -249,19 +249,21 @@ pub(super) async fn release_quietly(inner: &Inner, key: &str, token: &str) {
 /// A lease the store no longer holds (it expired before a renewal landed,
 /// or Redis lost it: a restart without persistence, a failover that lost
 /// writes, a flush) is taken back at once with an acquire of the same
-/// token, whatever the limit ([`TAKE_BACK_LIMIT`]): its request still runs,
+/// token, whatever the limit ([`MAX_LIMIT`]): its request still runs,
 /// so it counts, and a key that newcomers filled meanwhile holds more
 /// leases than its limit, and admits no one, until fewer than the limit
-/// run. A take-back is waited for until its outcome is known (at most one
-/// lease time, as an acquire given up: a lease outlives no longer), never
-/// dropped on its way: if the lease was released meanwhile, the slot it
-/// took is released again.
+/// run. A take-back is waited for until its outcome is known, but at most
+/// one lease time (as an acquire given up is): if the lease was released
+/// meanwhile, the slot it took is released again. One that lands later
+/// still, after the release, holds its slot for at most its own lease.
 async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: Arc<Renewal>) {
     let every = inner.lease / 3;
     let stopped = || renewal.stopped.load(Ordering::SeqCst);
     let mut next = Instant::now() + every;
     // Lost, and not taken back yet.
     let mut lost = false;
+    // A refused take-back was warned of, since the lease was lost.
+    let mut warned = false;
     loop {
         // The next tick, or a stop (a permit left by one before this wait
         // ends it at once).
@@ -297,7 +299,7 @@ async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: A
                 acquired: true,
                 held,
             }) => {
-                lost = false;
+                (lost, warned) = (false, false);
                 let limit = inner.policy.limit();
                 if held > limit {
                     tracing::warn!(%key, held, limit, "concurrency lease lost (it expired before a renewal landed, or the store lost it) and taken back beyond the limit, since its request still runs: no request is admitted until fewer than the limit run");
@@ -305,9 +307,11 @@ async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: A
                     tracing::info!(%key, "concurrency lease lost and taken back");
                 }
             }
-            Ok(_) => {
-                tracing::warn!(%key, "concurrency lease lost and the store refused to take it back (a full in-memory lease table): the request runs uncounted; retried at the next renewal");
+            Ok(_) if !warned => {
+                warned = true;
+                tracing::warn!(%key, "concurrency lease lost and the store refused to take it back (an in-memory store's full lease table, say): the request runs uncounted; retried at every renewal");
             }
+            Ok(_) => {}
             Err(e) => {
                 metrics::store_error(std::iter::once(&inner.metrics));
                 tracing::debug!(error = %e, %key, "concurrency lease take-back failed; retrying");
@@ -315,11 +319,6 @@ async fn renew((inner, key, token): (Arc<Inner>, Arc<str>, Arc<str>), renewal: A
         }
     }
 }
-
-/// The limit a take-back acquires under: the largest a store takes, so
-/// that the store grants it whatever the key holds (but for an in-memory
-/// store whose lease table is full).
-const TAKE_BACK_LIMIT: u64 = 1 << 53;
 
 /// One renewal within the timeout: whether the store still held the lease.
 async fn renewed(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
@@ -330,15 +329,15 @@ async fn renewed(inner: &Inner, key: &str, token: &str) -> Result<bool, Error> {
     }
 }
 
-/// An acquire of a lost lease's own token, whatever the limit
-/// ([`TAKE_BACK_LIMIT`]; a retried acquire of a live token only renews it,
-/// so it never takes two), waited for until its outcome is known, but at
-/// most one lease time: one dropped on its way could take its slot after
-/// the lease's release, for a lease time that no one holds it.
+/// An acquire of a lost lease's own token under the largest limit a
+/// limiter takes ([`MAX_LIMIT`], which no key's leases reach), so that the
+/// store grants it whatever the key holds (a retried acquire of a live
+/// token only renews it, so it never takes two). Waited for until its
+/// outcome is known, but at most one lease time: one dropped at the
+/// timeout could take its slot after the lease's release, for a lease time
+/// that no one holds it.
 async fn taken_back(inner: &Inner, key: &str, token: &str) -> Result<LeaseState, Error> {
-    let acquire = inner
-        .store
-        .acquire(key, token, TAKE_BACK_LIMIT, inner.lease_ms());
+    let acquire = inner.store.acquire(key, token, MAX_LIMIT, inner.lease_ms());
     match tokio::time::timeout(inner.lease, acquire).await {
         Ok(result) => result,
         Err(_) => Err(Error::Timeout(inner.lease)),

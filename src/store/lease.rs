@@ -26,6 +26,10 @@ pub struct LeaseState {
 /// * treat `acquire` with a token that already holds a lease as a renewal
 ///   (a lease found lost at a renewal is acquired again with its own token,
 ///   which must never take a second slot);
+/// * take any `limit` from 1 to [`MAX_LIMIT`](crate::quota::MAX_LIMIT): a
+///   lease found lost is taken back under that largest limit, whatever the
+///   limiter's own, since its request still runs, so a key can hold more
+///   leases than a limiter's limit (`held` then says so);
 /// * only ever touch the caller's own token in `renew` and `release`, and
 ///   never create a lease in `renew`;
 /// * give every key an expiry no later than its last lease's.

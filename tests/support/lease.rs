@@ -150,6 +150,33 @@ pub async fn unrenewed(limiter: &ConcurrencyLimiter, key: &str) -> Lease {
     .unwrap()
 }
 
+/// Waits until the lease set `key` was just renewed (its TTL jumped back
+/// up), then deletes it: Redis "loses" its leases a whole renewal period
+/// (a third of the lease) before the holder's next renewal, so a newcomer
+/// acquiring now does so before the holder finds its lease lost.
+pub async fn lose_leases_after_a_renewal(server: &RedisServer, key: &str) {
+    let asked = std::time::Instant::now();
+    let mut before = server.pttl(key).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let now = server.pttl(key).await;
+        if now > before + 50 {
+            break;
+        }
+        before = now;
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "{key} was not renewed\n{}",
+            server.log()
+        );
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+}
+
 /// How many slots `key` has free now: acquires until refused, then releases.
 pub async fn free_slots(limiter: &ConcurrencyLimiter, key: &str) -> u64 {
     let mut leases = Vec::new();
