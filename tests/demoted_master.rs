@@ -101,6 +101,10 @@ async fn leaves_the_demoted_master_as(
     }
     old.sync_replicas().await;
 
+    // Where the MASTERDOWN case's old master is pointed: a socket that
+    // accepts and never answers, held for the whole test (a port merely
+    // free could be taken by another test's server, which would answer).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     replica_of(&new, None).await;
     match demoted {
         Demoted::ReadOnly => replica_of(&old, Some(new.port())).await,
@@ -112,7 +116,7 @@ async fn leaves_the_demoted_master_as(
                 .query_async(&mut old.conn().await)
                 .await
                 .unwrap();
-            replica_of(&old, Some(support::free_port())).await;
+            replica_of(&old, Some(silent.local_addr().unwrap().port())).await;
         }
     }
     address.switch_to(new.port());

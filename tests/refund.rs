@@ -493,10 +493,10 @@ async fn a_gcra_refund_credits_no_more_than_the_rounded_spend_end_allows() {
     let server = support::RedisServer::start();
     let mut conn = server.conn().await;
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    // 3 a 1 ms (a unit is 1/3 µs), a burst of 1000. The spend refunded ends
-    // 1/3 µs into its last µs, reported as `end`; one more spend of 1000
-    // µs is queued behind it.
-    let end = secs * 1_000_000 + micros + 100_000;
+    // 3 a 1 ms (a unit is 1/3 µs), a burst of 10,000 (3.3 s). The spend
+    // refunded ends 1/3 µs into its last µs, a second from now, reported
+    // as `end`; one more spend of 1000 µs is queued behind it.
+    let end = secs * 1_000_000 + micros + 1_000_000;
     let stored = format!("{}:1", end - 1 + 1000);
     let _: () = redis::cmd("SET")
         .arg("k")
@@ -508,7 +508,16 @@ async fn a_gcra_refund_credits_no_more_than_the_rounded_spend_end_allows() {
         .unwrap();
     let end = end.to_string();
     // More units back than are outstanding: what is outstanding bounds it.
-    let argv = ["3", "3", "1", "1000", "1000", "100", end.as_str(), "ab-2"];
+    let argv = [
+        "3",
+        "3",
+        "1",
+        "10000",
+        "10000",
+        "1000",
+        end.as_str(),
+        "ab-2",
+    ];
     let credited: i64 = redis::Script::new(redis_ratelimit::store::REFUND_LUA)
         .key("k")
         .key("k:rf:ab-2")
