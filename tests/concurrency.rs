@@ -570,61 +570,42 @@ impl LeaseStore for SlowTakeBack {
 /// a slot nobody held, for its whole lease (a lock held by no one).
 #[tokio::test]
 async fn a_take_back_that_lands_after_the_release_is_released_too() {
-    let store = SlowTakeBack::default();
-    let (started, go) = (store.started.clone(), store.go.clone());
-    let applied = store.applied.clone();
-    let limiter = ConcurrencyLimiter::builder(1)
-        .store(store)
-        .lease(Duration::from_millis(600))
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let held = limiter.acquire("k").await.unwrap().lease().unwrap();
-    started.notified().await;
-    assert!(!held.release().await.unwrap(), "it was lost");
-    go.notify_one();
-    applied.notified().await;
-    let asked = Instant::now();
-    // Well within the lease the take-back's slot would live (its token's
-    // 600 ms: the store cuts the 60 s to it).
-    while !limiter.acquire("k").await.unwrap().is_acquired() {
-        assert!(
-            asked.elapsed() < Duration::from_millis(300),
-            "the take-back kept the slot"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Its token's 600 ms: the store cuts the 60 s to it.
+    take_back_lands_after_the_release(Duration::from_millis(600), Duration::ZERO).await;
 }
 
-/// A take-back still on its way when the renewal's timeout passes, and the
-/// lease released after that: the slot it takes once it lands is released
-/// again. Fails with a take-back dropped at the timeout: the release found
+/// The same, with the lease released once the renewal's timeout has passed
+/// too. Fails with a take-back dropped at the timeout: the release found
 /// nothing to free, and the take-back then took a slot no one held, for
-/// its whole lease (a lock held by no one).
+/// its whole lease.
 #[tokio::test]
 async fn a_take_back_that_lands_after_its_timeout_and_the_release_is_released_too() {
+    take_back_lands_after_the_release(Duration::from_millis(1500), Duration::from_millis(300))
+        .await;
+}
+
+/// A lease of `lease` (a timeout of 200 ms) found lost, released `after`
+/// its take-back was sent, which then lands: the slot must be free again
+/// well within the lease the take-back's slot would live.
+async fn take_back_lands_after_the_release(lease: Duration, after: Duration) {
     let store = SlowTakeBack::default();
     let (started, go) = (store.started.clone(), store.go.clone());
     let applied = store.applied.clone();
     let limiter = ConcurrencyLimiter::builder(1)
         .store(store)
-        .lease(Duration::from_millis(1500))
+        .lease(lease)
         .timeout(Duration::from_millis(200))
         .build()
         .unwrap();
     let held = limiter.acquire("k").await.unwrap().lease().unwrap();
     started.notified().await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // past the timeout
+    tokio::time::sleep(after).await;
     assert!(!held.release().await.unwrap(), "it was lost");
     go.notify_one();
     applied.notified().await;
     let asked = Instant::now();
-    // Well within the lease the take-back's slot would live (1.5 s).
     while !limiter.acquire("k").await.unwrap().is_acquired() {
-        assert!(
-            asked.elapsed() < Duration::from_millis(500),
-            "the take-back kept the slot"
-        );
+        assert!(asked.elapsed() < lease / 2, "the take-back kept the slot");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -258,17 +258,9 @@ async fn the_refund_script_refuses_bad_arguments_and_credits_once() {
     let server = support::RedisServer::start();
     let mut conn = server.conn().await;
     // 100/1s with a burst of 100: a unit is 10 ms. A TAT 500 ms ahead.
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    let tat = secs * 1_000_000 + micros + 500_000;
+    let tat = redis_time_us(&mut conn).await + 500_000;
     let stored = format!("{tat}:0");
-    let _: () = redis::cmd("SET")
-        .arg("k")
-        .arg(&stored)
-        .arg("PX")
-        .arg(5_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set_tat(&mut conn, &stored).await;
     let script = redis::Script::new(redis_ratelimit::store::REFUND_LUA);
     let end = tat.to_string();
     // GCRA, 100 a 1000 ms, a burst of 100, 10 units back, 500 ms from now;
@@ -492,20 +484,12 @@ async fn a_shadow_denials_refund_asks_the_store_nothing() {
 async fn a_gcra_refund_credits_no_more_than_the_rounded_spend_end_allows() {
     let server = support::RedisServer::start();
     let mut conn = server.conn().await;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     // 3 a 1 ms (a unit is 1/3 µs), a burst of 10,000 (3.3 s). The spend
     // refunded ends 1/3 µs into its last µs, a second from now, reported
     // as `end`; one more spend of 1000 µs is queued behind it.
-    let end = secs * 1_000_000 + micros + 1_000_000;
+    let end = redis_time_us(&mut conn).await + 1_000_000;
     let stored = format!("{}:1", end - 1 + 1000);
-    let _: () = redis::cmd("SET")
-        .arg("k")
-        .arg(&stored)
-        .arg("PX")
-        .arg(5_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set_tat(&mut conn, &stored).await;
     let end = end.to_string();
     // More units back than are outstanding: what is outstanding bounds it.
     let argv = [
@@ -532,4 +516,22 @@ async fn a_gcra_refund_credits_no_more_than_the_rounded_spend_end_allows() {
         "the spend behind moved by a fraction of a µs: {stored} -> {after}"
     );
     server.assert_every_key_has_ttl().await;
+}
+
+/// Redis's clock (`TIME`), in µs.
+async fn redis_time_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    secs * 1_000_000 + micros
+}
+
+/// Stores a GCRA value (`a:b`) at `k`, for 5 s.
+async fn set_tat(conn: &mut redis::aio::MultiplexedConnection, stored: &str) {
+    let _: () = redis::cmd("SET")
+        .arg("k")
+        .arg(stored)
+        .arg("PX")
+        .arg(5_000)
+        .query_async(conn)
+        .await
+        .unwrap();
 }
