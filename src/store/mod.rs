@@ -151,9 +151,11 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     ///
     /// The keys of one call should differ (a [`Limiter`](crate::Limiter)'s
     /// always do). A key listed twice leaves no counter behind that it
-    /// should not, but its states say little: a fixed window's second
-    /// check counts the first one's spend, and a sliding window or GCRA
-    /// spends once for both.
+    /// should not, but its states say little, and differ between stores:
+    /// on [`RedisStore`], a fixed window's second check counts the first
+    /// one's spend (so a limit of 1 denies both), while a sliding window or
+    /// GCRA, and every algorithm on [`MemoryStore`],
+    /// decide both against the state before the call and spend once.
     fn decide(
         &self,
         checks: Vec<LimitCheck>,
