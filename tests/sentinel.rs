@@ -122,12 +122,7 @@ async fn the_store_leaves_a_master_cut_off_from_its_replicas_that_refuses_writes
     let store = RedisStore::from_sentinel(client)
         .await
         .unwrap_or_else(|e| panic!("RedisStore::from_sentinel: {e}\n{}", deployment.log()));
-    // A timeout below the 50 ms after which a call dropped unanswered has
-    // the store look for another master: only the refusals can.
-    let limiter = every_check("100/1h".parse().unwrap(), store)
-        .timeout(Duration::from_millis(40))
-        .build()
-        .unwrap();
+    let limiter = refusals_only_limiter(store);
     spend_ten_and_replicate(&limiter, &deployment).await;
 
     deployment.isolate_master().await;
@@ -164,10 +159,7 @@ async fn lookups_for_a_master_only_short_of_replicas_back_off() {
     let store = RedisStore::sentinel(deployment.urls(), MASTER)
         .await
         .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()));
-    let limiter = every_check("100/1h".parse().unwrap(), store)
-        .timeout(Duration::from_millis(40))
-        .build()
-        .unwrap();
+    let limiter = refusals_only_limiter(store);
     assert!(limiter.check("user:1", 1).await.unwrap().is_allowed());
     deployment.replica.freeze(true);
     let refused = |e: &Error| e.to_string().contains("NOREPLICAS");
@@ -227,6 +219,16 @@ async fn short_limiter(deployment: &Sentinels) -> Limiter {
         .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", deployment.log()));
     every_check("100/1h".parse().unwrap(), store)
         .timeout(SHORT)
+        .build()
+        .unwrap()
+}
+
+/// A limiter of 100 an hour on `store` whose every check reaches it, with a
+/// timeout of 40 ms: below the 50 ms after which a call dropped unanswered
+/// has the store look for another master, so only refusals can.
+fn refusals_only_limiter(store: RedisStore) -> Limiter {
+    every_check("100/1h".parse().unwrap(), store)
+        .timeout(Duration::from_millis(40))
         .build()
         .unwrap()
 }

@@ -68,9 +68,14 @@ pub(super) fn is_broken(e: &RedisError) -> bool {
 /// `replica-serve-stale-data no`, answers most commands so, before it runs
 /// them). Either way the node was demoted, and the call ran nothing.
 pub(super) fn is_replicas(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Server(kind) if only_a_replicas(kind))
+}
+
+/// `READONLY` or `MASTERDOWN`: see [`is_replicas`].
+fn only_a_replicas(kind: ServerErrorKind) -> bool {
     matches!(
-        e.kind(),
-        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        kind,
+        ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown
     )
 }
 
@@ -80,11 +85,7 @@ pub(super) fn is_replicas(e: &RedisError) -> bool {
 /// turns it into an error, so a wrapper around a connection sees a demoted
 /// node here, not in [`is_replicas`].
 pub(super) fn replies_as_replica(value: &Value) -> bool {
-    matches!(
-        value,
-        Value::ServerError(e)
-            if matches!(e.kind(), Some(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown))
-    )
+    matches!(value, Value::ServerError(e) if e.kind().is_some_and(only_a_replicas))
 }
 
 #[cfg(test)]
