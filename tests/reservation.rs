@@ -451,6 +451,19 @@ async fn only_one_fixed_window_limit_can_reserve() {
             .store(store()),
     );
     assert!(matches!(two, ConfigError::Reservation(_)), "{two}");
+    // More units than any window holds: refused at build, not failed (and
+    // passed by the store-error policy) at every request.
+    let max = redis_ratelimit::quota::MAX_LIMIT;
+    let huge = Limiter::builder(q)
+        .store(store())
+        .local_reservation(max + 1);
+    let huge = huge.build().unwrap_err();
+    assert!(matches!(huge, ConfigError::Reservation(_)), "{huge}");
+    Limiter::builder(q)
+        .store(store())
+        .local_reservation(max)
+        .build()
+        .unwrap();
     // Off (0) is always fine.
     Limiter::builder(q.sliding_window())
         .local_reservation(0)

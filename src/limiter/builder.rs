@@ -210,7 +210,9 @@ impl LimiterBuilder {
     /// - **Can under-admit** by less than `n + n / 4` units per instance
     ///   per window: units reserved and not spent when the window ends
     ///   expire with it (they are not given back to the store). An instance
-    ///   holds at most that many: the request that leaves fewer than `n / 4`
+    ///   reserves at most that many (units given back can add to them: a
+    ///   refund, or a request that left before its reserve call answered,
+    ///   returns what it was granted): the request that leaves fewer than `n / 4`
     ///   reserves `n` more in the background, so that a busy key does not
     ///   run dry and its requests go on without waiting (about one reserve
     ///   call per `n` units spent). A request whose cost is
@@ -278,7 +280,8 @@ impl LimiterBuilder {
     /// Only for a limiter with **one fixed-window limit**, on a store that
     /// implements [`Store::reserve`] ([`RedisStore`](crate::RedisStore)
     /// does): otherwise [`build`](Self::build) fails with
-    /// [`ConfigError::Reservation`]. A sliding window or GCRA counts a spend
+    /// [`ConfigError::Reservation`], as it does for an `n` above
+    /// [`MAX_LIMIT`](crate::quota::MAX_LIMIT). A sliding window or GCRA counts a spend
     /// by when it happened, so units spent in advance would be charged at
     /// the wrong time, and proving that never over-admits is not simple;
     /// several limits would need units reserved in all of them at once. The
@@ -472,6 +475,13 @@ impl LimiterBuilder {
 impl LimiterBuilder {
     /// Whether a local reservation can serve this limiter exactly.
     fn check_reservation(&self) -> Result<(), ConfigError> {
+        // No window holds more (the store refuses a larger reserve call,
+        // and every request would fail by the store-error policy).
+        if self.reservation > crate::quota::MAX_LIMIT {
+            return Err(ConfigError::Reservation(
+                "local_reservation must be at most MAX_LIMIT (2^50) units",
+            ));
+        }
         if !(1..=super::slots::MAX_RESERVED_KEYS).contains(&self.reservation_keys) {
             return Err(ConfigError::Reservation(
                 "local_reservation_keys must be 1 to 10,000,000 keys",

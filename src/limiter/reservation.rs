@@ -146,10 +146,15 @@ impl Pool {
     /// past either window.
     fn grant(&mut self, r: &Reservation, cost: u64, sent: Instant) -> LimitState {
         let now = Instant::now();
-        // Redis ends the window on its own clock: a host clock that runs
-        // fast (NTP lets one drift by up to 500 ppm) ends it sooner than
-        // ours measures, so the units stop a thousandth of it early.
-        let left = r.window_left_ms - r.window_left_ms / 1000;
+        // A PTTL of k ms leaves Redis's window more than k ms (Redis drops
+        // a key once its millisecond has passed), but reserve.lua reports a
+        // key in its last millisecond (PTTL 0) as 1 ms: one ms less is what
+        // is sure. And Redis ends the window on its own clock: a host clock
+        // that runs fast (NTP lets one drift by up to 500 ppm) ends it
+        // sooner than ours measures, so the units stop a thousandth of it
+        // early.
+        let sure = r.window_left_ms.saturating_sub(1);
+        let left = sure - sure / 1000;
         let end = sent + Duration::from_millis(left);
         let end = match self.live(now) && self.units > 0 {
             true => self.end.map_or(end, |old| old.min(end)),
@@ -179,7 +184,14 @@ impl Pool {
     /// later, so `half_window` tells them apart. False if it holds none of
     /// that window.
     fn give_back(&mut self, units: u64, end: Instant, half_window: Duration) -> bool {
-        let Some(held) = self.end.filter(|_| self.live(Instant::now())) else {
+        let now = Instant::now();
+        // A window over here is over: what the pool holds now (once a
+        // reserve call that Redis ran late, in the next window, answered)
+        // is a later window's, however near its end.
+        if end <= now {
+            return false;
+        }
+        let Some(held) = self.end.filter(|_| self.live(now)) else {
             return false;
         };
         let apart = held.max(end) - held.min(end);
@@ -498,8 +510,41 @@ mod tests {
         let sent = Instant::now();
         tokio::time::advance(Duration::from_millis(2)).await;
         let state = pool.grant(&Reservation::new(10, 5, 3_600_000), 1, sent);
-        assert_eq!(state.reset_ms, 3_600_000 - 3_600 - 2);
+        assert_eq!(state.reset_ms, 3_599_999 - 3_599 - 2);
         assert_eq!(pool.end, Some(sent + Duration::from_millis(3_596_400)));
+    }
+
+    /// A PTTL of 1 may be a key in its last millisecond (reserve.lua heals
+    /// a PTTL of 0 to 1), whose window Redis may end at once: the request
+    /// that asked is admitted (its units were spent in that window), and
+    /// nothing is kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_in_the_windows_last_millisecond_keeps_nothing() {
+        let mut pool = Pool::default();
+        let sent = Instant::now();
+        let state = pool.grant(&Reservation::new(10, 0, 1), 1, sent);
+        assert!(state.allowed);
+        assert_eq!(state.reset_ms, 0);
+        assert!(pool.take(1, Instant::now()).is_none());
+        // Two ms left keep the units for one.
+        let state = pool.grant(&Reservation::new(10, 0, 2), 1, sent);
+        assert_eq!(state.reset_ms, 1);
+        assert!(pool.take(1, Instant::now()).is_some());
+    }
+
+    /// A refund of a window that has ended here never goes to the pool,
+    /// even when the pool's window (a later one, reserved by a call Redis
+    /// ran late) ends within half a window of it.
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_of_an_ended_window_is_not_given_to_a_later_one() {
+        let r = Reservations::new(10, super::super::slots::RESERVED_KEYS);
+        holding(&r, "k", 0, 400);
+        let half = Duration::from_millis(500);
+        assert!(!r.give_back("k", 1, Instant::now(), half));
+        assert!(!r.give_back("k", 1, Instant::now() - Duration::from_millis(100), half));
+        assert!(matches!(r.take(b"k", 1), Take::Short));
+        // Its own window, still on: given back.
+        assert!(r.give_back("k", 1, Instant::now() + Duration::from_millis(390), half));
     }
 
     #[tokio::test(start_paused = true)]
