@@ -112,7 +112,8 @@ impl Stamp {
 /// How tightly a limit holds a client it admitted, the tightest least: the
 /// fewest units left and, on a tie, the longest until it is fully available
 /// again (`reset`, in any one unit). An allowed decision's binding limit is
-/// its first tightest limit; the legacy `X-RateLimit-*` headers of nested
+/// its first tightest enforced limit (of all its limits, if every one is a
+/// shadow); the legacy `X-RateLimit-*` headers of nested
 /// layers keep the tightest of theirs by the same rule
 /// ([`headers`](crate::headers)).
 pub(crate) fn tightness(remaining: u64, reset: u64) -> (u64, std::cmp::Reverse<u64>) {
@@ -133,8 +134,10 @@ pub(crate) struct Spent {
 /// A limiter may hold several limits; the decision admits only if every one
 /// does, and then all of them spent the cost. The accessors without a limit
 /// name report the **binding** limit: when denied, the denying limit with
-/// the longest wait; when allowed, the one with the fewest units left.
-/// [`limits`](Self::limits) lists every limit.
+/// the longest wait; when allowed, the enforced one with the fewest units
+/// left (a [shadow](crate::LimiterBuilder::shadow_limit) limit only if every
+/// limit is one, so that headers never make clients back off for a limit
+/// that denies nothing). [`limits`](Self::limits) lists every limit.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -219,8 +222,12 @@ impl Decision {
             .filter(enforced)
             .all(|i| states[i].allowed);
         let binding = if allowed {
+            // Among the enforced limits: a shadow limit's `r=0` on a 200
+            // would make a client that follows the headers back off for a
+            // limit that denies nothing. Among all, if all are shadows.
             let by = |i: &usize| tightness(states[*i].remaining, states[*i].reset_ms);
-            (0..states.len()).min_by_key(by)
+            let tightest = (0..states.len()).filter(enforced).min_by_key(by);
+            tightest.or_else(|| (0..states.len()).min_by_key(by))
         } else {
             // The longest wait among the denying limits; the first on a tie.
             let denying = (0..states.len()).filter(|i| !states[*i].allowed && enforced(i));

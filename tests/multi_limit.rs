@@ -120,7 +120,40 @@ async fn a_cost_above_a_shadow_limit_only_reports_a_denial(b: Backend) {
     }
 }
 
+/// An allowed decision reports the enforced limit, not a shadow limit with
+/// fewer units left: headers saying `r=0` on a 200 would make clients that
+/// follow them back off for a limit that denies nothing.
+async fn an_allowed_decision_reports_the_enforced_limit_not_a_shadow(b: Backend) {
+    let limiter = b
+        .builder("3/1m")
+        .name("second")
+        .limit("day", Quota::per_minute(1))
+        .shadow_limit("day")
+        .build()
+        .unwrap();
+    limiter.check("k", 1).await.unwrap();
+    let d = limiter.check("k", 1).await.unwrap();
+    assert!(d.is_allowed() && d.is_shadow_denied(), "{d:?}");
+    assert_eq!((d.policy(), d.remaining()), ("second", 1), "{d:?}");
+    let mut headers = http::HeaderMap::new();
+    d.write_headers(&mut headers);
+    let ratelimit = headers["ratelimit"].to_str().unwrap();
+    assert!(ratelimit.starts_with("\"second\";r=1;"), "{ratelimit}");
+    // With every limit a shadow, the tightest of all is reported.
+    let all = b
+        .builder("3/1m")
+        .name("all-second")
+        .limit("all-day", Quota::per_minute(1))
+        .shadow(true)
+        .build()
+        .unwrap();
+    all.check("k", 1).await.unwrap();
+    let d = all.check("k", 1).await.unwrap();
+    assert_eq!((d.policy(), d.remaining()), ("all-day", 0), "{d:?}");
+}
+
 support::for_every_store!(
+    an_allowed_decision_reports_the_enforced_limit_not_a_shadow,
     denied_by_one_limit_spends_in_none,
     concurrent_requests_never_pass_any_limit,
     a_cost_above_a_shadow_limit_only_reports_a_denial,
