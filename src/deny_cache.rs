@@ -76,6 +76,19 @@ struct Entry {
     at: Instant,
     until: Instant,
     cost: u64,
+    /// Whether a larger cost waits no longer: see [`waits_as_long`].
+    larger_too: bool,
+}
+
+/// Whether every limit of a denial would make a larger cost wait as long
+/// as the cost it denied: a fixed window's wait is its window's end,
+/// whatever the cost; a sliding window's and GCRA's grow with it, so their
+/// denial answers only the cost it was made for (a larger one served from
+/// it would be told to retry too soon).
+fn waits_as_long(decision: &Decision) -> bool {
+    decision
+        .limits()
+        .all(|l| l.quota().algorithm() == crate::Algorithm::FixedWindow)
 }
 
 impl fmt::Debug for DenyCache {
@@ -117,7 +130,8 @@ impl DenyCache {
             self.cache.remove(key);
             return None;
         }
-        (cost >= entry.cost).then(|| entry.decision.aged(now - entry.at))
+        let answers = cost == entry.cost || (entry.larger_too && cost > entry.cost);
+        answers.then(|| entry.decision.aged(now - entry.at))
     }
 
     /// `key` (store keys, UTF-8), missed now: taken before its store call
@@ -170,6 +184,7 @@ impl DenyCache {
             at,
             until,
             cost,
+            larger_too: waits_as_long(decision),
         };
         // Before the entry is in: a lookup that finds it sees it live.
         self.live_until
@@ -191,7 +206,11 @@ mod tests {
     use crate::{Decision, LimitState, headers::Policies};
 
     fn denied(retry_ms: u64) -> Decision {
-        let limits = [("default".to_owned(), "1/1m".parse().unwrap())];
+        denied_by("1/1m".parse().unwrap(), retry_ms)
+    }
+
+    fn denied_by(quota: crate::Quota, retry_ms: u64) -> Decision {
+        let limits = [("default".to_owned(), quota)];
         let state = LimitState {
             allowed: false,
             remaining: 0,
@@ -223,6 +242,27 @@ mod tests {
         // A denial cached later is live again.
         cache.insert(&cache.miss(b"a"), 1, &denied(60_000));
         assert!(cache.get("a", 1).is_some());
+    }
+
+    /// Fails with every denial answering larger costs: a GCRA or sliding
+    /// window denial of cost 1 told a request of cost 10 to retry when one
+    /// unit would be free, not ten.
+    #[test]
+    fn only_a_fixed_windows_denial_answers_a_larger_cost() {
+        let cache = DenyCache::new(100, Duration::from_secs(60));
+        let q: crate::Quota = "10/1m".parse().unwrap();
+        for (key, quota) in [
+            ("gcra", q.gcra(10).unwrap()),
+            ("sliding", q.sliding_window()),
+        ] {
+            cache.insert(&cache.miss(key.as_bytes()), 2, &denied_by(quota, 6_000));
+            assert!(cache.get(key, 2).is_some(), "{key}: its own cost");
+            assert!(cache.get(key, 10).is_none(), "{key}: a larger cost");
+            assert!(cache.get(key, 1).is_none(), "{key}: a smaller cost");
+        }
+        cache.insert(&cache.miss(b"fixed"), 2, &denied_by(q, 6_000));
+        assert!(cache.get("fixed", 10).is_some());
+        assert!(cache.get("fixed", 1).is_none());
     }
 
     /// Fails without the epoch: a denial the store made before a reset or

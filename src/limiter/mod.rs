@@ -90,8 +90,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 ///
 /// **It never admits a request the store would deny**: it only ever denies,
 /// and everything it does not hold goes to the store. A cached denial for a
-/// cost `c` is used only for requests of cost `c` or more, for the same keys,
-/// and only until the denial's `Retry-After` has passed or it is
+/// cost `c` is used only for requests of cost `c` (or more, where every limit
+/// is a fixed window, whose wait a larger cost does not lengthen), for the
+/// same keys, and only until the denial's `Retry-After` has passed or it is
 /// [`deny_cache_max_age`](LimiterBuilder::deny_cache_max_age) old (1 s by
 /// default), whichever is sooner. **It can deny a request the store would
 /// have allowed** when the store's state changed behind its back: a
@@ -102,7 +103,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// deleted the counter, a quota
 /// raised in another process, or Redis losing its data (restart, failover).
 /// Such a client is denied for at most the max age after the change, and
-/// never longer than the `Retry-After` it was already told.
+/// never longer than the `Retry-After` it was already told. The wait is
+/// counted from when the denial reached this process, not from when the
+/// store made it, so a cached denial can outlast the store's by the reply's
+/// latency (under the [timeout](LimiterBuilder::timeout)); a client that
+/// waits out its `Retry-After`, measured from when it got it, is not
+/// affected.
 ///
 /// A cached answer has the status and headers of the denial it repeats, with
 /// the waits shortened by the time since. With several limits, another limit
