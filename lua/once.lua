@@ -9,8 +9,13 @@
 -- between: either lifts a limit. So the caller gives each call an id of its
 -- own and declares a marker key after the call's own keys:
 --
--- KEYS[#KEYS]  KEYS[1] .. ':' .. kind .. ':' .. id: the first key's hash tag,
---              so the same Redis Cluster slot
+-- KEYS[#KEYS]  KEYS[1] .. '#' .. kind .. ':' .. id: the first key's hash tag,
+--              so the same Redis Cluster slot. '#' is outside the
+--              alphabet of a raw client part (src/keyspace.rs), and a
+--              hashed one is '#' and 64 hex digits, so no client's counter
+--              key spells another client's marker (with ':', a client named
+--              "alice:rf:<id>" of a limiter of several limits, whose keys
+--              end in the raw client part, did)
 -- ARGV[#ARGV]  id, 1 to 64 of [0-9a-f-] (the caller's is
 --              `<96 random bits>-<counter>`, unique across processes)
 --
@@ -40,7 +45,7 @@ local function call_marker(kind)
     or not string.find(id, '^[0-9a-f%-]+$') then
     return nil
   end
-  local marker = KEYS[1] .. ':' .. kind .. ':' .. id
+  local marker = KEYS[1] .. '#' .. kind .. ':' .. id
   if KEYS[#KEYS] ~= marker then
     return nil
   end

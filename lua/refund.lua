@@ -62,7 +62,7 @@ end
 
 local marker = call_marker('rf')
 if not marker then
-  return bad('the last key must be the first key, ":rf:" and the call id, the last argument')
+  return bad('the last key must be the first key, "#rf:" and the call id, the last argument')
 end
 local n = #KEYS - 1 -- the refunded keys
 if #ARGV ~= n * 7 + 1 then

@@ -15,7 +15,7 @@
 
 local marker = call_marker('rs')
 if not marker or #ARGV ~= 1 then
-  return redis.error_reply('ERR reset: KEYS must end with the first key, ":rs:" and the call id, ARGV[1]')
+  return redis.error_reply('ERR reset: KEYS must end with the first key, "#rs:" and the call id, ARGV[1]')
 end
 if ran_before(marker) then
   return 0

@@ -142,7 +142,7 @@ async fn a_reset_reaches_this_replica_at_once_and_others_within_the_max_age() {
     a.reset("k").await.unwrap();
     let left = server.keys_with_ttl().await;
     assert!(
-        left.iter().all(|(key, _)| key.contains(":rs:")),
+        left.iter().all(|(key, _)| key.contains("#rs:")),
         "only the reset's marker is left: {left:?}"
     );
     assert!(
@@ -332,6 +332,39 @@ async fn a_custom_store_without_the_new_methods_reports_them_unsupported() {
     assert!(!l.check("k", 1).await.unwrap().is_allowed());
 }
 
+/// Fails with ':' before a marker's kind: with several limits, a limiter's
+/// keys end in the raw client part, so the client named `alice:rf:<id>`
+/// had the counter that is alice's refund marker, and could make that
+/// refund (or a reset) of alice's do nothing, or start its own counter
+/// from her marker's value and 10 s TTL.
+#[tokio::test]
+async fn no_client_key_spells_another_clients_refund_or_reset_marker() {
+    let server = RedisServer::start();
+    let l = Limiter::builder(Quota::per_minute(5))
+        .name("a")
+        .limit("b", Quota::per_day(9))
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .unwrap();
+    let d = l.check("alice", 1).await.unwrap();
+    l.refund("alice", &d).await.unwrap();
+    l.check("alice", 1).await.unwrap();
+    l.reset("alice").await.unwrap();
+    let counters = l.store_keys("alice");
+    let prefix = counters[0].strip_suffix("alice").unwrap();
+    let markers: Vec<String> = (server.keys_with_ttl().await.into_iter())
+        .map(|(key, _)| key)
+        .filter(|key| !counters.contains(key))
+        .collect();
+    assert_eq!(markers.len(), 2, "a refund's and a reset's: {markers:?}");
+    for marker in &markers {
+        // The client a counter of that name would need.
+        let client = marker.strip_prefix(prefix).unwrap();
+        assert_ne!(&l.store_keys(client)[0], marker, "client {client:?}");
+    }
+}
+
 /// reset.lua sent again (its first reply lost) finds its first run's marker
 /// (`lua/once.lua`) and deletes nothing: what was charged since stays
 /// charged. A call without its marker, or with another, is refused before it
@@ -342,10 +375,10 @@ async fn a_reset_sent_again_forgets_nothing_charged_since() {
     let l = server.limiter("5/1h").await;
     assert_eq!(admitted(&l, "k", 5).await, 5);
     let key = l.store_key("k");
-    let marker = format!("{key}:rs:ab-1");
+    let marker = format!("{key}#rs:ab-1");
     let script = redis::Script::new(redis_ratelimit::store::RESET_LUA);
     let mut conn = server.conn().await;
-    let other = format!("{key}:rs:ab-2");
+    let other = format!("{key}#rs:ab-2");
     let bad: [(&[&str], &[&str]); 4] = [
         (&[&key], &["ab-1"]),
         (&[&key, &marker], &[]),

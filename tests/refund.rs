@@ -266,7 +266,7 @@ async fn the_refund_script_refuses_bad_arguments_and_credits_once() {
     // GCRA, 100 a 1000 ms, a burst of 100, 10 units back, 500 ms from now;
     // the call's id last.
     let good = ["3", "100", "1000", "100", "10", "500", end.as_str(), "ab-1"];
-    let keys = ["k", "k:rf:ab-1"];
+    let keys = ["k", "k#rf:ab-1"];
     let mut bad = support::spoiled(
         &good,
         &[
@@ -289,8 +289,8 @@ async fn the_refund_script_refuses_bad_arguments_and_credits_once() {
         bad.into_iter().map(|argv| (&keys[..], argv)).collect();
     // Without the marker, or with another one.
     calls.push((&keys[..1], good.to_vec()));
-    calls.push((&["k", "k:rs:ab-1"], good.to_vec()));
-    calls.push((&["k", "other:rf:ab-1"], good.to_vec()));
+    calls.push((&["k", "k#rs:ab-1"], good.to_vec()));
+    calls.push((&["k", "other#rf:ab-1"], good.to_vec()));
     for (keys, argv) in &calls {
         let r: redis::RedisResult<i64> = support::invocation(&script, keys, argv)
             .invoke_async(&mut conn)
@@ -504,7 +504,7 @@ async fn a_gcra_refund_credits_no_more_than_the_rounded_spend_end_allows() {
     ];
     let credited: i64 = redis::Script::new(redis_ratelimit::store::REFUND_LUA)
         .key("k")
-        .key("k:rf:ab-2")
+        .key("k#rf:ab-2")
         .arg(&argv[..])
         .invoke_async(&mut conn)
         .await

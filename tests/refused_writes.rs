@@ -223,7 +223,7 @@ async fn oom_a_reset_still_forgets_the_counters() {
     names.sort();
     assert!(
         names.len() == 2
-            && names[0].starts_with(&format!("{spent}:rs:"))
+            && names[0].starts_with(&format!("{spent}#rs:"))
             && names[1] == limiter.store_key("used"),
         "spent's counter gone, its reset's marker there, used kept: {keys:?}"
     );

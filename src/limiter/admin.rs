@@ -202,7 +202,7 @@ impl Limiter {
     ///   does a decision, and redis-rs's cluster connection does so by
     ///   itself (also after a per-attempt response timeout). Redis credits
     ///   the call only the first time it runs: the call carries an id, and
-    ///   its first run leaves a marker key (`<key>:rf:<id>`, about 100
+    ///   its first run leaves a marker key (`<key>#rf:<id>`, about 100
     ///   bytes, for 10 s). The resends above come within the limiter's
     ///   [timeout](super::LimiterBuilder::timeout); with a timeout over
     ///   10 s, a refund sent again later than that would credit again.
@@ -377,7 +377,7 @@ impl Limiter {
     /// Like a [refund](Self::refund), a reset whose reply is lost is sent
     /// again and takes effect once: run twice, it would forget what was
     /// charged in between, so its first run leaves a marker key
-    /// (`<key>:rs:<id>`, for 10 s) and a second run deletes nothing. A reset
+    /// (`<key>#rs:<id>`, for 10 s) and a second run deletes nothing. A reset
     /// runs when Redis is out of memory (`noeviction`) too: it frees memory.
     ///
     /// ```

@@ -13,7 +13,7 @@ fn once<'a>(keys: impl Iterator<Item = &'a str>, kind: &str) -> (Vec<String>, St
     let id = crate::random::unique_id();
     let mut keys: Vec<String> = keys.map(str::to_owned).collect();
     if let Some(first) = keys.first() {
-        keys.push(format!("{first}:{kind}:{id}"));
+        keys.push(format!("{first}#{kind}:{id}"));
     }
     (keys, id)
 }
