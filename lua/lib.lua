@@ -13,6 +13,10 @@
 -- in nearly every call, are known from the start: tonumber and the check
 -- that the string is plain cost Redis about 2,500 instructions a string
 -- (benches/script-cost.sh), and a decide call of 8 requests holds about 5.
+-- Below 2^53 only: from there a double no longer tells n from n + 1, so a
+-- cost of 2^53 spent on a count of 1 (INCRBY replies 2^53 + 1, which Lua
+-- reads as 2^53) passed for a spend that created the counter, and its
+-- denial deleted the count.
 local parsed = { ['0'] = 0, ['1'] = 1 }
 local function whole(v, min)
   local n = parsed[v]
@@ -20,7 +24,7 @@ local function whole(v, min)
     n = tonumber(v)
     -- n % 1: a whole number has no fraction (and math.floor is a C call,
     -- about 500 instructions in Redis's Lua, where % is an operator).
-    if n == nil or n % 1 ~= 0 or n < 0 or n > 2^53 or string.format('%d', n) ~= v then
+    if n == nil or n % 1 ~= 0 or n < 0 or n >= 2^53 or string.format('%d', n) ~= v then
       n = false
     end
     parsed[v or ''] = n

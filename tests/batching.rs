@@ -43,6 +43,47 @@ async fn concurrent_decisions_share_script_calls_and_stay_exact() {
     server.assert_every_key_has_ttl().await;
 }
 
+/// Fails when such requests join the batch: a request the scripts refuse
+/// (no checks, or a cost Lua's doubles cannot count), sent through the
+/// public `Store::decide` while other requests queue, had the whole call
+/// refused, so every request batched with it got the store error, and
+/// was let through or denied by its limiter's store-error policy.
+#[tokio::test]
+async fn a_request_the_scripts_refuse_fails_alone_not_its_batch() {
+    use redis_ratelimit::{LimitCheck, Quota, Store};
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let check = |key: String| LimitCheck {
+        key,
+        quota: Quota::per_minute(1_000),
+        shadow: false,
+    };
+    let spent = store.decide(vec![check("huge".into())], 1).await.unwrap();
+    assert!(spent[0].allowed);
+    let calls = (0..60).map(|i| {
+        let (checks, cost) = match i {
+            15 => (vec![], 1),
+            30 => (vec![check("huge".into())], 1 << 53),
+            45 => (vec![check("huge".into())], u64::MAX),
+            _ => (vec![check(format!("k{}", i % 4))], 1),
+        };
+        store.decide(checks, cost)
+    });
+    let replies = join_all(calls.collect::<Vec<_>>()).await;
+    for (i, reply) in replies.iter().enumerate() {
+        match i {
+            15 | 30 | 45 => assert!(reply.is_err(), "{i}: {reply:?}"),
+            _ => assert!(reply.as_ref().is_ok_and(|s| s[0].allowed), "{i}: {reply:?}"),
+        }
+    }
+    // The count the huge costs were refused on is still there: a cost of
+    // 2^53 on a count of 1 once read as a spend that made the counter, and
+    // its denial deleted it.
+    let look = store.decide(vec![check("huge".into())], 0).await.unwrap();
+    assert_eq!(look[0].remaining, 999, "{look:?}");
+    server.assert_every_key_has_ttl().await;
+}
+
 /// A batch mixes requests unlike each other (costs, limiters, one limit or
 /// two): the fast path sends alike neighbours as one run and the rest as
 /// runs of their own, and every request is still decided exactly.

@@ -40,7 +40,7 @@ pub struct LeaseState {
 /// # Errors
 ///
 /// Both stores refuse arguments the scripts do not take, changing nothing:
-/// a `limit` or `lease_ms` of 0 or above 2^53, a token that is empty or
+/// a `limit` or `lease_ms` of 0 or from 2^53 up, a token that is empty or
 /// longer than 128 bytes. The Redis store's script answers an error reply,
 /// which comes back as an [`Error::Redis`] of kind
 /// `ServerErrorKind::ResponseError`; the memory store returns the same kind

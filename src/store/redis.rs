@@ -488,6 +488,14 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
+        // A request the scripts refuse (no checks, or a cost from 2^53,
+        // which Lua's doubles cannot count) goes alone: in a batch, the
+        // script's refusal would fail every request of the call. A
+        // `Limiter` never sends one.
+        if checks.is_empty() || cost >= 1 << 53 {
+            let reply = self.decide_one(checks, cost);
+            return Box::pin(async move { reply.await.map(|(states, _)| states.into_vec()) });
+        }
         // Unbounded: the caller keeps its own timer.
         match self.decide_states(checks.into(), cost, None).0 {
             StoreReply::Batched(answer) => {

@@ -228,8 +228,9 @@ fn ready<T: Send + 'static>(value: Result<T, Error>) -> BoxFuture<'static, Resul
 }
 
 /// The largest whole number the scripts take for `limit` or `lease_ms`:
-/// 2^53, the largest their doubles hold exactly (`whole` in `lua/lib.lua`).
-const MAX_WHOLE: u64 = 1 << 53;
+/// 2^53 - 1, below where their doubles stop telling n from n + 1 (`whole`
+/// in `lua/lib.lua`).
+const MAX_WHOLE: u64 = (1 << 53) - 1;
 
 /// The scripts' argument checks, with their messages: `Err` where `script`
 /// answers an error reply, before it changes anything. `limit` and
