@@ -104,9 +104,10 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 /// The largest integer a structured field may carry.
 const SF_INT_MAX: u64 = 999_999_999_999_999;
 
-/// Whole seconds, rounded up.
+/// Whole seconds, rounded up (a nanosecond past a second is two).
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_millis().div_ceil(1000).min(SF_INT_MAX as u128) as u64
+    let part = u64::from(d.subsec_nanos() > 0);
+    d.as_secs().saturating_add(part).min(SF_INT_MAX)
 }
 
 /// A limit's `q` and `w` in `RateLimit-Policy`: its limit and its window in
@@ -114,8 +115,9 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 /// limit says its burst and how long the whole burst takes to come back
 /// (`burst × window / limit`, rounded up): the same rate, or a little less
 /// where seconds round it. So `r` (which counts the burst) is never above
-/// `q`, and `t` (until the bucket is full) never above `w`, for every
-/// algorithm.
+/// `q`, for every algorithm, and `t` (until the limit is whole again) never
+/// above `w` for a fixed window or GCRA; a sliding window's `t` can reach
+/// `2 × w`, until its previous window no longer weighs on it.
 pub(crate) fn policy_of(quota: &Quota) -> (u64, u64) {
     match quota.algorithm() {
         Algorithm::Gcra { burst } if burst > quota.limit() => {
@@ -506,6 +508,16 @@ mod tests {
             retry_ms: if allowed { 0 } else { reset_ms },
         };
         Decision::new(vec![state], policies)
+    }
+
+    /// Fails rounding milliseconds: a wait of 2 s and 1 µs (a concurrency
+    /// limiter's `retry_after` can be any duration) said 2.
+    #[test]
+    fn a_wait_a_fraction_of_a_millisecond_past_a_second_rounds_up() {
+        assert_eq!(retry_after_secs(Duration::from_nanos(2_000_000_001)), 3);
+        assert_eq!(retry_after_secs(Duration::from_micros(2_000_001)), 3);
+        assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
     }
 
     #[test]
