@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_ratelimit::{Breaker, ConfigError, Error, Limiter};
+use redis_ratelimit::{Breaker, ConfigError, Error, Limiter, RedisStore};
 use support::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(200);
@@ -364,4 +364,93 @@ async fn the_limiter_timeout_is_the_only_bound() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// Checks `limiter` until one is decided by the store, for up to 10 s:
+/// whether one was.
+async fn decided_within_10s(limiter: &Limiter) -> bool {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        if limiter.check("k", 1).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Fails without a new manager after a refused setup: redis-rs's
+/// `ConnectionManager` keeps a connection whose login Redis refused, and
+/// tries again only after an I/O error, so once Redis refused the password
+/// at a reconnection (a restart whose `requirepass` or users are set a
+/// little later) every check failed with "authentication failed" for good,
+/// even once Redis took the password again: denied, or let through
+/// unlimited, until the service restarted. Both the store that connects at
+/// once and the lazy one recover now.
+#[tokio::test]
+async fn the_store_recovers_once_redis_takes_its_password_again() {
+    let server = RedisServer::start_with(&["--requirepass", "a"]);
+    let url = |password: &str| format!("redis://:{password}@127.0.0.1:{}", server.port());
+    let mut admin = redis::Client::open(url("a"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut config = async |args: &[&str]| {
+        let _: () = redis::cmd("CONFIG")
+            .arg(args)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    };
+    let limiter = |store| {
+        Limiter::builder("1000000/1m".parse().unwrap())
+            .store(store)
+            .timeout(support::TEST_TIMEOUT)
+            .breaker(Breaker::disabled())
+            .build()
+            .unwrap()
+    };
+    let connected = limiter(RedisStore::connect(url("a")).await.unwrap());
+    assert!(decided_within_10s(&connected).await);
+    // Its connection is dropped, and Redis refuses the reconnections (the
+    // admin's connection stays logged in, and is not dropped).
+    config(&["SET", "requirepass", "b"]).await;
+    let lazy = limiter(RedisStore::connect_lazy(url("a")).unwrap());
+    let mut killer = redis::Client::open(url("b"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut killer)
+        .await
+        .unwrap();
+    // The first call after the kill meets the dropped connection; the
+    // manager's reconnections are then refused.
+    for (name, limiter) in [("connect", &connected), ("connect_lazy", &lazy)] {
+        let until = Instant::now() + Duration::from_secs(10);
+        let refused = loop {
+            let e = limiter.check("k", 1).await.unwrap_err();
+            if e.to_string().contains("authentication") || Instant::now() > until {
+                break e;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            refused.to_string().contains("authentication"),
+            "{name}: {refused}"
+        );
+    }
+    // Long enough for a manager kept as it was to show that it is stuck.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "a"])
+        .query_async(&mut killer)
+        .await
+        .unwrap();
+    for (name, limiter) in [("connect", &connected), ("connect_lazy", &lazy)] {
+        assert!(decided_within_10s(limiter).await, "{name}: still refused");
+    }
 }

@@ -138,10 +138,10 @@ impl RedisStore {
     async fn connect_client(client: Client) -> Result<Self, Error> {
         let client = tcp::tuned_client(&client)?;
         let stage = self_test::Stage::of(client.get_connection_info().addr());
-        let manager = ConnectionManager::new_with_config(client, Self::manager_config())
+        let manager = ConnectionManager::new_with_config(client.clone(), Self::manager_config())
             .await
             .map_err(|e| self_test::startup(e.into(), stage))?;
-        let store = Self::new(manager);
+        let store = Self::made(manager, client);
         store.self_test().await?;
         Ok(store)
     }
@@ -154,8 +154,19 @@ impl RedisStore {
     pub fn connect_lazy(url: impl IntoConnectionInfo) -> Result<Self, Error> {
         install_tls_provider();
         let client = Client::open(tcp::tuned(url.into_connection_info()?))?;
-        let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
-        Ok(Self::new(manager))
+        let manager =
+            ConnectionManager::new_lazy_with_config(client.clone(), Self::manager_config())?;
+        Ok(Self::made(manager, client))
+    }
+
+    /// A store on a manager it made from `client`: made again after a
+    /// connection whose setup Redis refused (`standalone.rs`).
+    fn made(manager: ConnectionManager, client: Client) -> Self {
+        let standalone = Standalone::remade_from(manager, client, Self::manager_config());
+        Self {
+            backend: Backend::Manager(standalone),
+            batcher: Batcher::default(),
+        }
     }
 
     /// Reconnection settings: a few quick retries in the background. redis-rs's
@@ -182,6 +193,14 @@ impl RedisStore {
     /// Build its client with the store's [TCP settings](Self::tcp_settings),
     /// as [`connect`](Self::connect) does.
     ///
+    /// Unlike the store's own, a manager given here is not made again after
+    /// a connection whose setup Redis refused (a password it refused, say
+    /// after a restart whose users were set a little later): redis-rs's
+    /// manager keeps that failed connection, and every call fails with its
+    /// error until the process restarts. [`connect`](Self::connect) and
+    /// [`connect_lazy`](Self::connect_lazy) keep their client and make a new
+    /// manager then.
+    ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -206,9 +225,10 @@ impl RedisStore {
     ///
     /// bb8 sends a `PING` on every checkout unless the pool is built with
     /// `.test_on_check_out(false)`, doubling the round trips per decision;
-    /// turn it off for rate limiting. Each check waits for a free connection,
-    /// so when Redis is down checks end at the limiter's timeout rather than
-    /// failing fast as the `ConnectionManager` does.
+    /// turn it off for rate limiting. When Redis is down, a check on an idle
+    /// connection fails fast (the connection is broken and its replacement
+    /// refused at once, below); one that waits for a free connection, or for
+    /// bb8 to open one, ends at the limiter's timeout.
     ///
     /// bb8-redis never reports a connection broken, so the store repairs the
     /// pool itself: a call whose connection was closed, reset or refused (a
