@@ -63,9 +63,9 @@ impl Store for MemoryStore {
 
 /// One limit's refund, with its window's end on the store's own clock (µs;
 /// past once it has ended): for GCRA, the TAT the spend left, rounded up to
-/// the µs ([`Ends`](crate::decision::Ends)), so that the credit is never
-/// short of what is still outstanding of the spend, and over it by less
-/// than a µs. Through [`Store::refund`] (whole ms from now, as the trait
+/// the µs ([`Ends`](crate::decision::Ends)); the credit takes more than
+/// `end - 1` µs to be outstanding (never over what is, short of it by
+/// under a µs), as refund.lua does. Through [`Store::refund`] (whole ms from now, as the trait
 /// takes it), what the caller measured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Credit<'a> {
@@ -233,8 +233,14 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
             // At most the spend, and at most what is still outstanding of it.
             // Saturating: an end long past (`i64::MIN`) is no credit, not
             // an overflow.
-            let left_us = r.end_us.saturating_sub(now.us as i64).max(0);
-            let outstanding = left_us as u128 * u128::from(per_us);
+            // The end is the spend's TAT rounded up to the whole µs: more
+            // than `left_us - 1` µs of it is outstanding, and perhaps not
+            // all of `left_us` (as in refund.lua, which credits the same).
+            let left_us = r.end_us.saturating_sub(now.us as i64).max(0) as u128;
+            let outstanding = match left_us {
+                0 => 0,
+                left => (left - 1) * u128::from(per_us) + 1,
+            };
             let back = (u128::from(r.cost) * u128::from(step)).min(outstanding);
             let ahead = ahead.saturating_sub(back);
             if ahead == 0 {
@@ -304,6 +310,37 @@ mod tests {
             exact: false,
         }]);
         assert_eq!(check(&store, "k", gcra(2), 0).remaining, 1);
+    }
+
+    /// Fails crediting the rounded-up spend end whole: a unit is 1/3 µs
+    /// here, and a spend that ends 1/3 µs into its last µs got up to 2/3
+    /// µs (2 units) more back than was outstanding, so a request 1/3 µs
+    /// too early was admitted. refund.lua credits `(left - 1) µs + 1 unit`.
+    #[tokio::test(start_paused = true)]
+    async fn a_gcra_credit_gives_back_no_more_than_the_rounded_spend_end_allows() {
+        let store = MemoryStore::new();
+        let q = "3/1s".parse::<Quota>().unwrap().gcra(2).unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (a, a_end) = store.decide_one(b"k", q, 1);
+        assert!(a.allowed);
+        assert_eq!(a_end, 1_333_334, "A ends 1/3 µs into its last µs");
+        assert!(check(&store, "k", q, 1).allowed);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        store.refund_now(&[Credit {
+            key: b"k",
+            quota: q,
+            cost: 1,
+            end_us: a_end as i64,
+            exact: false,
+        }]);
+        assert!(check(&store, "k", q, 1).allowed);
+        // The next unit fits 1,334,333 1/3 µs in: the first whole µs is
+        // 1,334,334.
+        tokio::time::advance(Duration::from_micros(333_333)).await;
+        let early = check(&store, "k", q, 1);
+        assert!(!early.allowed, "{early:?}");
+        tokio::time::advance(Duration::from_micros(1)).await;
+        assert!(check(&store, "k", q, 1).allowed);
     }
 
     /// A reset of several keys is one step, as `reset.lua`'s one `DEL`:
