@@ -156,6 +156,13 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     /// one's spend (so a limit of 1 denies both), while a sliding window or
     /// GCRA, and every algorithm on [`MemoryStore`],
     /// decide both against the state before the call and spend once.
+    ///
+    /// A cost above [`MAX_LIMIT`](crate::quota::MAX_LIMIT), more than any
+    /// limit holds, is denied by [`MemoryStore`], and refused by
+    /// [`RedisStore`] with [`Error::CostExceedsLimit`] (its scripts count in
+    /// Lua's doubles, exact only below 2^53), without a script call. So is
+    /// a call without checks, with the script's error. A [`Limiter`](crate::Limiter)
+    /// sends neither.
     fn decide(
         &self,
         checks: Vec<LimitCheck>,

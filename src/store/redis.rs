@@ -508,11 +508,19 @@ impl Store for RedisStore {
         checks: Vec<LimitCheck>,
         cost: u64,
     ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        // A request the scripts refuse (no checks, or a cost from 2^53,
-        // which Lua's doubles cannot count) goes alone: in a batch, the
-        // script's refusal would fail every request of the call. A
+        // A cost past what any limit holds is refused here: the scripts
+        // count in doubles, and a count past 2^53 reads as corrupt (reset).
+        if cost > crate::quota::MAX_LIMIT {
+            let limit = crate::quota::MAX_LIMIT;
+            return Box::pin(std::future::ready(Err(Error::CostExceedsLimit {
+                cost,
+                limit,
+            })));
+        }
+        // A request the scripts refuse (no checks) goes alone: in a batch,
+        // the script's refusal would fail every request of the call. A
         // `Limiter` never sends one.
-        if checks.is_empty() || cost >= 1 << 53 {
+        if checks.is_empty() {
             let reply = self.decide_one(checks, cost);
             return Box::pin(async move { reply.await.map(|(states, _)| states.into_vec()) });
         }
