@@ -35,18 +35,30 @@ fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener,
+        layer,
+        shutdown,
+    } = support::setup().await?;
     let listener = listener.into_std()?;
-    // actix-web stops on ctrl-c by itself, finishing open requests.
-    // The tower layer's configuration, served as actix middleware.
+    // The tower layer's configuration, served as actix middleware. Its own
+    // signal handling off (it stops at once on ctrl-c, and gracefully on
+    // SIGTERM): it stops as the other examples do, finishing open requests.
     let server = match layer.map(RateLimitMiddleware::from) {
         Some(layer) => HttpServer::new(move || App::new().wrap(layer.clone()).configure(routes))
+            .disable_signals()
             .listen(listener)?
             .run(),
         None => HttpServer::new(|| App::new().configure(routes))
+            .disable_signals()
             .listen(listener)?
             .run(),
     };
+    let handle = server.handle();
+    actix_web::rt::spawn(async move {
+        shutdown.await;
+        handle.stop(true).await;
+    });
     server.await?;
     Ok(())
 }

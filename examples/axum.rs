@@ -29,7 +29,11 @@ async fn main() -> ExitCode {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener,
+        layer,
+        shutdown,
+    } = support::setup().await?;
     let app = Router::new().route("/", get(|| async { "ok" })).route(
         "/status/{code}",
         get(|Path(code): Path<String>| async move { support::status(&code) }),
@@ -38,21 +42,25 @@ async fn serve() -> Result<(), support::Error> {
         // The layer wraps the whole router, so it runs before routing: a
         // denied request costs no routing, and no per-route boxing is added
         // (`Router::layer(layer)` works too, and runs after routing).
-        Some(layer) => serve_app(listener, layer.layer(app)).await,
-        None => serve_app(listener, app).await,
+        Some(layer) => serve_app(listener, layer.layer(app), shutdown).await,
+        None => serve_app(listener, app, shutdown).await,
     }
 }
 
 /// Serves `app` until Ctrl-C or SIGTERM. `key::PeerIp` reads the peer
 /// address that connect info provides.
-async fn serve_app<S>(listener: tokio::net::TcpListener, app: S) -> Result<(), support::Error>
+async fn serve_app<S>(
+    listener: tokio::net::TcpListener,
+    app: S,
+    shutdown: support::Shutdown,
+) -> Result<(), support::Error>
 where
     S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
     let app = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app);
     axum::serve(listener, app)
-        .with_graceful_shutdown(support::shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
 }

@@ -12,10 +12,10 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::{convert::Infallible, pin::pin, process::ExitCode, time::Duration};
+use std::{convert::Infallible, process::ExitCode, time::Duration};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
@@ -27,22 +27,43 @@ async fn main() -> ExitCode {
     support::report(serve().await)
 }
 
-/// `GET /`: `ok`; `GET /status/<code>`: that status.
+/// `GET /`: `ok`; `GET /status/<code>`: that status; any other path 404,
+/// and any other method 405, as the axum and actix-web examples answer
+/// (so a refund by status charges the same requests on each).
 async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
-    if let Some(code) = req.uri().path().strip_prefix("/status/") {
-        *res.status_mut() = support::status(code);
-        *res.body_mut() = Full::new(Bytes::new());
-    }
+    let path = req.uri().path();
+    let code = path
+        .strip_prefix("/status/")
+        .filter(|c| !c.is_empty() && !c.contains('/'));
+    let status = match (path, code) {
+        _ if !matches!(*req.method(), Method::GET | Method::HEAD)
+            && (path == "/" || code.is_some()) =>
+        {
+            let mut res = Response::new(Full::new(Bytes::new()));
+            *res.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            res.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET,HEAD"));
+            return Ok(res);
+        }
+        ("/", _) => return Ok(Response::new(Full::new(Bytes::from_static(b"ok")))),
+        (_, Some(code)) => support::status(code),
+        _ => StatusCode::NOT_FOUND,
+    };
+    let mut res = Response::new(Full::new(Bytes::new()));
+    *res.status_mut() = status;
     Ok(res)
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener,
+        layer,
+        shutdown,
+    } = support::setup().await?;
     // One service for every connection; without a layer it is `hello` alone.
     let app = ServiceBuilder::new().option_layer(layer).service_fn(hello);
     let graceful = GracefulShutdown::new();
-    let mut shutdown = pin!(support::shutdown_signal());
+    let mut shutdown = shutdown;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

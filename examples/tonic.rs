@@ -30,7 +30,11 @@ async fn main() -> ExitCode {
 }
 
 async fn serve() -> Result<(), support::Error> {
-    let support::Setup { listener, layer } = support::setup().await?;
+    let support::Setup {
+        listener,
+        layer,
+        shutdown,
+    } = support::setup().await?;
     let (_reporter, health) = tonic_health::server::health_reporter();
     // Outside the limit: refunds by a served call's `grpc-status`, which
     // comes in its trailers (RATE_LIMIT_REFUND); otherwise it only forwards.
@@ -38,7 +42,7 @@ async fn serve() -> Result<(), support::Error> {
         .layer(TrailersLayer::new())
         .layer(option_layer(layer))
         .add_service(health)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), support::shutdown_signal())
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(())

@@ -76,15 +76,30 @@ impl Drop for Example {
     }
 }
 
-/// Starts example `name` on a free port with `vars` (and only those of the
-/// examples' variables), and waits for its "listening on" line.
-fn start(name: &str, vars: &[(&str, &str)]) -> Example {
+/// Example `name`'s command, without any of the examples' variables this
+/// process has (a shell that exported `REDIS_URL` or `FORWARDED_HEADER`
+/// would change what a test starts).
+fn example(name: &str) -> Command {
     let mut cmd = Command::new(examples_dir().join(name));
     for (k, _) in std::env::vars() {
-        if k.starts_with("RATE_LIMIT") || k.starts_with("REDIS_") || k.starts_with("TRUSTED_") {
+        let ours = [
+            "RATE_LIMIT",
+            "REDIS_",
+            "TRUSTED_",
+            "FORWARDED_HEADER",
+            "BIND",
+        ];
+        if ours.iter().any(|prefix| k.starts_with(prefix)) {
             cmd.env_remove(k);
         }
     }
+    cmd
+}
+
+/// Starts example `name` on a free port with `vars` (and only those of the
+/// examples' variables), and waits for its "listening on" line.
+fn start(name: &str, vars: &[(&str, &str)]) -> Example {
+    let mut cmd = example(name);
     cmd.env("BIND", "127.0.0.1:0")
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
@@ -106,13 +121,17 @@ fn start(name: &str, vars: &[(&str, &str)]) -> Example {
             }
         }
     });
+    // Held before the wait, so that a server that never says where it
+    // listens is killed by the panic's unwinding, not left running.
+    let mut example = Example {
+        child,
+        url: String::new(),
+    };
     let addr = rx
         .recv_timeout(Duration::from_secs(60))
         .unwrap_or_else(|_| panic!("{name} did not start with {vars:?}"));
-    Example {
-        child,
-        url: format!("http://{addr}"),
-    }
+    example.url = format!("http://{addr}");
+    example
 }
 
 async fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
@@ -146,6 +165,12 @@ async fn every_example_answers_status_paths() {
         ] {
             let r = get(&format!("{}/status/{path}", ex.url), &[]).await;
             assert_eq!(r.status.as_u16(), status, "{name} /status/{path}: {r:?}");
+        }
+        // Any other path is a 404 on every example: hyper's answered 200
+        // `ok` (or 400), so a refund by status charged other requests there.
+        for path in ["/nope", "/status/500/x", "/status/"] {
+            let r = get(&format!("{}{path}", ex.url), &[]).await;
+            assert_eq!(r.status.as_u16(), 404, "{name} {path}: {r:?}");
         }
     }
 }
@@ -470,6 +495,23 @@ fn bad_values_stop_the_server_naming_the_variable() {
             assert!(stderr.contains(var), "{name} {vars:?}: {stderr}");
         }
     }
+    // With `off`, a setting of how to limit would be ignored: a tier's
+    // clients, meant to be limited, went unlimited. Refused, naming it.
+    for (var, value) in [
+        ("RATE_LIMIT_TIERS", "pro=1/60s"),
+        ("RATE_LIMIT_SKIP", "10.0.0.0/8"),
+        ("RATE_LIMIT_REFUND", "successes"),
+        ("RATE_LIMIT_ALGORITHM", "gcra"),
+        ("RATE_LIMIT_SHADOW", "on"),
+    ] {
+        for name in EXAMPLES {
+            let stderr = refused(name, &[("RATE_LIMIT", "off"), (var, value)]);
+            assert!(
+                stderr.contains(var) && stderr.contains("RATE_LIMIT=off"),
+                "{name} {var}={value}: {stderr}"
+            );
+        }
+    }
     // GCRA's errors name the variable at fault: the burst's own, or the
     // quota's (one unit per µs at most), with the burst it took.
     let gcra = [
@@ -517,7 +559,7 @@ fn bad_values_stop_the_server_naming_the_variable() {
 /// Runs example `name` with `vars`, which it must refuse (exit status 2):
 /// what it wrote to stderr. One that takes them is stopped once it listens.
 fn refused(name: &str, vars: &[(&str, &str)]) -> String {
-    let mut child = Command::new(examples_dir().join(name))
+    let mut child = example(name)
         .env("BIND", "127.0.0.1:0")
         .envs(vars.iter().copied())
         .stdout(Stdio::piped())
@@ -537,4 +579,38 @@ fn refused(name: &str, vars: &[(&str, &str)]) -> String {
     assert!(!started, "{name} {vars:?} started: {stderr}");
     assert_eq!(out.status.code(), Some(2), "{name} {vars:?}: {stderr}");
     stderr
+}
+
+/// Every example stops alike on SIGTERM (what a service manager or an
+/// orchestrator sends) and on ctrl-c: it finishes its open requests and
+/// exits with status 0. axum, hyper and tonic watched ctrl-c alone, so
+/// SIGTERM killed them mid-request; actix-web, by its own handling,
+/// stopped at once on ctrl-c.
+#[cfg(unix)]
+#[tokio::test]
+async fn every_example_exits_cleanly_on_sigterm_and_ctrl_c() {
+    let mut names = EXAMPLES.to_vec();
+    if cfg!(feature = "tonic") {
+        names.push("tonic");
+    }
+    for signal in ["-TERM", "-INT"] {
+        for name in &names {
+            let mut ex = start(name, &[]);
+            let pid = ex.child.id().to_string();
+            let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
+            assert!(sent.success(), "kill {signal} {pid}");
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            let status = loop {
+                if let Some(status) = ex.child.try_wait().unwrap() {
+                    break status;
+                }
+                assert!(
+                    std::time::Instant::now() < until,
+                    "{name} {signal}: still running"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert_eq!(status.code(), Some(0), "{name} {signal}: {status}");
+        }
+    }
 }

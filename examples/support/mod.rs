@@ -11,7 +11,7 @@
 //! | `REDIS_SENTINEL_MASTER` | unset | with `REDIS_SENTINEL_URLS`: the master's name in the sentinels' configuration, e.g. `mymaster` |
 //! | `RATE_LIMIT_MEMORY_MAX_KEYS` | `1000000` | in-memory store only: the most keys it holds; new keys are denied (429) while it is full (see `MemoryStore`) |
 //! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL` or `REDIS_CLUSTER_URLS`: a bb8 pool of this many connections |
-//! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter |
+//! | `RATE_LIMIT` | `100/1s` | quota `<count>/<window>` (`5/500ms`, `1000/1h`); several separated by `;` (`10/1s;1000/1d`), all decided at once; or `off` for no limiter (then a variable of how to limit, such as `RATE_LIMIT_TIERS`, is refused) |
 //! | `RATE_LIMIT_ALGORITHM` | `fixed-window` | `fixed-window`, `sliding-window` or `gcra`, for every quota |
 //! | `RATE_LIMIT_BURST` | the quota's count | with `gcra`: requests admitted at once |
 //! | `RATE_LIMIT_DENY_CACHE` | `on` | `off` sends every denial to the store (see `Limiter`'s deny cache) |
@@ -68,7 +68,13 @@ mod store;
 pub struct Setup {
     pub listener: TcpListener,
     pub layer: Option<Layer>,
+    /// Resolves on ctrl-c or SIGTERM: watched from before the startup line,
+    /// so a signal sent once it is logged is never missed.
+    pub shutdown: Shutdown,
 }
+
+/// [`Setup::shutdown`].
+pub type Shutdown = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Reads the environment, connects the store, binds the listener and logs
 /// the startup line.
@@ -90,8 +96,13 @@ pub async fn setup() -> Result<Setup, Error> {
     let addr = listener
         .local_addr()
         .map_err(|e| Error::runtime(e.to_string()))?;
+    let shutdown = shutdown_signal();
     tracing::info!("listening on {addr} ({limiting})");
-    Ok(Setup { listener, layer })
+    Ok(Setup {
+        listener,
+        layer,
+        shutdown,
+    })
 }
 
 /// Binds `addr` as tokio's `TcpListener::bind` does (`SO_REUSEADDR` off
@@ -135,14 +146,45 @@ pub fn init_tracing() {
     tracing_subscriber::fmt().with_env_filter(filter).init();
 }
 
-/// Resolves on ctrl-c (or if ctrl-c cannot be watched, never). actix-web
-/// watches signals itself, so `actix.rs` does not use it.
-#[allow(dead_code)]
-pub async fn shutdown_signal() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
+/// Resolves on ctrl-c or, on Unix, SIGTERM (a signal that cannot be
+/// watched is never received): every example then finishes its open
+/// requests and exits with status 0, actix-web's too (`actix.rs` turns
+/// actix-web's own signal handling off, which stopped at once on ctrl-c).
+/// The signals are watched from this call on, not from the first poll.
+fn shutdown_signal() -> Shutdown {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (int, term) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        );
+        Box::pin(async move {
+            let which = match (int, term) {
+                (Ok(mut int), Ok(mut term)) => tokio::select! {
+                    _ = int.recv() => "ctrl-c",
+                    _ = term.recv() => "SIGTERM",
+                },
+                (Ok(mut int), Err(_)) => {
+                    int.recv().await;
+                    "ctrl-c"
+                }
+                (Err(_), Ok(mut term)) => {
+                    term.recv().await;
+                    "SIGTERM"
+                }
+                (Err(_), Err(_)) => std::future::pending().await,
+            };
+            tracing::info!("{which}: finishing open requests, then exiting");
+        })
     }
-    tracing::info!("ctrl-c: finishing open requests, then exiting");
+    #[cfg(not(unix))]
+    Box::pin(async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tracing::info!("ctrl-c: finishing open requests, then exiting");
+    })
 }
 
 /// Turns the server's result into the process exit status, printing the
@@ -407,6 +449,9 @@ impl Config {
             }
         };
         let limits = Limits::from_env()?;
+        if limits.is_none() {
+            no_effect_when_off()?;
+        }
         if matches!(backend, Backend::Memory { .. })
             && limits.as_ref().is_some_and(Limits::reserves)
         {
@@ -594,6 +639,34 @@ fn client_ip_settings(key: KeyBy) -> Result<KeyBy, Error> {
         client_ip = client_ip.header(header);
     }
     Ok(KeyBy::ClientIp(client_ip))
+}
+
+/// With `RATE_LIMIT=off` nothing is limited, so a setting of how to limit
+/// would be ignored: refused, naming it, rather than leaving a server
+/// unlimited that was meant to limit (its tiers, say).
+fn no_effect_when_off() -> Result<(), Error> {
+    const HOW: [&str; 11] = [
+        "RATE_LIMIT_ALGORITHM",
+        "RATE_LIMIT_BURST",
+        "RATE_LIMIT_DENY_CACHE",
+        "RATE_LIMIT_SHADOW",
+        "RATE_LIMIT_ON_ERROR",
+        "RATE_LIMIT_RESERVE",
+        "RATE_LIMIT_RESERVE_KEYS",
+        "RATE_LIMIT_TIERS",
+        "RATE_LIMIT_TIER_HEADER",
+        "RATE_LIMIT_SKIP",
+        "RATE_LIMIT_REFUND",
+    ];
+    for name in HOW {
+        if var(name)?.is_some() {
+            return Err(Error::usage(format!(
+                "{name} is set but RATE_LIMIT=off: nothing is limited, so it would have no \
+                 effect; unset {name}, or set RATE_LIMIT to a quota"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a `RATE_LIMIT_SKIP` that overlaps `TRUSTED_PROXIES`: a request
