@@ -284,7 +284,14 @@ impl RedisServer {
             Ok(true) => {
                 // A TLS server's readiness is its "Ready" line alone.
                 if !matches!(self.kind, Kind::Tls) {
-                    self.ping();
+                    // A server that does not answer is stopped before the
+                    // panic: a `Child` is not killed when dropped.
+                    let ping = std::panic::AssertUnwindSafe(|| self.ping());
+                    if let Err(panic) = std::panic::catch_unwind(ping) {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        std::panic::resume_unwind(panic);
+                    }
                 }
                 Started::Ready(child)
             }
