@@ -86,7 +86,7 @@ local compact = ARGV[1] == '0'
 local c_limit, c_window
 -- The other form's policies (nil in the compact form), and the number of
 -- runs (the compact form's is 1).
-local policies, limit, window, window_s, shadow, first, runs
+local policies, limit, window, expire, shadow, first, runs
 local arg, keys -- the ARGV index after the runs, the number of keys
 if compact then
   c_limit, c_window = whole(ARGV[2], 1), whole(ARGV[3], 1)
@@ -101,14 +101,15 @@ else
   end
   -- A slot each from the start, for the one policy of nearly every call: an
   -- empty table's first insert costs Lua a rehash.
-  limit, window, window_s, shadow = { false }, { false }, { false }, { false }
+  limit, window, expire, shadow = { false }, { false }, { false }, { false }
   for p = 1, policies do
     local a = 2 + (p - 1) * 3
     limit[p], window[p], shadow[p] = whole(ARGV[a], 1), whole(ARGV[a + 1], 1), whole(ARGV[a + 2], 0)
-    window_s[p] = ARGV[a + 1]
     if not limit[p] or not window[p] or not shadow[p] or shadow[p] > 1 then
       return redis.error_reply('ERR decide_fixed: policy ' .. p .. ': bad limit, window_ms or shadow')
     end
+    -- A new counter's PEXPIRE: window_ms - 1 (fixed_window.lua's header).
+    expire[p] = window[p] > 1 and window[p] - 1 or 1
   end
   first = 2 + policies * 3 -- ARGV index of the number of runs
   runs = whole(ARGV[first], 1)
@@ -166,13 +167,14 @@ arg = first and first + 1 -- the first run's arguments (none in the compact form
 for _ = 1, runs do
   -- The run: its requests, cost and number of limits, and the first
   -- limit's policy; the compact form's one run is every key.
-  local count, cost_s, n, lim, win, win_s
+  local count, cost_s, n, lim, win, exp
   if compact then
-    count, cost_s, n, lim, win, win_s = keys, ARGV[4], 1, c_limit, c_window, ARGV[3]
+    count, cost_s, n, lim, win = keys, ARGV[4], 1, c_limit, c_window
+    exp = win > 1 and win - 1 or 1 -- a new counter's PEXPIRE (fixed_window.lua)
   else
     local p = parsed[ARGV[arg + 3]]
     count, cost_s, n = parsed[ARGV[arg]], ARGV[arg + 1], parsed[ARGV[arg + 2]]
-    lim, win, win_s = limit[p], window[p], window_s[p]
+    lim, win, exp = limit[p], window[p], expire[p]
   end
   local cost = parsed[cost_s]
   if n == 1 and cost > 0 then
@@ -191,15 +193,18 @@ for _ = 1, runs do
       end
       local ttl = win -- a counter the spend created: a whole window
       if total ~= cost then
+        -- Its PTTL + 1, as fixed_window.left says why.
         ttl = rcall('PTTL', k)
-        if ttl < 1 or ttl > win then -- (0: its last ms, said as 1)
+        if ttl < 0 or ttl >= win then
           fw = fw or fixed_window_module((value_helpers()))
-          ttl = fw.heal(k, ttl, win, win_s)
+          ttl = fw.heal(k, ttl, win, exp)
+        else
+          ttl = ttl + 1
         end
       end
       if total <= lim then
         if total == cost then
-          rcall('PEXPIRE', k, win_s)
+          rcall('PEXPIRE', k, exp)
         end
         reply[at + 1], reply[at + 2] = lim - total, ttl
       else
@@ -228,10 +233,10 @@ for _ = 1, runs do
       for i = 1, n do
         local p, k = parsed[ARGV[first_policy + i - 1]], key_of[key + i]
         if cost == 0 then
-          before[i], ttls[i] = fw.look(k, window[p], window_s[p])
+          before[i], ttls[i] = fw.look(k, window[p], expire[p])
           fresh[i] = false
         else
-          before[i], ttls[i], fresh[i] = fw.spend(k, cost, cost_s, window[p], window_s[p])
+          before[i], ttls[i], fresh[i] = fw.spend(k, cost, cost_s, window[p], expire[p])
         end
         if before[i] + cost > limit[p] and shadow[p] == 0 then
           all = false
@@ -245,7 +250,7 @@ for _ = 1, runs do
         for i = n, 1, -1 do
           local p = parsed[ARGV[first_policy + i - 1]]
           local keep = all and before[i] + cost <= limit[p]
-          fw.settle(key_of[key + i], keep, before[i], fresh[i], cost_s, window_s[p])
+          fw.settle(key_of[key + i], keep, before[i], fresh[i], cost_s, expire[p])
         end
       end
       for i = 1, n do

@@ -8,7 +8,18 @@
 --         request.
 -- Args    limit (units per window), window_ms, cost; time is the key's PTTL.
 -- Result  allowed when count + cost <= limit; remaining = limit - count;
---         reset = retry = the key's PTTL (a whole window for a new key).
+--         reset = retry = the key's PTTL + 1 (a whole window for a new key).
+--
+-- Redis keeps a key through the millisecond its expiry names (it drops it
+-- once its clock is past it), so a key given PEXPIRE k lives k + 1 ticks,
+-- and one whose PTTL is k lives until k + 1 ms from the tick now, no
+-- sooner. So a new counter gets PEXPIRE window_ms - 1 (its `expire`
+-- argument below): it lives window_ms ticks, as the memory store's window
+-- does. And a window's time left is its PTTL + 1: a client told to retry
+-- after it finds the counter gone. (It was the PTTL, and a window lived
+-- window_ms + 1 ticks: a client that retried exactly when told was denied
+-- once more, 1 ms before the counter went.) A window of 1 ms gets PEXPIRE 1,
+-- as PEXPIRE 0 deletes: it lives 2 ticks.
 --
 -- Order of work: a spend is made first (INCRBY, then PTTL for an existing
 -- key) and settled once the request is decided: kept (a new counter gets its
@@ -36,7 +47,7 @@
 --
 -- Numbers may be given to Redis as Lua numbers (Redis formats them with
 -- %.17g, exact for every integer up to 2^53) or as the caller's decimal
--- strings, which spares that formatting: `window_arg` and `cost_arg` below.
+-- strings, which spares that formatting: `cost_arg` below.
 --
 -- The module is built by calling fixed_window_module(corruption), which
 -- returns its table (corruption is lib.lua's, from value_helpers()): a
@@ -48,29 +59,34 @@
 local function fixed_window_module(corruption)
   local fixed_window = {}
 
-  -- The window left at key, healing a missing or over-long TTL.
-  function fixed_window.left(key, window, window_arg)
+  -- The window left at key (its PTTL + 1, above), healing a missing or
+  -- over-long TTL. At least 1 while the key lives, so that a denial never
+  -- says to retry at once, as the memory store's never does.
+  function fixed_window.left(key, window, expire)
     local ttl = redis.call('PTTL', key)
-    if ttl < 1 or ttl > window then
-      return fixed_window.heal(key, ttl, window, window_arg)
+    if ttl < 0 or ttl >= window then
+      return fixed_window.heal(key, ttl, window, expire)
     end
-    return ttl
+    return ttl + 1
   end
 
-  -- The window left at key whose PTTL is ttl, outside 1..window: a key with no
-  -- TTL, or one longer than the window, gets a whole window. A PTTL of 0 is a
-  -- key in its last millisecond (Redis expires a key once its time has
-  -- passed, and counts the PTTL down on its clock, not the script's): 1, so
-  -- that a denial never says to retry at once, as the memory store's never
-  -- does.
-  function fixed_window.heal(key, ttl, window, window_arg)
-    if ttl == 0 then
-      return 1
-    end
+  -- The window left at key whose PTTL is ttl, outside 0..window - 1: a key
+  -- with no TTL, or one longer than the window, gets a whole window; one of
+  -- a whole window (PEXPIRE window_ms, as before `expire`, or a window of
+  -- 1 ms) says so.
+  function fixed_window.heal(key, ttl, window, expire)
     if ttl == -1 or ttl > window then
-      redis.call('PEXPIRE', key, window_arg)
+      redis.call('PEXPIRE', key, expire)
     end
     return window
+  end
+
+  -- What a new counter gets: PEXPIRE `expire` (above).
+  function fixed_window.expire(window)
+    if window > 1 then
+      return window - 1
+    end
+    return 1
   end
 
   -- Looks without spending: the count and the window left. A count is a
@@ -79,7 +95,7 @@ local function fixed_window_module(corruption)
   -- rather than read as a number here and refused by the INCRBY of a
   -- caller that then spends (reserve.lua), which would fail every call on
   -- the key until its window ended.
-  function fixed_window.look(key, window, window_arg)
+  function fixed_window.look(key, window, expire)
     local raw = redis.pcall('GET', key)
     local count = 0
     if raw then
@@ -93,7 +109,7 @@ local function fixed_window_module(corruption)
         count = 0
       end
     end
-    return count, fixed_window.left(key, window, window_arg)
+    return count, fixed_window.left(key, window, expire)
   end
 
   -- Spends cost (> 0) at once: the count before it, the window left, and
@@ -111,7 +127,7 @@ local function fixed_window_module(corruption)
     return redis.call('INCRBY', key, cost_arg)
   end
 
-  function fixed_window.spend(key, cost, cost_arg, window, window_arg)
+  function fixed_window.spend(key, cost, cost_arg, window, expire)
     local count = redis.pcall('INCRBY', key, cost_arg)
     -- Above 2^53: corrupt, as `look` reads it (compared alone: a sum with
     -- the cost would round in Lua's doubles).
@@ -121,14 +137,14 @@ local function fixed_window_module(corruption)
     if count == cost then
       return 0, window, true
     end
-    return count - cost, fixed_window.left(key, window, window_arg), false
+    return count - cost, fixed_window.left(key, window, expire), false
   end
 
   -- Keeps a spend (a new counter gets its TTL) or takes it back.
-  function fixed_window.settle(key, keep, before, fresh, cost_arg, window_arg)
+  function fixed_window.settle(key, keep, before, fresh, cost_arg, expire)
     if keep then
       if fresh then
-        redis.call('PEXPIRE', key, window_arg)
+        redis.call('PEXPIRE', key, expire)
       end
     elseif before == 0 then
       redis.call('DEL', key)
@@ -143,15 +159,16 @@ local function fixed_window_module(corruption)
   function fixed_window.check(key, limit, window, cost, peek)
     local before, ttl, fresh
     local spent = cost > 0 and not peek
+    local expire = window > 1 and window - 1 or 1 -- fixed_window.expire, inline
     if spent then
-      before, ttl, fresh = fixed_window.spend(key, cost, cost, window, window)
+      before, ttl, fresh = fixed_window.spend(key, cost, cost, window, expire)
     else
-      before, ttl = fixed_window.look(key, window, window)
+      before, ttl = fixed_window.look(key, window, expire)
     end
     -- One constructor: the table is allocated once, at its final size.
     return {
       key = key,
-      window = window,
+      expire = expire,
       fresh = fresh,
       spent = spent,
       before = before,
@@ -166,13 +183,13 @@ local function fixed_window_module(corruption)
 
   function fixed_window.commit(st, cost)
     if st.spent then
-      fixed_window.settle(st.key, true, st.before, st.fresh, cost, st.window)
+      fixed_window.settle(st.key, true, st.before, st.fresh, cost, st.expire)
     end
   end
 
   function fixed_window.undo(st, cost)
     if st.spent then
-      fixed_window.settle(st.key, false, st.before, st.fresh, cost, st.window)
+      fixed_window.settle(st.key, false, st.before, st.fresh, cost, st.expire)
     end
   end
 

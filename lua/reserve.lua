@@ -20,9 +20,11 @@
 --   granted    the units taken: min(want, limit - count) when that is at
 --              least `need`, else 0 (nothing is taken: a denial)
 --   remaining  what the counter has left after the grant
---   ttl_ms     the window's time left (the key's PTTL after the call; a
---              whole window for a counter this call created), by Redis's
---              clock. The caller must stop spending the grant by then.
+--   ttl_ms     the window's time left (the key's PTTL after the call, + 1:
+--              fixed_window.lua's header; a whole window for a counter this
+--              call created), by Redis's clock. The caller must stop
+--              spending the grant by then, less 1 ms: the window may end
+--              that much sooner, from a moment within the tick.
 --
 -- Every argument is validated before the first write; the counter keeps or
 -- gets a TTL of at most window_ms. Errors of Redis other than a corrupt
@@ -39,7 +41,9 @@ if #KEYS ~= 1 or #ARGV ~= 4 or not limit or not window or not need or not want o
 end
 
 -- The count and window left, healing a corrupt value or a missing TTL.
-local count, ttl = fixed_window_module((value_helpers())).look(KEYS[1], window, ARGV[2])
+local fixed_window = fixed_window_module((value_helpers()))
+local expire = fixed_window.expire(window)
+local count, ttl = fixed_window.look(KEYS[1], window, expire)
 local left = limit - count
 if left < need then
   return {0, math.max(0, left), ttl}
@@ -49,7 +53,7 @@ redis.call('INCRBY', KEYS[1], granted)
 if count == 0 then
   -- A new window (a counter at 0 counts as absent), as fixed_window.spend
   -- starts one.
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], expire)
   ttl = window
 end
 return {granted, left - granted, ttl}

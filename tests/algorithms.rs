@@ -286,7 +286,49 @@ async fn a_cost_beyond_the_limit_is_a_finite_denial_from_the_store(b: Backend) {
     assert_ttls(&b).await;
 }
 
+/// A client that retries a fixed window's denial when told is admitted:
+/// no request sent after a denial's retry time is denied. Fails on Redis
+/// with the wait said as the counter's PTTL: Redis keeps a key through the
+/// ms its expiry names, so a counter lived 1 ms past the wait it reported
+/// (a window of `window_ms + 1` ticks, where the memory store's is
+/// `window_ms`), and a retry in that ms was denied once more.
+async fn a_fixed_windows_retry_after_is_never_early(b: Backend) {
+    let limiter = b
+        .builder("1/20ms")
+        .name("early")
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    for round in 0..20 {
+        let key = format!("k{round}");
+        assert!(limiter.check(&key, 1).await.unwrap().is_allowed());
+        let mut by: Option<std::time::Instant> = None;
+        loop {
+            let sent = std::time::Instant::now();
+            // Peeks (a look) and checks (a spend, decide_fixed.lua's
+            // inline path on Redis) in turn.
+            let d = match round % 2 {
+                0 => limiter.peek(&key, 1).await.unwrap(),
+                _ => limiter.check(&key, 1).await.unwrap(),
+            };
+            if d.is_allowed() {
+                break;
+            }
+            if let Some(by) = by {
+                assert!(
+                    sent < by,
+                    "round {round}: denied {:?} after its retry time",
+                    sent - by
+                );
+            }
+            let at = std::time::Instant::now() + d.retry_after().unwrap();
+            by = Some(by.map_or(at, |by| by.min(at)));
+        }
+    }
+}
+
 support::for_every_store!(
+    a_fixed_windows_retry_after_is_never_early,
     a_cost_beyond_the_limit_is_a_finite_denial_from_the_store,
     gcra_admits_the_burst_then_one_per_interval,
     gcra_obeys_a_booking_beyond_a_lowered_burst,

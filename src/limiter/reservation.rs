@@ -146,10 +146,11 @@ impl Pool {
     /// past either window.
     fn grant(&mut self, r: &Reservation, cost: u64, sent: Instant) -> LimitState {
         let now = Instant::now();
-        // A PTTL of k ms leaves Redis's window more than k ms (Redis drops
-        // a key once its millisecond has passed), but reserve.lua reports a
-        // key in its last millisecond (PTTL 0) as 1 ms: one ms less is what
-        // is sure. And Redis ends the window on its own clock: a host clock
+        // reserve.lua reports a window's time left as its PTTL + 1 ms (a
+        // key lives through the tick its expiry names), which it may fall
+        // short of by up to a ms, as the call ran within its tick: one ms
+        // less, the PTTL, is what is sure (a key in its last ms keeps
+        // nothing). And Redis ends the window on its own clock: a host clock
         // that runs fast (NTP lets one drift by up to 500 ppm) ends it
         // sooner than ours measures, so the units stop a thousandth of it
         // early.
@@ -514,8 +515,8 @@ mod tests {
         assert_eq!(pool.end, Some(sent + Duration::from_millis(3_596_400)));
     }
 
-    /// A PTTL of 1 may be a key in its last millisecond (reserve.lua heals
-    /// a PTTL of 0 to 1), whose window Redis may end at once: the request
+    /// A time left of 1 ms is a key in its last millisecond (reserve.lua
+    /// reports the PTTL + 1), whose window Redis may end at once: the request
     /// that asked is admitted (its units were spent in that window), and
     /// nothing is kept.
     #[tokio::test(start_paused = true)]
