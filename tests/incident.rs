@@ -883,7 +883,9 @@ async fn a_decision_resets_a_count_beyond_2_pow_53() {
 /// only once its time has passed, and in a script by the script's start:
 /// a key can outlive its PTTL's reaching 0 by the length of a call). A
 /// denial then said to retry in 0 ms, where the memory store says at least
-/// 1: the scripts say 1.
+/// 1: the scripts say 1 (the PTTL + 1, as for every live counter). A denial
+/// that says 1 can only be of a PTTL of 0 (a PTTL of 1 says 2), so the
+/// search below ends only once that case has run.
 #[tokio::test]
 async fn a_denial_in_a_counters_last_millisecond_says_retry_in_one() {
     let server = RedisServer::start();
