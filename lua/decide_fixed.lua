@@ -191,11 +191,11 @@ for _ = 1, runs do
         fw = fw or fixed_window_module((value_helpers()))
         total = fw.respend(k, total, cost_s)
       end
-      local ttl = win -- a counter the spend created: a whole window
+      local ttl = exp + 1 -- a counter the spend created: a whole window
       if total ~= cost then
-        -- Its PTTL + 1, as fixed_window.left says why.
+        -- Its PTTL + 1: fixed_window.lua's header says why.
         ttl = rcall('PTTL', k)
-        if ttl < 0 or ttl >= win then
+        if ttl < 0 or ttl > win then
           fw = fw or fixed_window_module((value_helpers()))
           ttl = fw.heal(k, ttl, win, exp)
         else

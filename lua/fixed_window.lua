@@ -19,7 +19,9 @@
 -- after it finds the counter gone. (It was the PTTL, and a window lived
 -- window_ms + 1 ticks: a client that retried exactly when told was denied
 -- once more, 1 ms before the counter went.) A window of 1 ms gets PEXPIRE 1,
--- as PEXPIRE 0 deletes: it lives 2 ticks.
+-- as PEXPIRE 0 deletes: it lives 2 ticks, and says so (a wait of 2 ms),
+-- where the memory store's lives 1. A counter set by a version before
+-- this (PEXPIRE window_ms) says window_ms + 1 at first, as it lives.
 --
 -- Order of work: a spend is made first (INCRBY, then PTTL for an existing
 -- key) and settled once the request is decided: kept (a new counter gets its
@@ -64,21 +66,20 @@ local function fixed_window_module(corruption)
   -- says to retry at once, as the memory store's never does.
   function fixed_window.left(key, window, expire)
     local ttl = redis.call('PTTL', key)
-    if ttl < 0 or ttl >= window then
+    if ttl < 0 or ttl > window then
       return fixed_window.heal(key, ttl, window, expire)
     end
     return ttl + 1
   end
 
-  -- The window left at key whose PTTL is ttl, outside 0..window - 1: a key
-  -- with no TTL, or one longer than the window, gets a whole window; one of
-  -- a whole window (PEXPIRE window_ms, as before `expire`, or a window of
-  -- 1 ms) says so.
+  -- The window left at key whose PTTL is ttl, outside 0..window: a key with
+  -- no TTL, or one longer than the window, gets a new counter's expiry, and
+  -- says so: `expire` + 1.
   function fixed_window.heal(key, ttl, window, expire)
     if ttl == -1 or ttl > window then
       redis.call('PEXPIRE', key, expire)
     end
-    return window
+    return expire + 1
   end
 
   -- What a new counter gets: PEXPIRE `expire` (above).
@@ -135,7 +136,7 @@ local function fixed_window_module(corruption)
       count = fixed_window.respend(key, count, cost_arg)
     end
     if count == cost then
-      return 0, window, true
+      return 0, expire + 1, true -- a new counter: a whole window
     end
     return count - cost, fixed_window.left(key, window, expire), false
   end

@@ -29,7 +29,8 @@
 -- window late, or a window begun by a reset, or after a key was lost,
 -- within half a window of the spent one's start, is credited in its place;
 -- Limiter::refund documents it):
---   * fixed window: the key's PTTL; a window that ended and restarted ends a
+--   * fixed window: the key's PTTL + 1, as decisions report it
+--     (fixed_window.lua); a window that ended and restarted ends a
 --     whole window later, and is not credited;
 --   * sliding window: the stored window (field c) or the one before it
 --     (field p), whichever the spend went to; otherwise nothing;
@@ -113,8 +114,10 @@ local function same(r, ends)
 end
 
 local function fixed(r)
+  -- Its window's end as a decision reports it: the PTTL + 1
+  -- (fixed_window.lua's header).
   local ttl = redis.call('PTTL', r.key)
-  if ttl < 0 or not same(r, ttl) then
+  if ttl < 0 or not same(r, ttl + 1) then
     return 0 -- gone, without a TTL (healed by the next check), or a later window
   end
   local raw = read_string(r.key)

@@ -54,6 +54,6 @@ if count == 0 then
   -- A new window (a counter at 0 counts as absent), as fixed_window.spend
   -- starts one.
   redis.call('PEXPIRE', KEYS[1], expire)
-  ttl = window
+  ttl = expire + 1
 end
 return {granted, left - granted, ttl}

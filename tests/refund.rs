@@ -535,3 +535,43 @@ async fn set_tat(conn: &mut redis::aio::MultiplexedConnection, stored: &str) {
         .await
         .unwrap();
 }
+
+/// Fails with refund.lua reading a fixed window's end as the key's bare
+/// PTTL: decisions report it as the PTTL + 1 (a key lives through the ms
+/// its expiry names), so the end a refund carried was 1 ms past the PTTL,
+/// and on a window of 3 ms, where the end must match within 1 ms, no
+/// refund ever credited (the memory store's did). Each try decides a new
+/// counter (its end: the whole window, 3 ms) and refunds it in the same
+/// pipeline; a try whose refund runs a ms later misses either way, so one
+/// credit in 50 is asked.
+#[tokio::test]
+async fn a_fixed_window_refund_credits_on_a_window_of_3_ms() {
+    use redis_ratelimit::store::{DECIDE_FIXED_LUA, REFUND_LUA};
+    let server = support::RedisServer::start();
+    let mut conn = server.conn().await;
+    let mut credited = 0;
+    for i in 0..50 {
+        let (key, id) = (format!("k{i}"), format!("ab-{i}"));
+        let marker = format!("{key}#rf:{id}");
+        // Decide: compact (limit 5, 3 ms, cost 1). Refund: a fixed window
+        // (1), limit 5, 3 ms, no burst, cost 1, ending in 3 ms, no GCRA end.
+        let (_, got): (redis::Value, i64) = redis::pipe()
+            .cmd("EVAL")
+            .arg(DECIDE_FIXED_LUA)
+            .arg(1)
+            .arg(&key)
+            .arg(&["0", "5", "3", "1"])
+            .cmd("EVAL")
+            .arg(REFUND_LUA)
+            .arg(2)
+            .arg(&key)
+            .arg(&marker)
+            .arg(&["1", "5", "3", "0", "1", "3", "0", id.as_str()])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        credited += got;
+    }
+    assert!(credited > 0, "no refund of 50 credited its 3 ms window");
+    server.assert_every_key_has_ttl().await;
+}
