@@ -13,7 +13,7 @@ mod support;
 
 use std::process::ExitCode;
 
-use actix_web::{App, HttpResponse, HttpServer, http::StatusCode, web};
+use actix_web::{App, HttpResponse, HttpServer, guard, http::StatusCode, web};
 use redis_ratelimit::actix::RateLimitMiddleware;
 
 fn main() -> ExitCode {
@@ -23,15 +23,22 @@ fn main() -> ExitCode {
     support::report(actix_web::rt::System::new().block_on(serve()))
 }
 
+/// `GET` (and `HEAD`, as axum's `get` takes it) `/` and `/status/{code}`;
+/// another method on them is a 405, another path a 404, as on the other
+/// examples.
 fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(|| async { "ok" })).route(
-        "/status/{code}",
-        web::get().to(|code: web::Path<String>| async move {
-            // actix-web 4 has http 0.2's status type.
-            let status = support::status(&code).as_u16();
-            HttpResponse::new(StatusCode::from_u16(status).expect("a valid status"))
-        }),
-    );
+    // A resource (not `App::route`, which moves the route's guards to the
+    // path, so another method finds no path: a 404) answers 405 for a
+    // method none of its routes takes.
+    let get_or_head = || web::route().guard(guard::Any(guard::Get()).or(guard::Head()));
+    cfg.service(web::resource("/").route(get_or_head().to(|| async { "ok" })))
+        .service(web::resource("/status/{code}").route(get_or_head().to(
+            |code: web::Path<String>| async move {
+                // actix-web 4 has http 0.2's status type.
+                let status = support::status(&code).as_u16();
+                HttpResponse::new(StatusCode::from_u16(status).expect("a valid status"))
+            },
+        )));
 }
 
 async fn serve() -> Result<(), support::Error> {

@@ -172,6 +172,22 @@ async fn every_example_answers_status_paths() {
             let r = get(&format!("{}{path}", ex.url), &[]).await;
             assert_eq!(r.status.as_u16(), 404, "{name} {path}: {r:?}");
         }
+        // HEAD as GET; another method a 405 (actix-web answered HEAD 405).
+        let client = Caller::with_key(None).client();
+        for (method, path, status) in [
+            (http::Method::HEAD, "/", 200),
+            (http::Method::HEAD, "/status/201", 201),
+            (http::Method::POST, "/", 405),
+            (http::Method::POST, "/status/201", 405),
+        ] {
+            let req = http::Request::builder()
+                .method(method.clone())
+                .uri(format!("{}{path}", ex.url))
+                .body(http_body_util::Empty::new())
+                .unwrap();
+            let r = client.request(req).await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "{name} {method} {path}");
+        }
     }
 }
 
