@@ -413,8 +413,8 @@ async fn the_store_recovers_once_redis_takes_its_password_again() {
     };
     let connected = limiter(RedisStore::connect(url("a")).await.unwrap());
     assert!(decided_within_10s(&connected).await);
-    // Its connection is dropped, and Redis refuses the reconnections (the
-    // admin's connection stays logged in, and is not dropped).
+    // Its connection is dropped (the admin's too: it is not used again),
+    // and Redis refuses the reconnections.
     config(&["SET", "requirepass", "b"]).await;
     let lazy = limiter(RedisStore::connect_lazy(url("a")).unwrap());
     let mut killer = redis::Client::open(url("b"))

@@ -118,13 +118,15 @@ impl Standalone {
         &mut self.manager
     }
 
-    /// After a call that failed with `e`: a new manager, if `e` is a
-    /// refused setup and the store can make one.
-    fn after_error(&mut self, e: &RedisError) {
+    /// After a call on manager number `on` that failed with `e`: a new
+    /// manager, if `e` is a refused setup, the store can make one, and no
+    /// clone has made one since the call began (a late failure of an old
+    /// manager must not replace a new one that may be connected).
+    fn after_error(&mut self, e: &RedisError, on: u64) {
         let Some((client, config)) = &self.shared.remake else {
             return;
         };
-        if !refused_setup(e) {
+        if !refused_setup(e) || self.shared.number.load(Ordering::Acquire) != on {
             return;
         }
         let Some(unlogged) = self.shared.remaking.admit() else {
@@ -173,10 +175,11 @@ impl ConnectionLike for Standalone {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let result = self.manager().req_packed_command(cmd).await;
+            let on = self.seen;
             let read_only = match &result {
                 Ok(value) => pool::replies_as_replica(value),
                 Err(e) => {
-                    self.after_error(e);
+                    self.after_error(e, on);
                     pool::is_replicas(e)
                 }
             };
@@ -192,10 +195,11 @@ impl ConnectionLike for Standalone {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let result = self.manager().req_packed_commands(cmd, offset, count).await;
+            let on = self.seen;
             let read_only = match &result {
                 Ok(values) => values.iter().any(pool::replies_as_replica),
                 Err(e) => {
-                    self.after_error(e);
+                    self.after_error(e, on);
                     pool::is_replicas(e)
                 }
             };
