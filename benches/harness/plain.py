@@ -13,8 +13,8 @@ import time
 
 from . import KEYS, ROOT
 from .bound import medians
-from .procs import (cpu_seconds, free_port, machine_busy_seconds, rusage_seconds, terminate,
-                    wait_port)
+from .procs import (cpu_seconds, free_port, inherited_env, machine_busy_seconds,
+                    rusage_seconds, terminate, wait_port)
 
 KEYS_LUA = os.path.join(ROOT, "benches", "harness", "keys.lua")
 
@@ -84,7 +84,7 @@ def measure_plain(args):
     port = free_port()
     logdir = tempfile.mkdtemp(prefix="redis-limit-axum-")
     log = os.path.join(logdir, "axum.log")
-    env = dict(os.environ, BIND=f"127.0.0.1:{port}", RATE_LIMIT="off",
+    env = dict(inherited_env(), BIND=f"127.0.0.1:{port}", RATE_LIMIT="off",
                RATE_LIMIT_KEY="header:x-api-key", RUST_LOG="warn", NO_COLOR="1")
     with open(log, "w") as out:
         proc = subprocess.Popen([binary], env=env, stdout=out, stderr=subprocess.STDOUT)

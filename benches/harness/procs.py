@@ -174,12 +174,23 @@ def run(cmd, cwd):
     subprocess.run(cmd, cwd=cwd, check=True)
 
 
+# The example servers' variables (examples/support/mod.rs): a shell that
+# exported one would change every cell, or stop a plain one (RATE_LIMIT=off
+# refuses a setting of how to limit), so only a cell's own are passed.
+EXAMPLE_VARIABLES = ("RATE_LIMIT", "REDIS_", "TRUSTED_", "FORWARDED_HEADER", "BIND")
+
+
+def inherited_env():
+    """This process's environment without the example servers' variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(EXAMPLE_VARIABLES)}
+
+
 @contextmanager
 def serving(binary, env, log):
     """Starts a server on a free port; yields (port, startup line, pid);
     stops it (SIGTERM, then wait) on the way out."""
     port = free_port()
-    env = dict(os.environ, **env, BIND=f"127.0.0.1:{port}", RUST_LOG="info", NO_COLOR="1")
+    env = dict(inherited_env(), **env, BIND=f"127.0.0.1:{port}", RUST_LOG="info", NO_COLOR="1")
     with open(log, "w") as out:
         proc = subprocess.Popen([binary], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
