@@ -17,19 +17,31 @@ use support::{
 };
 
 /// Kill -9, restart on the same port: the limiter decides again within 2 s
-/// of the restart, every connection of the pool works again, and a key is
-/// limited at its quota.
+/// of the restart, every connection of the pool (all 8 open, and all
+/// broken by the kill) works again, and a key is limited at its quota.
 async fn pool_recovers_after_restart(policy: OnStoreError) {
     let mut server = RedisServer::start();
     // The defaults but for the store: 200 ms timeout, the default breaker.
+    // All 8 connections open from the start (bb8 opens them as checks need
+    // them, which 32 at once usually do, but not surely), so that all 8 are
+    // broken by the kill, and shown to recover.
+    let manager = bb8_redis::RedisConnectionManager::new(server.url()).unwrap();
+    let pool = bb8::Pool::builder()
+        .max_size(8)
+        .min_idle(Some(8))
+        .test_on_check_out(false)
+        .build(manager)
+        .await
+        .unwrap();
     let limiter = Limiter::builder("40/1m".parse().unwrap())
-        .store(server.pool_store(8).await)
+        .store(redis_ratelimit::RedisStore::from_pool(pool))
         .build()
         .unwrap();
     let svc = service(&limiter, policy);
-    // Every connection of the pool opened and used.
     let warm = join_all((0..32).map(|_| call(&svc))).await;
     assert!(warm.iter().all(decided), "{warm:?}\n{}", server.log());
+    let open = client_ids(&server).await.len();
+    assert_eq!(open, 8, "the pool's connections before the kill");
 
     server.kill();
     let outage = if policy == OnStoreError::Allow {
