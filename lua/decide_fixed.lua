@@ -195,7 +195,7 @@ for _ = 1, runs do
       if total ~= cost then
         -- Its PTTL + 1: fixed_window.lua's header says why.
         ttl = rcall('PTTL', k)
-        if ttl < 0 or ttl > win then
+        if ttl < 0 or ttl > exp then
           fw = fw or fixed_window_module((value_helpers()))
           ttl = fw.heal(k, ttl, win, exp)
         else

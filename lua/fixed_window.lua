@@ -21,7 +21,7 @@
 -- once more, 1 ms before the counter went.) A window of 1 ms gets PEXPIRE 1,
 -- as PEXPIRE 0 deletes: it lives 2 ticks, and says so (a wait of 2 ms),
 -- where the memory store's lives 1. A counter set by a version before
--- this (PEXPIRE window_ms) says window_ms + 1 at first, as it lives.
+-- this (PEXPIRE window_ms) is given window_ms - 1 when next seen.
 --
 -- Order of work: a spend is made first (INCRBY, then PTTL for an existing
 -- key) and settled once the request is decided: kept (a new counter gets its
@@ -66,17 +66,19 @@ local function fixed_window_module(corruption)
   -- says to retry at once, as the memory store's never does.
   function fixed_window.left(key, window, expire)
     local ttl = redis.call('PTTL', key)
-    if ttl < 0 or ttl > window then
+    if ttl < 0 or ttl > expire then
       return fixed_window.heal(key, ttl, window, expire)
     end
     return ttl + 1
   end
 
-  -- The window left at key whose PTTL is ttl, outside 0..window: a key with
-  -- no TTL, or one longer than the window, gets a new counter's expiry, and
-  -- says so: `expire` + 1.
+  -- The window left at key whose PTTL is ttl, outside 0..expire: a key with
+  -- no TTL, or one longer than a new counter's (set by a version before
+  -- `expire`, PEXPIRE window_ms; a window since shortened), gets a new
+  -- counter's expiry, and says so: `expire` + 1. A key that is gone (-2,
+  -- a look) is left so.
   function fixed_window.heal(key, ttl, window, expire)
-    if ttl == -1 or ttl > window then
+    if ttl == -1 or ttl > expire then
       redis.call('PEXPIRE', key, expire)
     end
     return expire + 1

@@ -45,7 +45,11 @@
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
-    /// A counter per window; the window starts at the key's first request.
+    /// A counter per window; the window starts at the key's first request
+    /// and lasts the quota's window, to the millisecond, in either store
+    /// (but for a window of 1 ms, which lasts 2 on Redis: `PEXPIRE 0`
+    /// deletes a key, so the shortest expiry Redis keeps is 1 ms past the
+    /// current one, and its wait says 2 ms).
     #[default]
     FixedWindow,
     /// A weighted count over this and the previous window.

@@ -923,3 +923,42 @@ async fn a_denial_in_a_counters_last_millisecond_says_retry_in_one() {
     }
     panic!("the key never reached its last ms in a call: (px, left, retry) {seen:?}");
 }
+
+/// A counter set by a version before the window's expiry was `window_ms -
+/// 1` (PEXPIRE `window_ms`: a PTTL of the whole window, in its first ms)
+/// says no more than the window, and gets the new expiry. Fails with heal
+/// applied only past the window: it said `window_ms + 1`, and a window of
+/// 1 s a `Retry-After` of 2.
+#[tokio::test]
+async fn a_counter_set_by_an_older_version_says_no_more_than_its_window() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis_ratelimit::store::DECIDE_FIXED_LUA;
+    let mut longest = 0;
+    for i in 0..20 {
+        let key = format!("old:{i}");
+        // Set as an older version sets a new counter, and decided at once
+        // (limit 1, so denied; a window of 60 s), in one pipeline.
+        let (_, reply): ((), support::Reply) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(1)
+            .arg("PX")
+            .arg(60_000)
+            .cmd("EVAL")
+            .arg(script)
+            .arg(1)
+            .arg(&key)
+            .arg(&["0", "1", "60000", "1"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let (left, reset) = (reply.0[0], reply.0[1]);
+        assert!(left < 0, "{key}: denied: {reply:?}");
+        longest = longest.max(reset);
+        let ttl: i64 = conn.pttl(&key).await.unwrap();
+        assert!(ttl < 60_000, "{key}: PTTL {ttl}");
+    }
+    assert!(longest <= 60_000, "a wait of {longest} ms on a 60 s window");
+    server.assert_every_key_has_ttl().await;
+}
