@@ -32,6 +32,9 @@ pub(crate) struct DenyCache {
     /// `Refund::Successes`), leave other keys' denials cached.
     epoch: AtomicU32,
     stripes: [AtomicU32; STRIPES],
+    /// Some limit is a sliding window or GCRA, whose denial of one cost an
+    /// admission of another lengthens: see [`DenyCache::admitted`].
+    admissions_lengthen: bool,
 }
 
 /// How many stripes of `remove` epochs a cache keeps.
@@ -81,14 +84,17 @@ struct Entry {
 }
 
 /// Whether every limit of a denial would make a larger cost wait as long
-/// as the cost it denied: a fixed window's wait is its window's end,
-/// whatever the cost; a sliding window's and GCRA's grow with it, so their
-/// denial answers only the cost it was made for (a larger one served from
-/// it would be told to retry too soon).
+/// as the cost it denied: a fixed window that denied waits for its window's
+/// end, whatever the cost; a sliding window's and GCRA's wait grows with
+/// it; and a limit that admitted the cost can deny a larger one, with a
+/// wait of its own (a window of a day beside the second's that denied). So
+/// only a denial by every limit, each a fixed window, answers a larger cost;
+/// any other answers only the cost it was made for (a larger one served
+/// from it would be told to retry too soon).
 fn waits_as_long(decision: &Decision) -> bool {
     decision
         .limits()
-        .all(|l| l.quota().algorithm() == crate::Algorithm::FixedWindow)
+        .all(|l| !l.is_allowed() && l.quota().algorithm() == crate::Algorithm::FixedWindow)
 }
 
 impl fmt::Debug for DenyCache {
@@ -102,8 +108,12 @@ impl fmt::Debug for DenyCache {
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize, max_age: Duration) -> Self {
+    /// A cache for a limiter of `quotas`.
+    pub(crate) fn new(capacity: usize, max_age: Duration, quotas: &[crate::Quota]) -> Self {
         Self {
+            admissions_lengthen: quotas
+                .iter()
+                .any(|q| q.algorithm() != crate::Algorithm::FixedWindow),
             cache: Cache::new(capacity),
             max_age,
             live_until: AtomicU64::new(0),
@@ -153,6 +163,21 @@ impl DenyCache {
     pub(crate) fn remove(&self, key: &str) {
         self.stripes[stripe(key.as_bytes())].fetch_add(1, Ordering::SeqCst);
         self.cache.remove(key);
+    }
+
+    /// The store admitted a request on `miss`'s key: a denial cached for
+    /// another cost is stale if a limit is a sliding window or GCRA, as the
+    /// admission spent units that denial's wait counted on (a fixed window's
+    /// wait is its end, which an admission does not move). So it is
+    /// forgotten, with any on its way. A clock read when some denial is
+    /// live, nothing when none is or every limit is a fixed window.
+    pub(crate) fn admitted(&self, miss: &Miss) {
+        if !self.admissions_lengthen
+            || self.since_base(Instant::now()) >= self.live_until.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        self.remove(&miss.key());
     }
 
     /// Forgets every denial, and any on its way.
@@ -224,7 +249,7 @@ mod tests {
     /// and a lookup after the last one has expired finds nothing.
     #[test]
     fn a_denial_is_found_while_live_and_not_after() {
-        let cache = DenyCache::new(100, Duration::from_millis(50));
+        let cache = DenyCache::new(100, Duration::from_millis(50), &[]);
         assert!(cache.get("a", 1).is_none());
         cache.insert(&cache.miss(b"a"), 1, &denied(60_000));
         cache.insert(&cache.miss(b"b"), 1, &denied(20));
@@ -249,7 +274,7 @@ mod tests {
     /// unit would be free, not ten.
     #[test]
     fn only_a_fixed_windows_denial_answers_a_larger_cost() {
-        let cache = DenyCache::new(100, Duration::from_secs(60));
+        let cache = DenyCache::new(100, Duration::from_secs(60), &[]);
         let q: crate::Quota = "10/1m".parse().unwrap();
         for (key, quota) in [
             ("gcra", q.gcra(10).unwrap()),
@@ -265,12 +290,65 @@ mod tests {
         assert!(cache.get("fixed", 1).is_none());
     }
 
+    /// Fails with every fixed-window denial answering larger costs: a
+    /// second's limit denied cost 1 while the day's admitted it with 2
+    /// left, and a request of cost 3, which the day's limit denies for
+    /// hours, was told to retry in a second.
+    #[test]
+    fn a_denial_answers_a_larger_cost_only_if_every_limit_denied() {
+        let cache = DenyCache::new(100, Duration::from_secs(60), &[]);
+        let limits = [
+            ("second".to_owned(), "10/1s".parse().unwrap()),
+            ("day".to_owned(), "100/1d".parse().unwrap()),
+        ];
+        let policies = Arc::new(Policies::new(&limits));
+        let state = |allowed, remaining, ms| LimitState {
+            allowed,
+            remaining,
+            reset_ms: ms,
+            retry_ms: if allowed { 0 } else { ms },
+        };
+        let second_only = Decision::new(
+            vec![state(false, 0, 600), state(true, 2, 80_000_000)],
+            policies.clone(),
+        );
+        cache.insert(&cache.miss(b"one"), 1, &second_only);
+        assert!(cache.get("one", 1).is_some(), "its own cost");
+        assert!(cache.get("one", 3).is_none(), "a cost the day may deny");
+        let both = Decision::new(
+            vec![state(false, 0, 600), state(false, 0, 80_000_000)],
+            policies,
+        );
+        cache.insert(&cache.miss(b"both"), 1, &both);
+        assert!(cache.get("both", 3).is_some());
+    }
+
+    /// Fails without `admitted`: a GCRA denial of cost 5 outlived the
+    /// store's admission of cost 1, which lengthened the wait for 5, and
+    /// told the next request of cost 5 a retry time the store would deny.
+    #[test]
+    fn an_admission_forgets_a_denial_it_lengthened() {
+        let q: crate::Quota = "10/1m".parse().unwrap();
+        let gcra = q.gcra(10).unwrap();
+        let cache = DenyCache::new(100, Duration::from_secs(60), &[gcra]);
+        cache.insert(&cache.miss(b"a"), 5, &denied_by(gcra, 18_000));
+        cache.insert(&cache.miss(b"b"), 5, &denied_by(gcra, 18_000));
+        cache.admitted(&cache.miss(b"a"));
+        assert!(cache.get("a", 5).is_none());
+        assert!(cache.get("b", 5).is_some(), "another key's stays");
+        // A fixed window's end does not move: its denial stays.
+        let fixed = DenyCache::new(100, Duration::from_secs(60), &[q]);
+        fixed.insert(&fixed.miss(b"a"), 5, &denied_by(q, 18_000));
+        fixed.admitted(&fixed.miss(b"a"));
+        assert!(fixed.get("a", 5).is_some());
+    }
+
     /// Fails without the epoch: a denial the store made before a reset or
     /// a refund, answered after it, was cached after the cache was cleared,
     /// and repeated for up to the max age to a client the reset had freed.
     #[test]
     fn a_denial_answered_across_a_clear_or_remove_is_not_cached() {
-        let cache = DenyCache::new(100, Duration::from_secs(60));
+        let cache = DenyCache::new(100, Duration::from_secs(60), &[]);
         let before_clear = cache.miss(b"a");
         cache.clear();
         cache.insert(&before_clear, 1, &denied(60_000));
@@ -289,7 +367,7 @@ mod tests {
     /// being cached, so a hammered key cost a store call a request again.
     #[test]
     fn a_remove_of_another_key_leaves_a_denial_on_its_way_cached() {
-        let cache = DenyCache::new(100, Duration::from_secs(60));
+        let cache = DenyCache::new(100, Duration::from_secs(60), &[]);
         let other = (0..)
             .map(|i| format!("other-{i}"))
             .find(|k| super::stripe(k.as_bytes()) != super::stripe(b"a"))

@@ -455,3 +455,105 @@ async fn until_ready_each_waits_for_every_limit() {
         .unwrap();
     assert!(d.is_allowed());
 }
+
+/// Two limiters on one Redis, their deny caches on and off, with `quotas`.
+async fn cached_and_not(server: &RedisServer, quotas: &[(&str, Quota)]) -> (Limiter, Limiter) {
+    let build = |cache| {
+        let store = server.store();
+        async move {
+            let mut b = Limiter::builder(quotas[0].1).name(quotas[0].0);
+            for (name, quota) in &quotas[1..] {
+                b = b.limit(*name, *quota);
+            }
+            b.share_counters()
+                .store(store.await)
+                .timeout(TEST_TIMEOUT)
+                .deny_cache(cache)
+                .build()
+                .unwrap()
+        }
+    };
+    (build(1000).await, build(0).await)
+}
+
+/// Fails with every fixed-window denial answering larger costs: the
+/// second's limit denied cost 1 while the day's admitted it with 2 left,
+/// and a request of cost 3, which the day's limit denies for a day, was
+/// told from the cache to retry within a second.
+#[tokio::test]
+async fn a_cached_denial_by_one_limit_does_not_answer_a_cost_another_denies() {
+    let server = RedisServer::start();
+    let quotas = [
+        ("second", "10/1s".parse().unwrap()),
+        ("day", "12/1d".parse().unwrap()),
+    ];
+    let (cached, store) = cached_and_not(&server, &quotas).await;
+    assert!(cached.check("k", 10).await.unwrap().is_allowed());
+    let first = cached.check("k", 1).await.unwrap();
+    assert!(!first.is_allowed());
+    assert_eq!(first.policy(), "second");
+    let told = cached.check("k", 3).await.unwrap();
+    let truth = store.check("k", 3).await.unwrap();
+    assert!(!told.is_allowed() && !truth.is_allowed());
+    assert!(
+        truth.retry_after().unwrap() > Duration::from_secs(3600),
+        "the day's limit denies cost 3: {truth:?}"
+    );
+    assert_eq!(told.policy(), "day", "{told:?}");
+    assert!(
+        told.retry_after() >= truth.retry_after().map(|w| w - Duration::from_secs(1)),
+        "told {:?}, Redis says {:?}",
+        told.retry_after(),
+        truth.retry_after()
+    );
+}
+
+/// Fails with a refund dropping only its own keys' cached denial: client
+/// b was denied by the global limit, a's refund freed a unit of it, and b
+/// was still denied from the cache, with no store call.
+#[tokio::test]
+async fn a_refund_of_a_shared_limit_frees_other_clients_cached_denials() {
+    let server = RedisServer::start();
+    let quotas = [
+        ("per-key", "100/1m".parse().unwrap()),
+        ("global", "3/1m".parse().unwrap()),
+    ];
+    let (l, _) = cached_and_not(&server, &quotas).await;
+    let mut last = None;
+    for _ in 0..3 {
+        let d = l.check_each(&["a", "all"], 1).await.unwrap();
+        assert!(d.is_allowed());
+        last = Some(d);
+    }
+    let denied = l.check_each(&["b", "all"], 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert_eq!(denied.policy(), "global");
+    l.refund_each(&["a", "all"], &last.unwrap()).await.unwrap();
+    assert!(
+        l.check_each(&["b", "all"], 1).await.unwrap().is_allowed(),
+        "a's refund freed a unit of the global limit"
+    );
+}
+
+/// Fails without the cache forgetting a denial on an admission: a GCRA
+/// denial of cost 5 outlived the admission of cost 1 that lengthened its
+/// wait, and the next request of cost 5 was told the shorter wait.
+#[tokio::test]
+async fn an_admission_of_another_cost_drops_a_gcra_denial_it_lengthened() {
+    let server = RedisServer::start();
+    let gcra: Quota = "10/1m".parse::<Quota>().unwrap().gcra(10).unwrap();
+    let (cached, store) = cached_and_not(&server, &[("api", gcra)]).await;
+    assert!(cached.check("k", 8).await.unwrap().is_allowed());
+    assert!(!cached.check("k", 5).await.unwrap().is_allowed());
+    assert!(cached.check("k", 1).await.unwrap().is_allowed());
+    let told = cached.check("k", 5).await.unwrap();
+    let truth = store.check("k", 5).await.unwrap();
+    assert!(!told.is_allowed() && !truth.is_allowed());
+    // The admission of cost 1 added 6 s to the wait for 5.
+    assert!(
+        told.retry_after() >= truth.retry_after().map(|w| w - Duration::from_secs(1)),
+        "told {:?}, Redis says {:?}",
+        told.retry_after(),
+        truth.retry_after()
+    );
+}

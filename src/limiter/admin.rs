@@ -16,8 +16,18 @@ enum RefundWork {
     Nothing,
     /// The memory store: (key, quota, cost, window end in the store's ms).
     Memory(MemoryStore, Vec<(String, Quota, u64, i64)>),
-    /// Another store; then the deny cache key of the decision's keys.
-    Store(Arc<dyn Store>, Vec<Refund>, Arc<Inner>, Option<String>),
+    /// Another store; then what the refund makes stale in the deny cache.
+    Store(Arc<dyn Store>, Vec<Refund>, Arc<Inner>, Option<Stale>),
+}
+
+/// The cached denials a refund makes stale.
+enum Stale {
+    /// The denials of these keys (the deny cache key of one client key).
+    Keys(String),
+    /// Every denial: a refund of several keys credits counters that other
+    /// clients' denials may share (a global limit's, say), cached under
+    /// their own keys.
+    All,
 }
 
 impl RefundWork {
@@ -40,16 +50,18 @@ impl RefundWork {
                 memory.refund_now(&credits);
                 None
             }
-            RefundWork::Store(store, refunds, inner, cache_key) => Some(async move {
+            RefundWork::Store(store, refunds, inner, stale) => Some(async move {
                 let timeout = inner.timeout;
                 let result = match tokio::time::timeout(timeout, store.refund(refunds)).await {
                     Ok(result) => result,
                     Err(_) => Err(Error::Timeout(timeout)),
                 };
-                // The cached denial of these keys is stale now (whether
+                // The cached denials of these keys are stale now (whether
                 // or not the call went through, it may have).
-                if let (Some(cache), Some(key)) = (&inner.deny_cache, cache_key) {
-                    cache.remove(&key);
+                match (&inner.deny_cache, stale) {
+                    (Some(cache), Some(Stale::Keys(key))) => cache.remove(&key),
+                    (Some(cache), Some(Stale::All)) => cache.clear(),
+                    _ => {}
                 }
                 result
             }),
@@ -334,12 +346,15 @@ impl Limiter {
                     // cannot refund would answer with an error.
                     return Ok(RefundWork::Nothing);
                 }
-                let cache_key = inner.deny_cache.as_ref().map(|_| self.cache_key(keys));
+                let stale = inner.deny_cache.as_ref().map(|_| match keys {
+                    [_] => Stale::Keys(self.cache_key(keys)),
+                    _ => Stale::All,
+                });
                 Ok(RefundWork::Store(
                     store.clone(),
                     refunds,
                     inner.clone(),
-                    cache_key,
+                    stale,
                 ))
             }
             _ => Err(Error::ForeignDecision),

@@ -437,8 +437,10 @@ impl LimiterBuilder {
             .store
             .unwrap_or_else(|| Backend::Memory(MemoryStore::new()));
         // The in-memory store has no use for a deny cache.
-        let deny_cache = (self.deny_cache > 0 && !matches!(store, Backend::Memory(_)))
-            .then(|| DenyCache::new(self.deny_cache, self.deny_cache_max_age));
+        let deny_cache = (self.deny_cache > 0 && !matches!(store, Backend::Memory(_))).then(|| {
+            let quotas: Vec<Quota> = self.limits.iter().map(|(_, q)| *q).collect();
+            DenyCache::new(self.deny_cache, self.deny_cache_max_age, &quotas)
+        });
         let reservations =
             (self.reservation > 0 && !matches!(store, Backend::Memory(_))).then(|| {
                 super::reservation::Reservations::new(self.reservation, self.reservation_keys)

@@ -234,10 +234,11 @@ impl Inner {
             return Ok(decision);
         };
         decision = decision.with_spent(cost, at);
-        if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key)
-            && !decision.is_allowed()
-        {
-            cache.insert(&key, cost, &decision);
+        if let (Some(cache), Some(key)) = (&self.deny_cache, cache_key) {
+            match decision.is_allowed() {
+                true => cache.admitted(&key),
+                false => cache.insert(&key, cost, &decision),
+            }
         }
         metrics::decision(&decision, false);
         tracing::debug!(

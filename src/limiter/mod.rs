@@ -91,13 +91,15 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// **It never admits a request the store would deny**: it only ever denies,
 /// and everything it does not hold goes to the store. A cached denial for a
 /// cost `c` is used only for requests of cost `c` (or more, where every limit
-/// is a fixed window, whose wait a larger cost does not lengthen), for the
+/// is a fixed window and denied it: a larger cost does not lengthen such a
+/// wait, but a limit that admitted `c` may deny more, for longer), for the
 /// same keys, and only until the denial's `Retry-After` has passed or it is
 /// [`deny_cache_max_age`](LimiterBuilder::deny_cache_max_age) old (1 s by
 /// default), whichever is sooner. **It can deny a request the store would
 /// have allowed** when the store's state changed behind its back: a
 /// [`reset`](Limiter::reset) or [`refund`](Limiter::refund) made by another
-/// replica (this limiter's own drop its entry for those keys, and a reset
+/// replica (this limiter's own drop its entry for those keys; a reset, or a
+/// refund of several keys, such as a global limit's beside a client's,
 /// clears the whole cache; a denial of those keys, or for a reset of any,
 /// decided before it and answered after it is not cached), an operator who
 /// deleted the counter, a quota
@@ -109,6 +111,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// latency (under the [timeout](LimiterBuilder::timeout)); a client that
 /// waits out its `Retry-After`, measured from when it got it, is not
 /// affected.
+///
+/// With a sliding window or GCRA limit, a denial of one cost is also dropped
+/// when this limiter's store admits another cost for those keys, which
+/// lengthens the wait the denial told.
 ///
 /// A cached answer has the status and headers of the denial it repeats, with
 /// the waits shortened by the time since. With several limits, another limit
