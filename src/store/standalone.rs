@@ -22,7 +22,8 @@
 //!
 //! The manager also never tries again after a connection whose setup Redis
 //! refused (a password refused: `WRONGPASS`; a database it would not
-//! `SELECT`): it keeps that failed connection, and every later call fails
+//! `SELECT`; over RESP3, the login's `HELLO` refused): it keeps that
+//! failed connection, and every later call fails
 //! with its error at once, for the life of the process, even once Redis
 //! takes the password again (a restart whose users or `requirepass` are set
 //! a little later; a failover to a node not yet given them). So a store
@@ -213,14 +214,17 @@ impl ConnectionLike for Standalone {
 }
 
 /// Whether `e` is a connection's setup that Redis refused, which the
-/// manager never tries again: a login refused, or a database it would not
-/// select. Not an error reply to a command: those come as values.
+/// manager never tries again: a login refused, a database it would not
+/// select, or, over RESP3, whose `HELLO` carries the login, the `HELLO`'s
+/// own refusal (`WRONGPASS`, `NOAUTH`), which redis-rs passes on as Redis's
+/// error. Not an error reply to a command: those come as values.
 fn refused_setup(e: &RedisError) -> bool {
     match e.kind() {
         ErrorKind::AuthenticationFailed => true,
         ErrorKind::Server(ServerErrorKind::ResponseError) => {
             e.to_string().contains("refused to switch database")
         }
+        ErrorKind::Extension => matches!(e.code(), Some("WRONGPASS" | "NOAUTH")),
         _ => false,
     }
 }
