@@ -269,12 +269,13 @@ impl Shards {
         if fits(shard) {
             return Ok(room);
         }
-        // The soonest expiry, or if it has passed (and the sweep waits for
-        // its gap), the next sweep; the cursor may free room sooner.
+        // The soonest expiry, or the next sweep if it comes later: only a
+        // sweep is sure to free the soonest entry's room (the cursor may
+        // free room sooner, but may be far away), so a key told to come
+        // back at the soonest expiry alone could be refused again then.
         let free_at = match shard.soonest_ms {
             u64::MAX => now.ms + SWEEP_GAP_MS,
-            soonest if soonest > now.ms => soonest,
-            _ => shard.sweep_after_ms,
+            soonest => soonest.max(shard.sweep_after_ms),
         };
         Err(free_at.saturating_sub(now.ms).max(1))
     }
