@@ -182,7 +182,9 @@ impl Limiter {
     /// - How exactly the spent window is told from a later one depends on
     ///   the store. The [`MemoryStore`] knows every window's end to the ms
     ///   on its own clock: a window begun after a [reset](Self::reset) is
-    ///   never credited. Redis knows a GCRA spend's end to the µs on its
+    ///   never credited, unless it began in the very ms the spent one did
+    ///   (a reset and the next request in the ms of the spend), which no
+    ///   end told to the ms can tell apart. Redis knows a GCRA spend's end to the µs on its
     ///   clock (its reply says it), so no round trip, however slow, makes a
     ///   refund credit a spend already drained. For a fixed or sliding
     ///   window, Redis learns the end from this process (the decision's

@@ -185,12 +185,13 @@ fn credit(entry: Entry, r: &Credit<'_>, now: Now) -> Option<Entry> {
     let window = r.quota.window_ms() as i64;
     // The spent window ends where the decision said, to the ms, on this
     // store's clock: a window begun after a reset (or an eviction) ends
-    // later, though perhaps by less than half a window, and is not
-    // credited. A caller's measure (the `Store` trait's whole ms from now)
-    // is only that close: windows of one key that follow each other are a
-    // whole window apart, so within half a window of it is the spent one.
+    // later, though perhaps by a single ms, and is not credited (one begun
+    // in the same ms cannot be told apart). A caller's measure (the
+    // `Store` trait's whole ms from now) is only that close: windows of
+    // one key that follow each other are a whole window apart, so within
+    // half a window of it is the spent one.
     let half = (window / 2).max(1);
-    let within = if r.exact { half.min(2) } else { half };
+    let within = if r.exact { 1 } else { half };
     let same = |end: i64| (end - r.end_ms()).abs() < within;
     match entry {
         Entry::Fixed { count, expires_ms } => {
