@@ -155,17 +155,21 @@ local function gcra_module()
 
   -- A key booked beyond cap (see the header): denied, nothing left, waits
   -- from the booking's end (in whole µs from now, until_us), capped by the
-  -- key's TTL; a TTL beyond the booking's end, or none, is healed (undo).
+  -- key's life: a key whose PTTL is k lives through the ms k from now and
+  -- is gone the ms after, so k + 1 (a PTTL of 0 is its last ms). A TTL
+  -- beyond the booking's end is healed (undo: PEXPIRE reset + 1); one with
+  -- none gets a full bucket's, PEXPIRE h - 1, so that it is gone by h.
   local function booked(key, s, cost, until_us, ttl)
     local per_us = s.per_us
     local tat_ms = ceil_div(until_us, 1000)
-    local heal, horizon = false, tat_ms
+    local heal, horizon, heal_px = false, tat_ms, nil
     if ttl == -1 then
-      heal, horizon = true, math.min(tat_ms, ms(s.cap, per_us))
+      horizon = math.min(tat_ms, ms(s.cap, per_us))
+      heal, heal_px = true, horizon - 1
     elseif ttl > tat_ms + 1 then
       heal = true
-    elseif ttl > 0 then
-      horizon = math.min(tat_ms, ttl)
+    elseif ttl >= 0 then
+      horizon = math.min(tat_ms, ttl + 1)
     end
     local retry = horizon
     if cost <= s.burst then
@@ -176,7 +180,7 @@ local function gcra_module()
     end
     local reset_us = math.min(until_us, horizon * 1000)
     return {
-      key = key, per_us = per_us, ahead = s.cap, after = s.cap, heal = heal,
+      key = key, per_us = per_us, ahead = s.cap, after = s.cap, heal = heal, heal_px = heal_px,
       allowed = false, remaining = 0, remaining_after = 0,
       reset = horizon, reset_after = horizon, ttl = horizon + 1, retry = math.max(1, retry),
       reset_us = reset_us, reset_after_us = reset_us,
@@ -223,7 +227,10 @@ local function gcra_module()
   -- Nothing to take back (check never writes a spend): only a TTL to heal.
   function gcra.undo(st)
     if st.heal then
-      if st.ahead > 0 then
+      if st.heal_px then
+        -- A booking without a TTL: gone by its horizon (PEXPIRE 0 deletes).
+        redis.call('PEXPIRE', st.key, int(st.heal_px))
+      elseif st.ahead > 0 then
         redis.call('PEXPIRE', st.key, int(st.reset + 1))
       else
         redis.call('DEL', st.key)

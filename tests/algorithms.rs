@@ -645,14 +645,18 @@ async fn gcra_a_booking_far_ahead_waits_no_longer_than_its_key_lives() {
     let _: () = set(Some(1500)).query_async(&mut conn).await.unwrap();
     let d = limiter.check("c", 1).await.unwrap();
     assert!(!d.is_allowed(), "{d:?}");
-    assert!(d.retry_after().unwrap() <= ms(1500), "{d:?}");
-    assert!(d.reset_after() <= ms(1500), "{d:?}");
+    // A PTTL of 1500 lives through that ms: 1501 at most.
+    assert!(d.retry_after().unwrap() <= ms(1501), "{d:?}");
+    assert!(d.reset_after() <= ms(1501), "{d:?}");
     let _: () = set(None).query_async(&mut conn).await.unwrap();
     let d = limiter.check("c", 1).await.unwrap();
     assert!(!d.is_allowed(), "{d:?}");
     assert!(d.retry_after().unwrap() <= ms(1000), "{d:?}");
     let ttl: i64 = conn.pttl(&key).await.unwrap();
-    assert!((1..=1001).contains(&ttl), "{ttl}");
+    assert!((0..=999).contains(&ttl), "{ttl}");
+    // Healed to be gone by the time it told (a PTTL of k lives k + 1 ms).
+    let told = d.retry_after().unwrap().as_millis() as i64;
+    assert!(ttl < told, "PTTL {ttl} after a wait of {told} ms");
     server.assert_every_key_has_ttl().await;
 }
 
@@ -820,4 +824,43 @@ async fn gcra_keys_never_expire_before_their_tat() {
             );
         }
     }
+}
+
+/// Fails with a booking's wait capped by the key's bare PTTL: in its last
+/// ms (PTTL 0) the cap was dropped and the wait was the whole booking, a
+/// year; and a PTTL of k said k, though the key lives through that ms.
+#[tokio::test]
+async fn gcra_a_booking_in_its_keys_last_milliseconds_waits_no_longer_than_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let q = "3/1s".parse::<Quota>().unwrap().gcra(3).unwrap();
+    let limiter = Limiter::builder(q)
+        .store(server.store().await)
+        .deny_cache(0)
+        .timeout(support::TEST_TIMEOUT)
+        .build()
+        .unwrap();
+    let key = limiter.store_key("c");
+    let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let far = format!("{}:0", time.0 * 1_000_000 + time.1 + 31_536_000_000_000);
+    let mut denials = 0;
+    // The check lands anywhere in the key's 3 ms, its last one included.
+    for i in 0..300u64 {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(&far)
+            .arg("PX")
+            .arg(2)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        std::thread::sleep(Duration::from_micros(i * 37 % 3200));
+        let d = limiter.check("c", 1).await.unwrap();
+        if let Some(wait) = d.retry_after() {
+            denials += 1;
+            assert!(wait <= ms(3), "{i}: {d:?}");
+        }
+    }
+    assert!(denials > 100, "{denials} denials");
+    server.assert_every_key_has_ttl().await;
 }
