@@ -81,8 +81,11 @@
 -- module's check, commit and undo, as in the form above.
 --
 -- Peek: joined after `local peek = true` (store/scripts.rs's PEEK_LUA), the
--- same script decides and replies as ever but keeps no spend: every limit is
--- settled with undo, and reports its state before spending.
+-- same script decides and replies as ever but spends nothing and heals no
+-- TTL (no undo): it writes nothing, so Redis answers it on a replica (whose
+-- PTTLs run long by as much as its clock is behind its master's) or out of
+-- memory; it reports each limit's state before spending. Only a value that
+-- is not what we write is still deleted by a GCRA or sliding-window peek.
 --
 -- Time is Redis's own (TIME, PTTL), never the caller's. Every argument of
 -- every request is validated before the first write; every key written gets
@@ -128,7 +131,9 @@ if ARGV[1] == '0' then
       module.commit(st, cost)
       remaining, reset, retry = st.remaining_after, st.reset_after_us or st.reset_after, 0
     else
-      module.undo(st, cost)
+      if not peek then
+        module.undo(st, cost) -- a peek spent nothing, and heals nothing
+      end
       if st.allowed then
         retry = 0
       end
@@ -319,7 +324,7 @@ for _ = 1, requests do
     local st = states[i]
     if all and st.allowed and not peek then
       modules[algos[i]].commit(st, cost)
-    else
+    elseif not peek then
       modules[algos[i]].undo(st, cost)
     end
   end

@@ -62,11 +62,16 @@ local function fixed_window_module(corruption)
   local fixed_window = {}
 
   -- The window left at key (its PTTL + 1, above), healing a missing or
-  -- over-long TTL. At least 1 while the key lives, so that a denial never
-  -- says to retry at once, as the memory store's never does.
-  function fixed_window.left(key, window, expire)
+  -- over-long TTL, but for a peek (`readonly`), which writes nothing and
+  -- says what the heal would leave. At least 1 while the key lives, so
+  -- that a denial never says to retry at once, as the memory store's never
+  -- does.
+  function fixed_window.left(key, window, expire, readonly)
     local ttl = redis.call('PTTL', key)
     if ttl < 0 or ttl > expire then
+      if readonly then
+        return expire + 1
+      end
       return fixed_window.heal(key, ttl, window, expire)
     end
     return ttl + 1
@@ -97,8 +102,12 @@ local function fixed_window_module(corruption)
   -- ("7.0", " 7", "1e3", "inf", "-1") is reset, as a spend would reset it,
   -- rather than read as a number here and refused by the INCRBY of a
   -- caller that then spends (reserve.lua), which would fail every call on
-  -- the key until its window ended.
-  function fixed_window.look(key, window, expire)
+  -- the key until its window ended. A peek (`readonly`) reads such a value
+  -- as 0, as the reset would leave it, and neither resets nor heals: it
+  -- writes nothing, so Redis answers it on a replica, out of memory, and
+  -- whatever the clocks of the replica and its master (a replica's PTTL
+  -- of a key is longer by as much as its clock is behind).
+  function fixed_window.look(key, window, expire, readonly)
     local raw = redis.pcall('GET', key)
     local count = 0
     if raw then
@@ -108,11 +117,13 @@ local function fixed_window_module(corruption)
         if type(raw) == 'table' then
           corruption(raw) -- raises any error but a wrong type
         end
-        redis.call('DEL', key) -- corrupt: start afresh
+        if not readonly then
+          redis.call('DEL', key) -- corrupt: start afresh
+        end
         count = 0
       end
     end
-    return count, fixed_window.left(key, window, expire)
+    return count, fixed_window.left(key, window, expire, readonly)
   end
 
   -- Spends cost (> 0) at once: the count before it, the window left, and
@@ -166,7 +177,7 @@ local function fixed_window_module(corruption)
     if spent then
       before, ttl, fresh = fixed_window.spend(key, cost, cost, window, expire)
     else
-      before, ttl = fixed_window.look(key, window, expire)
+      before, ttl = fixed_window.look(key, window, expire, peek)
     end
     -- One constructor: the table is allocated once, at its final size.
     return {

@@ -292,6 +292,66 @@ async fn a_sliding_ttl_a_little_long_needs_no_write_to_peek() {
     assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{d:?}");
 }
 
+/// A key whose TTL is longer than a new one's (a fixed window's counter
+/// set by a version before it, or before its window was shortened; any
+/// key on a replica whose clock is behind its master's), or that has none,
+/// is answered by a peek on a replica, as the heal would leave it. Fails
+/// with the peek healing it, a write: READONLY.
+#[tokio::test]
+async fn a_peek_on_a_replica_heals_no_ttl_it_reads() {
+    for algo in [Algo::Fixed, Algo::Sliding, Algo::Gcra] {
+        let primary = RedisServer::start();
+        let on_primary = limiter(algo, primary.store().await);
+        spend(&on_primary, &primary.log()).await;
+        let key = on_primary.store_key("used");
+        let mut conn = primary.conn().await;
+        let ttl: i64 = conn.pttl(&key).await.unwrap();
+        let _: () = conn.pexpire(&key, ttl + 7_200_000).await.unwrap();
+        let replica = primary.start_replica().await;
+        let on_replica = limiter(algo, replica.lazy_store());
+        let d = on_replica
+            .peek("used", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{algo:?}, a long TTL: {e}\n{}", replica.log()));
+        assert_eq!(
+            (d.is_allowed(), d.remaining()),
+            (true, 2),
+            "{algo:?}: {d:?}"
+        );
+        // A sliding window drains over two windows at most.
+        assert!(
+            d.reset_after() <= Duration::from_secs(7200),
+            "{algo:?}: {d:?}"
+        );
+        let _: () = conn.persist(&key).await.unwrap();
+        let persisted = async {
+            loop {
+                let ttl: i64 = replica.conn().await.pttl(&key).await.unwrap();
+                if ttl == -1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), persisted)
+            .await
+            .expect("the replica never saw the PERSIST");
+        let d = on_replica
+            .peek("used", 1)
+            .await
+            .unwrap_or_else(|e| panic!("{algo:?}, no TTL: {e}\n{}", replica.log()));
+        assert_eq!(
+            (d.is_allowed(), d.remaining()),
+            (true, 2),
+            "{algo:?}: {d:?}"
+        );
+        assert!(
+            d.reset_after() <= Duration::from_secs(7200),
+            "{algo:?}: {d:?}"
+        );
+    }
+}
+
 async fn read_only_replica_is_a_store_error(algo: Algo) {
     let primary = RedisServer::start();
     let on_primary = limiter(algo, primary.store().await);
