@@ -19,6 +19,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
+use percent_encoding::percent_decode_str;
 use tower::{ServiceBuilder, util::MapRequest};
 
 #[tokio::main]
@@ -29,7 +30,10 @@ async fn main() -> ExitCode {
 
 /// `GET /`: `ok`; `GET /status/<code>`: that status; any other path 404,
 /// and any other method 405, as the axum and actix-web examples answer
-/// (so a refund by status charges the same requests on each).
+/// (so a refund by status charges the same requests on each). The code is
+/// percent-decoded, as axum's `Path` and actix-web's router decode it
+/// (`/status/%35%30%30` is a 500); the route is matched on the raw path,
+/// as axum's is, so an encoded `/` stays in the code (a 400).
 async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
     let code = path
@@ -46,7 +50,11 @@ async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallib
             return Ok(res);
         }
         ("/", _) => return Ok(Response::new(Full::new(Bytes::from_static(b"ok")))),
-        (_, Some(code)) => support::status(code),
+        (_, Some(code)) => match percent_decode_str(code).decode_utf8() {
+            Ok(code) => support::status(&code),
+            // Not UTF-8, so no number: axum's `Path` answers 400 too.
+            Err(_) => StatusCode::BAD_REQUEST,
+        },
         _ => StatusCode::NOT_FOUND,
     };
     let mut res = Response::new(Full::new(Bytes::new()));

@@ -2,7 +2,7 @@
 //! `RATE_LIMIT_DENY_CACHE`, `RATE_LIMIT_SHADOW`, `RATE_LIMIT_RESERVE` and
 //! `RATE_LIMIT_RESERVE_KEYS`: the limits an example server enforces, and how.
 
-use redis_ratelimit::{Limiter, LimiterBuilder, Quota, QuotaError};
+use redis_ratelimit::{Limiter, LimiterBuilder, Quota, QuotaError, quota::MAX_LIMIT};
 
 use super::{Error, var};
 
@@ -54,18 +54,20 @@ impl Limits {
         // Read even with `off`, so that a typo is reported all the same.
         let deny_cache = switch("RATE_LIMIT_DENY_CACHE", true)?;
         let shadow = switch("RATE_LIMIT_SHADOW", false)?;
+        // At most MAX_LIMIT, as `local_reservation` takes: refused here,
+        // naming the variable, not later by the limiter's build.
         let reserve = match var("RATE_LIMIT_RESERVE")? {
             Some(n) => Some(
                 n.trim()
                     .parse::<u64>()
                     .ok()
-                    .filter(|n| *n >= 1)
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
                     .ok_or_else(|| {
-                        Error::config(
-                            "RATE_LIMIT_RESERVE",
-                            &n,
-                            "use a whole number of requests >= 1, such as 50, or unset it",
-                        )
+                        let fix = format!(
+                            "use a whole number of requests from 1 to {MAX_LIMIT}, such as 50, \
+                             or unset it"
+                        );
+                        Error::config("RATE_LIMIT_RESERVE", &n, fix)
                     })?,
             ),
             None => None,

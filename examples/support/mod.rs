@@ -16,7 +16,7 @@
 //! | `RATE_LIMIT_BURST` | the quota's count | with `gcra`: requests admitted at once |
 //! | `RATE_LIMIT_DENY_CACHE` | `on` | `off` sends every denial to the store (see `Limiter`'s deny cache) |
 //! | `RATE_LIMIT_SHADOW` | `off` | `on`: dry run, decisions are made and reported but nothing is denied |
-//! | `RATE_LIMIT_RESERVE` | unset: off | Redis only (refused without one), one `fixed-window` quota: reserve up to this many units of a key per Redis call and admit from them in process (`LimiterBuilder::local_reservation`), for hot keys; may under-admit by at most that many per instance and window, never over-admits |
+//! | `RATE_LIMIT_RESERVE` | unset: off | Redis only (refused without one), one `fixed-window` quota: reserve up to this many units of a key (1 to 2^50, `MAX_LIMIT`) per Redis call and admit from them in process (`LimiterBuilder::local_reservation`), for hot keys; never over-admits, and may under-admit by less than `n + n / 4` units per instance and window (`n` its value), plus the units given back to it (refunds, and those of a request that left before its reserve call answered) |
 //! | `RATE_LIMIT_RESERVE_KEYS` | unset: 10000 | with `RATE_LIMIT_RESERVE`: how many keys may hold a reservation at once (`LimiterBuilder::local_reservation_keys`, 1 to 10000000, about 300 bytes each); size it to the keys hit again within a window |
 //! | `RATE_LIMIT_KEY` | `ip` | `ip` (peer address), `client-ip` (the client behind trusted proxies, see below) or `header:<name>` (e.g. `header:x-api-key`) |
 //! | `TRUSTED_PROXIES` | unset: none | with `client-ip`: proxies whose forwarding headers are believed, as addresses or CIDR ranges separated by commas, e.g. `10.0.0.0/8,::1` |
