@@ -16,8 +16,12 @@
 //! one, and no client can close the hash tag early or reach outside it.
 //!
 //! So the client part, braces included, is at most `RAW_KEY_MAX + 2` = 130
-//! bytes, and a whole key at most `prefix + name + 135` bytes: 263 with the
-//! longest prefix and name `validate` allows.
+//! bytes, and a lone limit's whole key (`<prefix>:<algorithm>:<name>:`,
+//! the algorithm `fw`, `sw` or `gcra`, then the client part) at most
+//! `prefix + name + 137` bytes: 265 with the longest prefix and name
+//! `validate` allows. A limit of several adds the shared tag,
+//! `{<prefix>:<first policy>}:`, so its keys are bounded too, by less
+//! than twice that.
 
 use sha2::{Digest, Sha256};
 
@@ -97,8 +101,10 @@ pub(crate) struct StackKey {
     overflowed: bool,
 }
 
-/// Room for any key of a lone limit: prefix and name (64 bytes each), the
-/// algorithm, three colons and the client part (`RAW_KEY_MAX + 2`).
+/// Room for any key of a lone fixed-window limit, the only one a
+/// reservation takes: prefix and name (64 bytes each), the algorithm
+/// (`fw`), three colons and the client part (`RAW_KEY_MAX + 2`). A longer
+/// key overflows, and is built on the heap.
 const STACK_KEY_MAX: usize = 64 + 64 + 2 + 3 + RAW_KEY_MAX + 2;
 
 impl StackKey {

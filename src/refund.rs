@@ -7,10 +7,11 @@
 //! [`RateLimitLayer::refund_when`](crate::RateLimitLayer::refund_when) (the
 //! actix middleware has the same method).
 //!
-//! * A refunded response costs exactly one extra store call
+//! * A refunded response costs at most one extra store call
 //!   ([`Limiter::refund`](crate::Limiter::refund)'s, on the keys and the
-//!   limiter, the request's tier's, that decided the request); other
-//!   responses cost none.
+//!   limiter, the request's tier's, that decided the request): none when
+//!   its units go back to a live local reservation, or when it spent
+//!   nothing (a shadow limit's denial); other responses cost none.
 //! * The response is not delayed: the refund runs as a task on the Tokio
 //!   runtime (actix-web runs on Tokio too), but on the
 //!   [`MemoryStore`](crate::MemoryStore), which refunds in process, at

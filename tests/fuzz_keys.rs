@@ -174,22 +174,33 @@ fn client_bytes() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn limiter() -> impl Strategy<Value = Limiter> {
-    ("[a-zA-Z0-9._~:@/+=-]{1,64}", "[a-zA-Z0-9._~:@/+=-]{1,64}").prop_map(|(prefix, name)| {
-        Limiter::builder(Quota::per_second(1))
-            .prefix(prefix)
-            .name(name)
-            .build()
-            .unwrap()
-    })
+    (
+        "[a-zA-Z0-9._~:@/+=-]{1,64}",
+        "[a-zA-Z0-9._~:@/+=-]{1,64}",
+        0..3,
+    )
+        .prop_map(|(prefix, name, algorithm)| {
+            let quota = match algorithm {
+                0 => Quota::per_second(1),
+                1 => Quota::per_second(1).sliding_window(),
+                _ => Quota::per_second(1).gcra(1).unwrap(),
+            };
+            Limiter::builder(quota)
+                .prefix(prefix)
+                .name(name)
+                .build()
+                .unwrap()
+        })
 }
 
-/// The documented bound: prefix, `:fw:`, name, `:`, and a client part of at
-/// most `RAW_KEY_MAX + 2` bytes (263 with the longest prefix and name).
+/// The documented bound: prefix, `:fw:` (`:sw:`, `:gcra:`), name, `:`, and
+/// a client part of at most `RAW_KEY_MAX + 2` bytes (265 with the longest
+/// prefix and name, and GCRA's).
 fn assert_store_key_sound(limiter: &Limiter, key: &[u8]) -> Result<(), TestCaseError> {
     let store_key = limiter.store_key(key);
     let fixed = limiter.store_key("").len() - 67; // the hashed empty key is `{#<64 hex>}`
     prop_assert!(store_key.len() <= fixed + RAW_KEY_MAX + 2, "{store_key}");
-    prop_assert!(store_key.len() <= 64 + 4 + 64 + 1 + RAW_KEY_MAX + 2);
+    prop_assert!(store_key.len() <= 64 + 6 + 64 + 1 + RAW_KEY_MAX + 2);
     let open = store_key.find('{');
     prop_assert!(open.is_some(), "{store_key}");
     prop_assert_eq!(store_key.matches('{').count(), 1, "{}", store_key);

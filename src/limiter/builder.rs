@@ -259,7 +259,9 @@ impl LimiterBuilder {
     ///   request dropped by its client (a reset stream) or timed out loses
     ///   none of the units the store spent for it: they stay reserved for
     ///   the key's next requests. Only an answer later than that timeout
-    ///   is lost: up to `n` units the store spent and no one holds, beyond
+    ///   is lost: up to `n` units (or the request's cost, if larger: a
+    ///   costlier request reserves its whole cost) the store spent and no
+    ///   one holds, beyond
     ///   the under-admission bound above, for each such answer (a store
     ///   slower than the timeout can so waste a window's units).
     /// - A decision from the reservation reports as `remaining` the units
