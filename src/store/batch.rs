@@ -90,7 +90,7 @@ mod routing;
 pub(crate) use self::deadline::Deadline;
 use self::{
     deadline::{
-        Held, Shortest, Sweep, Timer, Waiter, Waiting, drop_finished, earliest, within_deadlines,
+        Held, Shortest, Sweep, Timer, Waiter, Waiting, drop_finished, read_until, within_deadlines,
     },
     fill::Fill,
     lanes::Lanes,
@@ -455,19 +455,17 @@ async fn run<C: Batched>(
         if room > 0 && !queue.is_empty() {
             queue.recv_many(&mut jobs, room).await;
         }
-        // A stale router is read again, by the round's earliest deadline
-        // and the queue's next sweep. A sweep due at or before now bounds
+        // A stale router is read again, by the round's earliest deadline,
+        // the queue's next sweep and the deadline of a request queued
+        // meanwhile (`read_until`). A sweep due at or before now bounds
         // nothing (it is set only while the task waits for a permit, and
         // left behind once the burst ends): it would leave the read no time.
         let doubt = stale.swap(Doubt::None as u8, Ordering::Relaxed);
         let reread = doubt == Doubt::Failed as u8;
         let until = reread
             .then(|| {
-                let now = Instant::now();
-                earliest(
-                    jobs.iter().filter_map(|job| job.waiter.due()).min(),
-                    sweep.next.filter(|next| *next > now),
-                )
+                let due = jobs.iter().filter_map(|job| job.waiter.due()).min();
+                read_until(due, sweep.next, &shortest, Instant::now())
             })
             .flatten();
         let router = (routing.current(&conn, reread, doubt == Doubt::TimedOut as u8, until)).await;

@@ -94,7 +94,7 @@ impl Shortest {
         }
     }
 
-    fn get(&self) -> Option<Duration> {
+    pub(super) fn get(&self) -> Option<Duration> {
         match self.nanos.load(Ordering::Relaxed) {
             u64::MAX => None,
             nanos => Some(Duration::from_nanos(nanos)),
@@ -161,6 +161,23 @@ pub(super) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// When a read of the router made at `now`, before a round, must end: by
+/// the round's earliest deadline (`due`), the queue's next sweep (`sweep`,
+/// if still ahead), and the deadline of a request that may queue while it
+/// reads: `now` plus the shortest timeout any request has had. Nothing
+/// sweeps the queue during the read, and a request there on a multi-thread
+/// runtime has no timer of its own: a limiter of 20 ms sharing the store
+/// with one of 200 ms was answered at the 200 ms one's deadline.
+pub(super) fn read_until(
+    due: Option<Instant>,
+    sweep: Option<Instant>,
+    shortest: &Shortest,
+    now: Instant,
+) -> Option<Instant> {
+    let queued = shortest.get().and_then(|t| now.checked_add(t));
+    earliest(earliest(due, sweep.filter(|next| *next > now)), queued)
 }
 
 /// What waits for a round's permit: the queue and the requests held.
@@ -331,4 +348,33 @@ pub(super) async fn within_deadlines<F: Future>(
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deadline(timeout_ms: u64) -> Deadline {
+        Deadline::after(Duration::from_millis(timeout_ms)).unwrap()
+    }
+
+    /// Fails without the shortest timeout in the bound: a read before a
+    /// round of 200 ms requests could last their 200 ms while a 20 ms
+    /// request waited in the queue, unswept.
+    #[tokio::test(start_paused = true)]
+    async fn a_router_read_ends_by_the_deadline_of_a_request_queued_meanwhile() {
+        let now = Instant::now();
+        let due = Some(now + Duration::from_millis(200));
+        let shortest = Shortest::new();
+        assert_eq!(read_until(due, None, &shortest, now), due);
+        shortest.note(deadline(200));
+        shortest.note(deadline(20));
+        let until = read_until(due, None, &shortest, now);
+        assert_eq!(until, Some(now + Duration::from_millis(20)));
+        // A sweep due sooner bounds it; one already past does not.
+        let soon = Some(now + Duration::from_millis(5));
+        assert_eq!(read_until(due, soon, &shortest, now), soon);
+        let past = Some(now - Duration::from_millis(5));
+        assert_eq!(read_until(due, past, &shortest, now), until);
+    }
 }
