@@ -300,3 +300,29 @@ async fn assert_counted_on_the_promoted_replica(decision: &Decision, deployment:
         deployment.log()
     );
 }
+
+/// Sentinels reached over TLS (`rediss://`) name a master that speaks TLS
+/// only: the store reaches it over TLS too. Fails with the master reached
+/// in plain TCP whatever the sentinels' scheme (the store never starts).
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn over_tls_sentinels_the_master_is_reached_over_tls() {
+    let pki = support::tls::Pki::new();
+    let master = pki.server(&[]);
+    let conf = format!("sentinel monitor {MASTER} 127.0.0.1 {} 1\n", master.port());
+    let sentinel = pki.sentinel(&conf);
+    // The test CA is not the system's: no certificate check, for either.
+    let url = format!("{}/#insecure", sentinel.url());
+    let store = RedisStore::sentinel([url.as_str()], MASTER)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", sentinel.log(), master.log()));
+    let limiter = every_check("2/1m".parse().unwrap(), store).build().unwrap();
+    assert!(limiter.check("k", 1).await.unwrap().is_allowed());
+    assert_eq!(limiter.check("k", 1).await.unwrap().remaining(), 0);
+    // A list that mixes the schemes says nothing sure of the master.
+    let mixed = [url.as_str(), "redis://127.0.0.1:1"];
+    match RedisStore::sentinel(mixed, MASTER).await {
+        Err(Error::Startup(message)) => assert!(message.contains("mix"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -7,7 +7,7 @@
 //! | `BIND` | `127.0.0.1:3000` | address to listen on (port 0 picks a free one); `[::]:port` is dual-stack (IPv4 clients too) whatever the system's default |
 //! | `REDIS_URL` | unset: in-memory store | counters in Redis, e.g. `redis://127.0.0.1:6379/0`, or over a local Redis's Unix socket, `unix:///run/redis/redis.sock` |
 //! | `REDIS_CLUSTER_URLS` | unset | counters in a Redis Cluster instead: seed node URLs separated by commas, e.g. `redis://10.0.0.1:7000,redis://10.0.0.2:7000`; needs the `cluster` feature, and not with `REDIS_URL` |
-//! | `REDIS_SENTINEL_URLS` | unset | counters on the master that Redis Sentinel names instead, followed across failovers: sentinel URLs separated by commas, e.g. `redis://10.0.0.1:26379,redis://10.0.0.2:26379`; needs the `sentinel` feature and `REDIS_SENTINEL_MASTER`, and not with `REDIS_URL`, `REDIS_CLUSTER_URLS` or `REDIS_POOL` |
+//! | `REDIS_SENTINEL_URLS` | unset | counters on the master that Redis Sentinel names instead, followed across failovers: sentinel URLs separated by commas, e.g. `redis://10.0.0.1:26379,redis://10.0.0.2:26379` (`rediss://` ones, all of them, reach the master over TLS too); needs the `sentinel` feature and `REDIS_SENTINEL_MASTER`, and not with `REDIS_URL`, `REDIS_CLUSTER_URLS` or `REDIS_POOL` |
 //! | `REDIS_SENTINEL_MASTER` | unset | with `REDIS_SENTINEL_URLS`: the master's name in the sentinels' configuration, e.g. `mymaster` |
 //! | `RATE_LIMIT_MEMORY_MAX_KEYS` | `1000000` | in-memory store only: the most keys it holds; new keys are denied (429) while it is full (see `MemoryStore`) |
 //! | `REDIS_POOL` | unset: one multiplexed connection | with `REDIS_URL` or `REDIS_CLUSTER_URLS`: a bb8 pool of this many connections |

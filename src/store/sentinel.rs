@@ -76,9 +76,10 @@ use std::{
 };
 
 use redis::{
-    Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+    Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsMode, Value,
     aio::{ConnectionLike, MultiplexedConnection},
-    sentinel::{SentinelClient, SentinelServerType},
+    sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType},
 };
 use tokio::sync::watch;
 
@@ -86,6 +87,34 @@ use self::lookup::{State, Suspicion};
 use super::super::pool;
 use super::{Backend, Batcher, RedisStore, self_test};
 use crate::Error;
+
+/// The master's TLS, as the sentinels': `None` when no sentinel is reached
+/// over TLS, its mode when every one is (`Insecure` only if every one is),
+/// and an error for a list that mixes the two, which says nothing sure of
+/// the master.
+fn master_tls(sentinels: &[ConnectionInfo]) -> Result<Option<TlsMode>, Error> {
+    let insecure = |info: &ConnectionInfo| match info.addr() {
+        ConnectionAddr::TcpTls { insecure, .. } => Some(*insecure),
+        _ => None,
+    };
+    let tls: Vec<Option<bool>> = sentinels.iter().map(insecure).collect();
+    match (
+        tls.iter().all(Option::is_some),
+        tls.iter().all(Option::is_none),
+    ) {
+        (_, true) => Ok(None),
+        (true, _) => match tls.iter().all(|i| *i == Some(true)) {
+            true => Ok(Some(TlsMode::Insecure)),
+            false => Ok(Some(TlsMode::Secure)),
+        },
+        _ => Err(Error::Startup(
+            "the sentinel URLs mix redis:// and rediss://: give them all one scheme (the \
+             master is reached over TLS if the sentinels are), or build a SentinelClient \
+             for the master's TLS and use RedisStore::from_sentinel"
+                .into(),
+        )),
+    }
+}
 
 #[path = "sentinel_lookup.rs"]
 mod lookup;
@@ -344,9 +373,13 @@ impl RedisStore {
     /// frozen master) into the [`OnStoreError`](crate::OnStoreError)
     /// policy. The `sentinel` module's docs in the source give the bounds.
     ///
-    /// The master is reached without a password or TLS; for those (or a
-    /// database other than 0), build a [`SentinelClient`] with redis-rs's
-    /// `SentinelClientBuilder` and pass it to
+    /// The master is reached over TLS when the sentinels are (`rediss://`
+    /// URLs, all of them: a list that mixes `redis://` and `rediss://` is
+    /// refused, with [`Error::Startup`]), checking its certificate against
+    /// the system's trust store unless every URL says `#insecure`. It is
+    /// reached without a password; for one (or a database other than 0, or
+    /// certificates of your own), build a [`SentinelClient`] with
+    /// redis-rs's `SentinelClientBuilder` and pass it to
     /// [`from_sentinel`](Self::from_sentinel).
     ///
     /// ```no_run
@@ -369,13 +402,17 @@ impl RedisStore {
         master_name: &str,
     ) -> Result<Self, Error> {
         super::install_tls_provider();
-        let sentinels: Vec<T> = sentinels.into_iter().collect();
+        let sentinels = (sentinels.into_iter())
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<RedisResult<Vec<ConnectionInfo>>>()?;
+        let master = master_tls(&sentinels)?
+            .map(|tls| SentinelNodeConnectionInfo::default().set_tls_mode(tls));
         // Without redis-rs's TLS the name must be a `String`; with it, any `AsRef<str>`.
         #[allow(clippy::unnecessary_to_owned)]
         let client = SentinelClient::build(
             sentinels,
             master_name.to_owned(),
-            None,
+            master,
             SentinelServerType::Master,
         )?;
         Self::connect_sentinel(client, master_name.to_owned()).await

@@ -160,6 +160,8 @@ enum Kind {
     Tls,
     /// A sentinel, from the configuration file at this path.
     Sentinel(std::path::PathBuf),
+    /// A sentinel whose `port` is its TLS port, with no plain port.
+    TlsSentinel(std::path::PathBuf),
 }
 
 fn binary() -> String {
@@ -202,16 +204,27 @@ impl RedisServer {
     /// A sentinel (`redis-server <conf> --sentinel`) whose configuration file
     /// holds `conf` (the sentinel rewrites it, so each has its own).
     pub fn start_sentinel(conf: &str) -> Self {
+        Self::sentinel_as(conf, false, &[])
+    }
+
+    /// Like [`start_sentinel`](Self::start_sentinel), speaking TLS only on
+    /// its port, with `args` (the certificates: see `tls::Pki::sentinel`).
+    #[cfg(feature = "tls")]
+    pub fn start_tls_sentinel(conf: &str, args: &[&str]) -> Self {
+        Self::sentinel_as(conf, true, args)
+    }
+
+    fn sentinel_as(conf: &str, tls: bool, args: &[&str]) -> Self {
         let conf = conf.to_owned();
-        Self::start_as(
-            Kind::Sentinel(Default::default()),
-            &["--sentinel"],
-            move |server| {
-                let path = server.dir.path().join("sentinel.conf");
-                std::fs::write(&path, &conf).expect("write sentinel.conf");
-                server.kind = Kind::Sentinel(path);
-            },
-        )
+        let args = [&["--sentinel"], args].concat();
+        Self::start_as(Kind::Sentinel(Default::default()), &args, move |server| {
+            let path = server.dir.path().join("sentinel.conf");
+            std::fs::write(&path, &conf).expect("write sentinel.conf");
+            server.kind = match tls {
+                true => Kind::TlsSentinel(path),
+                false => Kind::Sentinel(path),
+            };
+        })
     }
 
     fn start_as(kind: Kind, args: &[&str], prepare: impl FnOnce(&mut Self)) -> Self {
@@ -241,6 +254,7 @@ impl RedisServer {
             Kind::Plain => command.args(["--port", &port]),
             Kind::Tls => command.args(["--tls-port", &port, "--port", "0"]),
             Kind::Sentinel(conf) => command.arg(conf).args(["--port", &port]),
+            Kind::TlsSentinel(conf) => command.arg(conf).args(["--tls-port", &port, "--port", "0"]),
         };
         let mut child = command
             .args(["--bind", "127.0.0.1"])
@@ -283,7 +297,7 @@ impl RedisServer {
         match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(true) => {
                 // A TLS server's readiness is its "Ready" line alone.
-                if !matches!(self.kind, Kind::Tls) {
+                if !matches!(self.kind, Kind::Tls | Kind::TlsSentinel(_)) {
                     // A server that does not answer is stopped before the
                     // panic: a `Child` is not killed when dropped.
                     let ping = std::panic::AssertUnwindSafe(|| self.ping());
@@ -330,7 +344,7 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
         let scheme = match self.kind {
-            Kind::Tls => "rediss",
+            Kind::Tls | Kind::TlsSentinel(_) => "rediss",
             _ => "redis",
         };
         format!("{scheme}://127.0.0.1:{}", self.port)

@@ -103,6 +103,29 @@ impl Pki {
         RedisServer::start_tls(&all)
     }
 
+    /// A sentinel that speaks TLS only, with the server certificate, and
+    /// reaches the servers it monitors over TLS (`tls-replication`).
+    pub fn sentinel(&self, conf: &str) -> RedisServer {
+        let (ca, cert, key) = (
+            self.path("ca.crt"),
+            self.path("server.crt"),
+            self.path("server.key"),
+        );
+        let args = [
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+            "--tls-replication",
+            "yes",
+        ];
+        RedisServer::start_tls_sentinel(conf, &args)
+    }
+
     /// Trust this CA; send the client certificate if `client`.
     pub fn certs(&self, client: bool) -> TlsCertificates {
         TlsCertificates {
