@@ -169,15 +169,19 @@ impl DenyCache {
     /// another cost is stale if a limit is a sliding window or GCRA, as the
     /// admission spent units that denial's wait counted on (a fixed window's
     /// wait is its end, which an admission does not move). So it is
-    /// forgotten, with any on its way. A clock read when some denial is
-    /// live, nothing when none is or every limit is a fixed window.
+    /// forgotten, with any on its way: the key's epoch moves whatever the
+    /// cache holds (a denial decided before this admission may conclude
+    /// after it, on another thread), and the entry is dropped if some
+    /// denial is live. Nothing when every limit is a fixed window.
     pub(crate) fn admitted(&self, miss: &Miss) {
-        if !self.admissions_lengthen
-            || self.since_base(Instant::now()) >= self.live_until.load(Ordering::Relaxed)
-        {
+        if !self.admissions_lengthen {
             return;
         }
-        self.remove(&miss.key());
+        let key = miss.key.as_bytes();
+        self.stripes[stripe(key)].fetch_add(1, Ordering::SeqCst);
+        if self.since_base(Instant::now()) < self.live_until.load(Ordering::Relaxed) {
+            self.cache.remove(&*miss.key());
+        }
     }
 
     /// Forgets every denial, and any on its way.
@@ -336,6 +340,13 @@ mod tests {
         cache.admitted(&cache.miss(b"a"));
         assert!(cache.get("a", 5).is_none());
         assert!(cache.get("b", 5).is_some(), "another key's stays");
+        // A denial decided before the admission, concluded after it (on
+        // another thread) while nothing was cached, is not cached.
+        let empty = DenyCache::new(100, Duration::from_secs(60), &[gcra]);
+        let before = empty.miss(b"a");
+        empty.admitted(&empty.miss(b"a"));
+        empty.insert(&before, 5, &denied_by(gcra, 18_000));
+        assert!(empty.get("a", 5).is_none());
         // A fixed window's end does not move: its denial stays.
         let fixed = DenyCache::new(100, Duration::from_secs(60), &[q]);
         fixed.insert(&fixed.miss(b"a"), 5, &denied_by(q, 18_000));
