@@ -81,11 +81,13 @@
 -- module's check, commit and undo, as in the form above.
 --
 -- Peek: joined after `local peek = true` (store/scripts.rs's PEEK_LUA), the
--- same script decides and replies as ever but spends nothing and heals no
--- TTL (no undo): it writes nothing, so Redis answers it on a replica (whose
--- PTTLs run long by as much as its clock is behind its master's) or out of
--- memory; it reports each limit's state before spending. Only a value that
--- is not what we write is still deleted by a GCRA or sliding-window peek.
+-- same script decides and replies as ever but keeps no spend: every limit is
+-- settled with undo, and reports its state before spending. Its heals (a
+-- TTL missing or too long) are best effort: a write Redis refuses (a
+-- replica's READONLY, whose PTTLs run long by as much as its clock is
+-- behind its master's) is let go, and the peek answers as the heal would
+-- leave the key, as the master's next check does. Only a value that is not
+-- what we write, which a GCRA or sliding-window peek deletes, fails it.
 --
 -- Time is Redis's own (TIME, PTTL), never the caller's. Every argument of
 -- every request is validated before the first write; every key written gets
@@ -131,9 +133,7 @@ if ARGV[1] == '0' then
       module.commit(st, cost)
       remaining, reset, retry = st.remaining_after, st.reset_after_us or st.reset_after, 0
     else
-      if not peek then
-        module.undo(st, cost) -- a peek spent nothing, and heals nothing
-      end
+      module.undo(st, cost, peek)
       if st.allowed then
         retry = 0
       end
@@ -324,8 +324,8 @@ for _ = 1, requests do
     local st = states[i]
     if all and st.allowed and not peek then
       modules[algos[i]].commit(st, cost)
-    elseif not peek then
-      modules[algos[i]].undo(st, cost)
+    else
+      modules[algos[i]].undo(st, cost, peek)
     end
   end
   for i = 1, n do

@@ -62,17 +62,13 @@ local function fixed_window_module(corruption)
   local fixed_window = {}
 
   -- The window left at key (its PTTL + 1, above), healing a missing or
-  -- over-long TTL, but for a peek (`readonly`), which writes nothing and
-  -- says what the heal would leave. At least 1 while the key lives, so
-  -- that a denial never says to retry at once, as the memory store's never
-  -- does.
-  function fixed_window.left(key, window, expire, readonly)
+  -- over-long TTL (for a peek, `best_effort`, as well as Redis lets it:
+  -- see `look`). At least 1 while the key lives, so that a denial never
+  -- says to retry at once, as the memory store's never does.
+  function fixed_window.left(key, window, expire, best_effort)
     local ttl = redis.call('PTTL', key)
     if ttl < 0 or ttl > expire then
-      if readonly then
-        return expire + 1
-      end
-      return fixed_window.heal(key, ttl, window, expire)
+      return fixed_window.heal(key, ttl, window, expire, best_effort)
     end
     return ttl + 1
   end
@@ -81,10 +77,11 @@ local function fixed_window_module(corruption)
   -- no TTL, or one longer than a new counter's (set by a version before
   -- `expire`, PEXPIRE window_ms; a window since shortened), gets a new
   -- counter's expiry, and says so: `expire` + 1. A key that is gone (-2,
-  -- a look) is left so.
-  function fixed_window.heal(key, ttl, window, expire)
+  -- a look) is left so. With `best_effort` (a peek), a write Redis
+  -- refuses is let go (pcall), and the window is what the heal would leave.
+  function fixed_window.heal(key, ttl, window, expire, best_effort)
     if ttl == -1 or ttl > expire then
-      redis.call('PEXPIRE', key, expire)
+      (best_effort and redis.pcall or redis.call)('PEXPIRE', key, expire)
     end
     return expire + 1
   end
@@ -102,12 +99,14 @@ local function fixed_window_module(corruption)
   -- ("7.0", " 7", "1e3", "inf", "-1") is reset, as a spend would reset it,
   -- rather than read as a number here and refused by the INCRBY of a
   -- caller that then spends (reserve.lua), which would fail every call on
-  -- the key until its window ended. A peek (`readonly`) reads such a value
-  -- as 0, as the reset would leave it, and neither resets nor heals: it
-  -- writes nothing, so Redis answers it on a replica, out of memory, and
-  -- whatever the clocks of the replica and its master (a replica's PTTL
-  -- of a key is longer by as much as its clock is behind).
-  function fixed_window.look(key, window, expire, readonly)
+  -- the key until its window ended. A peek (`best_effort`) resets and
+  -- heals as well as Redis lets it: a write refused (a replica's READONLY)
+  -- is let go (pcall), and the peek answers as the write would leave the
+  -- key, which the master's next check does. So Redis answers a peek on a
+  -- replica, out of memory, and whatever the clocks of the replica and its
+  -- master (a replica's PTTL of a key is longer by as much as its clock is
+  -- behind its master's).
+  function fixed_window.look(key, window, expire, best_effort)
     local raw = redis.pcall('GET', key)
     local count = 0
     if raw then
@@ -117,13 +116,12 @@ local function fixed_window_module(corruption)
         if type(raw) == 'table' then
           corruption(raw) -- raises any error but a wrong type
         end
-        if not readonly then
-          redis.call('DEL', key) -- corrupt: start afresh
-        end
+        -- corrupt: start afresh
+        (best_effort and redis.pcall or redis.call)('DEL', key)
         count = 0
       end
     end
-    return count, fixed_window.left(key, window, expire, readonly)
+    return count, fixed_window.left(key, window, expire, best_effort)
   end
 
   -- Spends cost (> 0) at once: the count before it, the window left, and

@@ -224,16 +224,19 @@ local function gcra_module()
     }
   end
 
-  -- Nothing to take back (check never writes a spend): only a TTL to heal.
-  function gcra.undo(st)
+  -- Nothing to take back (check never writes a spend): only a TTL to heal;
+  -- for a peek (`best_effort`), as well as Redis lets it (pcall: a
+  -- replica's READONLY is let go).
+  function gcra.undo(st, _, best_effort)
     if st.heal then
+      local call = best_effort and redis.pcall or redis.call
       if st.heal_px then
         -- A booking without a TTL: gone by its horizon (PEXPIRE 0 deletes).
-        redis.call('PEXPIRE', st.key, int(st.heal_px))
+        call('PEXPIRE', st.key, int(st.heal_px))
       elseif st.ahead > 0 then
-        redis.call('PEXPIRE', st.key, int(st.reset + 1))
+        call('PEXPIRE', st.key, int(st.reset + 1))
       else
-        redis.call('DEL', st.key)
+        call('DEL', st.key)
       end
     end
   end

@@ -131,10 +131,12 @@ local function sliding_window_module()
     }
   end
 
-  -- Nothing to take back (check never writes a spend): only a TTL to heal.
-  function sliding_window.undo(st)
+  -- Nothing to take back (check never writes a spend): only a TTL to heal;
+  -- for a peek (`best_effort`), as well as Redis lets it (pcall: a
+  -- replica's READONLY is let go).
+  function sliding_window.undo(st, _, best_effort)
     if st.heal then
-      redis.call('PEXPIRE', st.key, int(st.expiry))
+      (best_effort and redis.pcall or redis.call)('PEXPIRE', st.key, int(st.expiry))
     end
   end
 

@@ -557,3 +557,35 @@ async fn an_admission_of_another_cost_drops_a_gcra_denial_it_lengthened() {
         truth.retry_after()
     );
 }
+
+/// A peek of a counter whose TTL is longer than its window (one from
+/// before the window was shortened) heals it on a master, as a check
+/// would, so the wait it tells is true. Fails with a peek that only said
+/// what the heal would leave: told a second, and denied a second later
+/// (the counter still had its two hours).
+#[tokio::test]
+async fn a_peeks_wait_is_kept_for_a_counter_whose_ttl_was_too_long() {
+    let server = RedisServer::start();
+    let l = Limiter::builder("2/1s".parse().unwrap())
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let mut conn = server.conn().await;
+    let _: () = conn
+        .set_options(
+            l.store_key("k"),
+            5,
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(7_200_000)),
+        )
+        .await
+        .unwrap();
+    let peeked = l.peek("k", 1).await.unwrap();
+    assert!(!peeked.is_allowed());
+    let wait = peeked.retry_after().unwrap();
+    assert!(wait <= Duration::from_secs(1), "{peeked:?}");
+    tokio::time::sleep(wait).await;
+    let d = l.check("k", 1).await.unwrap();
+    assert!(d.is_allowed(), "told {wait:?}, then {d:?}");
+}

@@ -296,7 +296,7 @@ async fn a_sliding_ttl_a_little_long_needs_no_write_to_peek() {
 /// set by a version before it, or before its window was shortened; any
 /// key on a replica whose clock is behind its master's), or that has none,
 /// is answered by a peek on a replica, as the heal would leave it. Fails
-/// with the peek healing it, a write: READONLY.
+/// with the peek's heal a write that must succeed: READONLY.
 #[tokio::test]
 async fn a_peek_on_a_replica_heals_no_ttl_it_reads() {
     for algo in [Algo::Fixed, Algo::Sliding, Algo::Gcra] {

@@ -77,9 +77,12 @@ impl Limiter {
     ///
     /// A peek never reads or fills the local deny cache, and refunding its
     /// decision does nothing. On Redis it is one script call (the decide
-    /// script, keeping no spend); a fixed window's peek writes and takes
-    /// back its spend in that call, so it needs a writable Redis, as checks
-    /// do.
+    /// script, keeping no spend) that needs no write: Redis answers it on a
+    /// replica or out of memory. It heals a key's TTL (missing, or longer
+    /// than its window) as a check would, where Redis takes the write, and
+    /// answers as the heal leaves the key where it does not. Only a value
+    /// this crate never writes, which a GCRA or sliding-window peek deletes,
+    /// makes it fail on a replica.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
