@@ -457,9 +457,11 @@ async fn run<C: Batched>(
         }
         // A stale router is read again, by the round's earliest deadline,
         // the queue's next sweep and the deadline of a request queued
-        // meanwhile (`read_until`). A sweep due at or before now bounds
-        // nothing (it is set only while the task waits for a permit, and
-        // left behind once the burst ends): it would leave the read no time.
+        // meanwhile (`read_until`; and `Shortest::cut` ends the read sooner
+        // for a request whose timeout is shorter than any before). A sweep
+        // due at or before now bounds nothing (it is set only while the
+        // task waits for a permit, and left behind once the burst ends): it
+        // would leave the read no time.
         let doubt = stale.swap(Doubt::None as u8, Ordering::Relaxed);
         let reread = doubt == Doubt::Failed as u8;
         let until = reread
@@ -468,7 +470,8 @@ async fn run<C: Batched>(
                 read_until(due, sweep.next, &shortest, Instant::now())
             })
             .flatten();
-        let router = (routing.current(&conn, reread, doubt == Doubt::TimedOut as u8, until)).await;
+        let doubtful = doubt == Doubt::TimedOut as u8;
+        let router = (routing.current(&conn, reread, doubtful, shortest.cut(until))).await;
         // Callers that gave up (timed out, went away) cost Redis nothing.
         drop_finished(&mut jobs, Instant::now());
         if jobs.is_empty() {

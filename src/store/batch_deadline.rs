@@ -84,6 +84,9 @@ impl Deadline {
 pub(super) struct Shortest {
     nanos: AtomicU64,
     shorter: Notify,
+    /// Notified with `shorter`, for a router read ([`cut`](Self::cut)):
+    /// apart, so that a read does not take the sweep's wake-up.
+    shorter_for_read: Notify,
 }
 
 impl Shortest {
@@ -91,6 +94,26 @@ impl Shortest {
         Self {
             nanos: AtomicU64::new(u64::MAX),
             shorter: Notify::new(),
+            shorter_for_read: Notify::new(),
+        }
+    }
+
+    /// Resolves at `until` (never, if `None`), or sooner: once a timeout
+    /// shorter than any before is noted (a request queued while a router
+    /// read waits, with no timer of its own), at now plus that timeout.
+    pub(super) async fn cut(&self, mut until: Option<Instant>) {
+        loop {
+            let noted = self.shorter_for_read.notified();
+            let queued = self.get().and_then(|t| Instant::now().checked_add(t));
+            until = earliest(until, queued);
+            match until {
+                Some(at) => {
+                    if first(tokio::time::sleep_until(at), noted).await {
+                        return;
+                    }
+                }
+                None => noted.await,
+            }
         }
     }
 
@@ -108,6 +131,7 @@ impl Shortest {
         if nanos < self.nanos.load(Ordering::Relaxed) {
             self.nanos.fetch_min(nanos, Ordering::Relaxed);
             self.shorter.notify_one();
+            self.shorter_for_read.notify_one();
         }
     }
 }
@@ -161,6 +185,18 @@ pub(super) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// Awaits whichever of `a` and `b` ends first: `true` if `a` did.
+pub(super) async fn first(a: impl Future, b: impl Future) -> bool {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    std::future::poll_fn(|cx| {
+        if a.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        b.as_mut().poll(cx).map(|_| false)
+    })
+    .await
 }
 
 /// When a read of the router made at `now`, before a round, must end: by

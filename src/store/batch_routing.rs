@@ -75,22 +75,22 @@ impl<R: Default + Send + Sync + 'static> Routing<R> {
     }
 
     /// The router for the next round: read now if `stale` (waiting at most
-    /// until `until`, the round's earliest deadline), else the newest one
-    /// (and a background read started once it is old, or `doubtful`, or
-    /// `stale` but not read in time: otherwise the stale router would be
-    /// used until it is old).
+    /// until `cut` resolves: by the round's earliest deadline, or a
+    /// request's queued meanwhile), else the newest one (and a background
+    /// read started once it is old, or `doubtful`, or `stale` but not read
+    /// in time: otherwise the stale router would be used until it is old).
     pub(super) async fn current<C: ReadsRouter<Router = R>>(
         &mut self,
         conn: &C,
         stale: bool,
         doubtful: bool,
-        until: Option<Instant>,
+        cut: impl Future<Output = ()>,
     ) -> Arc<R> {
         let now = tokio::time::Instant::now();
         let read = match stale {
             true => {
                 let no = self.start();
-                read_router(conn, until).await.map(|router| (no, router))
+                read_router(conn, cut).await.map(|router| (no, router))
             }
             false => None,
         };
@@ -109,7 +109,7 @@ impl<R: Default + Send + Sync + 'static> Routing<R> {
             let no = self.start();
             let (conn, fresh, reading) = (conn.clone(), self.fresh.clone(), self.reading.clone());
             tokio::spawn(async move {
-                if let Some(router) = read_router(&conn, None).await {
+                if let Some(router) = read_router(&conn, std::future::pending()).await {
                     *lock(&fresh) = Some((no, router));
                 }
                 reading.store(false, Ordering::Relaxed);
@@ -125,19 +125,16 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Reads `conn`'s router, waiting at most [`ROUTER_WAIT`] (a node that does
-/// not answer) and not past `until`: `None` past either.
+/// not answer) and not once `cut` resolves: `None` past either.
 pub(super) async fn read_router<C: ReadsRouter>(
     conn: &C,
-    until: Option<Instant>,
+    cut: impl Future<Output = ()>,
 ) -> Option<Arc<C::Router>> {
-    let mut by = Instant::now() + ROUTER_WAIT;
-    if let Some(until) = until {
-        by = by.min(until);
-    }
-    tokio::time::timeout_at(by, conn.read())
-        .await
-        .ok()
-        .map(Arc::new)
+    let by = Instant::now() + ROUTER_WAIT;
+    let mut read = None;
+    let reading = async { read = tokio::time::timeout_at(by, conn.read()).await.ok() };
+    super::deadline::first(reading, cut).await;
+    read.map(Arc::new)
 }
 
 /// The longest a read of the router is waited for.
@@ -170,6 +167,37 @@ mod tests {
         }
     }
 
+    /// Fails with the read bounded only by the deadlines known when it
+    /// began: a request with a timeout shorter than any before, queued
+    /// while a read waited on a frozen node, waited with it (to the 200 ms
+    /// deadline of the round's own requests, where its own was 20 ms).
+    #[tokio::test(start_paused = true)]
+    async fn a_read_ends_once_a_request_with_a_shorter_timeout_is_queued() {
+        use super::super::deadline::{Deadline, Shortest};
+        let maps = Maps {
+            reads: Arc::new(AtomicU32::new(0)),
+            slow: Duration::from_secs(10),
+        };
+        let shortest = Shortest::new();
+        let round = Deadline::after(Duration::from_millis(200)).unwrap();
+        shortest.note(round);
+        let mut routing = Routing::new(Arc::new(0));
+        let start = Instant::now();
+        let until = Some(start + Duration::from_millis(200));
+        let read = routing.current(&maps, true, false, shortest.cut(until));
+        let queue = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            shortest.note(Deadline::after(Duration::from_millis(20)).unwrap());
+        };
+        let (router, ()) = tokio::join!(read, queue);
+        assert_eq!(*router, 0, "the read was cut short");
+        assert!(
+            start.elapsed() <= Duration::from_millis(21),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
     /// Fails without the reads' numbers: a background read that started
     /// before a read made at once, and ended after it, replaced the newer
     /// map with its older one at the next round.
@@ -181,19 +209,44 @@ mod tests {
         };
         let mut routing = Routing::new(Arc::new(0));
         // A doubtful round starts a background read (map 1, slow).
-        assert_eq!(*routing.current(&maps, false, true, None).await, 0);
+        assert_eq!(
+            *routing
+                .current(&maps, false, true, std::future::pending())
+                .await,
+            0
+        );
         tokio::task::yield_now().await;
         assert_eq!(maps.reads.load(Ordering::SeqCst), 1, "on its way");
         // A failed call: read at once (map 2).
-        assert_eq!(*routing.current(&maps, true, false, None).await, 2);
+        assert_eq!(
+            *routing
+                .current(&maps, true, false, std::future::pending())
+                .await,
+            2
+        );
         // The background read ends with map 1.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(lock(&routing.fresh).as_ref().map(|f| f.0), Some(1));
-        assert_eq!(*routing.current(&maps, false, false, None).await, 2);
+        assert_eq!(
+            *routing
+                .current(&maps, false, false, std::future::pending())
+                .await,
+            2
+        );
         // A background read started after map 2 is taken.
         tokio::time::sleep(ROUTER_AGE).await;
-        assert_eq!(*routing.current(&maps, false, false, None).await, 2);
+        assert_eq!(
+            *routing
+                .current(&maps, false, false, std::future::pending())
+                .await,
+            2
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(*routing.current(&maps, false, false, None).await, 3);
+        assert_eq!(
+            *routing
+                .current(&maps, false, false, std::future::pending())
+                .await,
+            3
+        );
     }
 }
