@@ -69,6 +69,17 @@ pub(crate) struct Core<K, R, L = Limiter> {
     home: Option<(Weak<Self>, usize)>,
 }
 
+/// Panics unless an extractor gives one key per request, as a concurrency
+/// limit takes: `who` names the constructor. Checked when a layer is built,
+/// so that a second key is not silently dropped.
+pub(crate) fn assert_one_key(who: &str, key_count: usize) {
+    assert!(
+        key_count == 1,
+        "{who}: the extractor gives {key_count} keys per request, and a concurrency limit \
+         takes one; stack one layer per key"
+    );
+}
+
 /// Panics unless an extractor of `key_count` keys per request fits every
 /// limiter of `limiters`: one key for all of a limiter's limits, or one per
 /// limit. `who` names the constructor. Checked when a layer is built, so a

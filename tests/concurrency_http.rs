@@ -336,3 +336,99 @@ async fn actix_limit_holds_across_two_servers_with_redis() {
     ];
     limit_holds(&b, &urls, &gauge, &limiter().await).await;
 }
+
+/// In a tower stack (hyper, tonic) the layers above an in-flight limit see
+/// its `LeaseBody` responses: a rate limit, or a second in-flight limit
+/// (one per key inside one for everyone), must build its rejection of that
+/// body. Fails to compile without `LeaseBody: Default`.
+#[tokio::test]
+async fn layers_above_an_in_flight_limit_answer_with_its_body() {
+    use http_body_util::{BodyExt, Full};
+    use redis_ratelimit::{Limiter, Quota, RateLimitLayer, key::Global};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+    let handler = service_fn(|_req: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(bytes::Bytes::from("ok"))))
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(
+            Limiter::new(Quota::per_minute(2)),
+            Global,
+        ))
+        .layer(InFlightLimitLayer::new(ConcurrencyLimiter::new(1), Global))
+        .layer(InFlightLimitLayer::new(
+            ConcurrencyLimiter::new(1),
+            Header::new("x-api-key"),
+        ))
+        .service(handler);
+    let req = || {
+        http::Request::builder()
+            .header("x-api-key", "a")
+            .body(())
+            .unwrap()
+    };
+    // The first holds both slots while its body lives.
+    let held = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(held.status(), 200);
+    let busy = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(
+        busy.status(),
+        429,
+        "the outer in-flight limit, its slot held"
+    );
+    let body = held.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"ok");
+    let spent = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(spent.status(), 429, "the rate limit, 2 a minute");
+    assert!(spent.headers().contains_key("retry-after"));
+}
+
+/// A request its extractor skips (`skip::Skipping`) takes no slot, as
+/// under the rate limit: a health check goes through while the one slot is
+/// held. Fails with the skip ignored (the health check a 429).
+#[tokio::test]
+async fn a_skipped_request_takes_no_slot() {
+    use http_body_util::{BodyExt, Full};
+    use redis_ratelimit::{key::Global, skip::Skipping};
+    use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+    let handler = service_fn(|_req: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(bytes::Bytes::from("ok"))))
+    });
+    let health = |parts: &http::request::Parts| parts.uri.path() == "/healthz";
+    let svc = ServiceBuilder::new()
+        .layer(InFlightLimitLayer::new(
+            ConcurrencyLimiter::new(1),
+            Skipping::new(Global, health),
+        ))
+        .service(handler);
+    let req = |path: &str| http::Request::get(path).body(()).unwrap();
+    let held = svc.clone().oneshot(req("/")).await.unwrap();
+    assert_eq!(held.status(), 200);
+    assert_eq!(svc.clone().oneshot(req("/")).await.unwrap().status(), 429);
+    let check = svc.clone().oneshot(req("/healthz")).await.unwrap();
+    assert_eq!(check.status(), 200, "skipped");
+    assert!(!check.headers().contains_key("ratelimit-policy"));
+    drop(held.into_body().collect().await.unwrap());
+    // The release runs as a task of its own.
+    let freed = async {
+        while svc.clone().oneshot(req("/")).await.unwrap().status() != 200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), freed)
+        .await
+        .expect("the slot came back");
+}
+
+/// Fails without the check: `key::each` gave the in-flight limit its first
+/// key alone, and the second (a limit for everyone) was silently dropped.
+#[test]
+#[should_panic(expected = "a concurrency limit takes one")]
+fn an_in_flight_limit_refuses_an_extractor_of_several_keys() {
+    use redis_ratelimit::key::{self, Global};
+    let _ = InFlightLimitLayer::new(
+        ConcurrencyLimiter::new(1),
+        key::each((Header::new("x-api-key"), Global)),
+    );
+}

@@ -75,8 +75,15 @@ pub type InFlightLimitMiddlewareService<S, K, R> =
     LimitMiddlewareService<S, K, R, ConcurrencyLimiter>;
 
 impl<K: KeyExtractor<actix_web::dev::ServiceRequest>> InFlightLimitMiddleware<K> {
-    /// Limits with `limiter`, keying requests with `extractor`.
+    /// Limits with `limiter`, keying requests with `extractor`, as
+    /// [`InFlightLimitLayer::new`](crate::concurrency::InFlightLimitLayer::new)
+    /// does: skips honoured, one key a request.
+    ///
+    /// # Panics
+    ///
+    /// If `extractor` gives more than one key a request (`key::each`).
     pub fn new(limiter: ConcurrencyLimiter, extractor: K) -> Self {
+        crate::core::assert_one_key("InFlightLimitMiddleware::new", extractor.key_count());
         Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }

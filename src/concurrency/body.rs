@@ -28,6 +28,16 @@ pin_project! {
     }
 }
 
+/// An empty body holding no lease: what a layer's rejection above an
+/// in-flight limit is made of ([`DefaultResponse`](crate::DefaultResponse)
+/// and [`GrpcResponse`](crate::respond::GrpcResponse) fill other bodies with
+/// their `Default`), so that any layer of this crate can stand above one.
+impl<B: Default> Default for LeaseBody<B> {
+    fn default() -> Self {
+        Self::new(B::default(), None)
+    }
+}
+
 impl<B> LeaseBody<B> {
     pub(crate) fn new(inner: B, lease: Option<Lease>) -> Self {
         Self { inner, lease }

@@ -26,11 +26,16 @@ impl Admit for ConcurrencyLimiter {
     type Held = Option<Lease>;
     type Kept = Option<Lease>;
 
-    /// Derives the request's key and starts its acquire.
+    /// Skips the request if its extractor says so (a
+    /// [`Skipping`](crate::skip::Skipping) one), as the rate limit does; else
+    /// derives its key and starts its acquire.
     fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
         core: &Core<K, R, Self>,
         req: &Req,
     ) -> Started<Self::Pending> {
+        if core.extractor.skip(req) {
+            return Ok(Start::Skip);
+        }
         let key = core.key(req)?;
         Ok(Start::Check(core.limiter.start(key.as_bytes())))
     }

@@ -50,8 +50,17 @@ pub type InFlightLimitLayer<K, R = DefaultResponse> = LimitLayer<K, R, Concurren
 
 impl<K: KeyExtractor<Parts>> InFlightLimitLayer<K> {
     /// Limits with `limiter`, keying requests with `extractor`: any
-    /// [`KeyExtractor`] of `http::request::Parts`.
+    /// [`KeyExtractor`] of `http::request::Parts` that gives one key a
+    /// request. A request it skips (a [`Skipping`](crate::skip::Skipping)
+    /// extractor) goes through without a slot; a cost or a tier it carries
+    /// is not used (a request takes one slot of the one limiter). For one
+    /// limit per key beside one for everyone, stack two layers.
+    ///
+    /// # Panics
+    ///
+    /// If `extractor` gives more than one key a request (`key::each`).
     pub fn new(limiter: ConcurrencyLimiter, extractor: K) -> Self {
+        crate::core::assert_one_key("InFlightLimitLayer::new", extractor.key_count());
         Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }

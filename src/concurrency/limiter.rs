@@ -385,8 +385,11 @@ impl ConcurrencyLimiterBuilder {
         self
     }
 
-    /// The bound on every store call (default
-    /// [`DEFAULT_TIMEOUT`], 200 ms).
+    /// The bound on every acquire, renewal and release a request waits
+    /// for (default [`DEFAULT_TIMEOUT`], 200 ms). Work no request waits for
+    /// is bounded by the lease instead: an acquire given up is still
+    /// awaited, to release what it took, and a lost lease is taken back,
+    /// each for at most one lease time (see [`Lease`](super::Lease)).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
