@@ -154,10 +154,12 @@ pub trait Respond<Res>: Send + Sync + 'static {
 /// [`Rejection::grpc_code`] instead.
 ///
 /// Under tower the body is written into `String`, `Vec<u8>`, `Bytes`,
-/// `http_body_util::Full<Bytes>` and `axum::body::Body` responses; any other
-/// body type (a boxed body, say) gets its `Default`, empty and without
-/// `Content-Type`. Use [`respond_with`](crate::RateLimitLayer::respond_with)
-/// for those.
+/// `http_body_util::Full<Bytes>` and `axum::body::Body` responses, and into
+/// those inside the [`LeaseBody`](crate::concurrency::LeaseBody) of one or
+/// two in-flight limits below the layer; any other body type (a boxed body,
+/// say) gets its `Default`, empty and without `Content-Type`. Use
+/// [`respond_with`](crate::RateLimitLayer::respond_with) for those (a
+/// `LeaseBody` is made `From` its body).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultResponse;
 

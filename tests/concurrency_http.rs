@@ -381,6 +381,32 @@ async fn layers_above_an_in_flight_limit_answer_with_its_body() {
     let spent = svc.clone().oneshot(req()).await.unwrap();
     assert_eq!(spent.status(), 429, "the rate limit, 2 a minute");
     assert!(spent.headers().contains_key("retry-after"));
+    // The default answer's text, in the body the in-flight limit wraps.
+    let content_type = spent.headers().get("content-type").cloned();
+    let text = spent.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&text).contains("rate limit exceeded"),
+        "{text:?}"
+    );
+    assert_eq!(content_type.unwrap(), "text/plain; charset=utf-8");
+    // An answer of one's own, made `From` its body.
+    let own = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(Limiter::new(Quota::per_minute(1)), Global).respond_with(|r| {
+                let body = Full::new(bytes::Bytes::from("slow down"));
+                http::Response::builder()
+                    .status(r.status())
+                    .body(body)
+                    .unwrap()
+            }),
+        )
+        .layer(InFlightLimitLayer::new(ConcurrencyLimiter::new(1), Global))
+        .service(handler);
+    drop(own.clone().oneshot(req()).await.unwrap());
+    let denied = own.oneshot(req()).await.unwrap();
+    assert_eq!(denied.status(), 429);
+    let text = denied.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&text[..], b"slow down");
 }
 
 /// A request its extractor skips (`skip::Skipping`) takes no slot, as

@@ -38,9 +38,22 @@ impl<B: Default> Default for LeaseBody<B> {
     }
 }
 
+/// `body` holding no lease: what a [`respond_with`](crate::RateLimitLayer::respond_with)
+/// answer of a layer above an in-flight limit is made of.
+impl<B> From<B> for LeaseBody<B> {
+    fn from(body: B) -> Self {
+        Self::new(body, None)
+    }
+}
+
 impl<B> LeaseBody<B> {
     pub(crate) fn new(inner: B, lease: Option<Lease>) -> Self {
         Self { inner, lease }
+    }
+
+    /// The wrapped body, to fill (the default answer's text).
+    pub(crate) fn get_mut(&mut self) -> &mut B {
+        &mut self.inner
     }
 
     /// The wrapped body.

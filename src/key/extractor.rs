@@ -39,9 +39,9 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
 
     /// Whether the request is not limited at all: no store call, no
     /// rate-limit headers (default `false`). Set with
-    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip); the
-    /// rate-limit layer and middleware ask it, the concurrency layer does
-    /// not.
+    /// [`RateLimitLayer::skip`](crate::RateLimitLayer::skip), or
+    /// [`Skipping`](crate::skip::Skipping) for any layer: the rate-limit
+    /// and concurrency layers and middleware all ask it.
     fn skip(&self, req: &R) -> bool {
         let _ = req;
         false

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::StatusCode;
 
 use super::{Format, Rejection};
-use crate::{headers::retry_after_secs, key::KeyError};
+use crate::{concurrency::LeaseBody, headers::retry_after_secs, key::KeyError};
 
 /// `Content-Type` of the text answers.
 pub(crate) const TEXT: &str = "text/plain; charset=utf-8";
@@ -166,27 +166,59 @@ fn push_json_str(out: &mut String, s: &str) {
 
 /// Puts `text` into `body` if its type is one the default answer knows how to
 /// fill: `String`, `Vec<u8>`, `Bytes`, `http_body_util::Full<Bytes>` and
-/// (with the `axum` feature) `axum::body::Body`. Returns whether it did; any
-/// other body type stays as its `Default` (empty).
+/// (with the `axum` feature) `axum::body::Body`, or one of those in the
+/// [`LeaseBody`] of one or two in-flight limits below (the body a layer
+/// above them answers with). Returns whether it did; any other body type
+/// stays as its `Default` (empty).
 pub(crate) fn fill<B: Any>(body: &mut B, text: String) -> bool {
     let body: &mut dyn Any = body;
-    if let Some(b) = body.downcast_mut::<String>() {
-        *b = text;
-    } else if let Some(b) = body.downcast_mut::<Vec<u8>>() {
-        *b = text.into_bytes();
-    } else if let Some(b) = body.downcast_mut::<Bytes>() {
-        *b = Bytes::from(text);
-    } else if let Some(b) = body.downcast_mut::<http_body_util::Full<Bytes>>() {
-        *b = http_body_util::Full::new(Bytes::from(text));
-    } else {
+    match known(body) {
+        Some(Known::String(b)) => *b = text,
+        Some(Known::Vec(b)) => *b = text.into_bytes(),
+        Some(Known::Bytes(b)) => *b = Bytes::from(text),
+        Some(Known::Full(b)) => *b = http_body_util::Full::new(Bytes::from(text)),
         #[cfg(feature = "axum")]
-        if let Some(b) = body.downcast_mut::<axum::body::Body>() {
-            *b = axum::body::Body::from(text);
-            return true;
-        }
-        return false;
+        Some(Known::Axum(b)) => *b = axum::body::Body::from(text),
+        None => return false,
     }
     true
+}
+
+/// A body [`fill`] can write.
+enum Known<'a> {
+    String(&'a mut String),
+    Vec(&'a mut Vec<u8>),
+    Bytes(&'a mut Bytes),
+    Full(&'a mut http_body_util::Full<Bytes>),
+    #[cfg(feature = "axum")]
+    Axum(&'a mut axum::body::Body),
+}
+
+/// `body` as a [`Known`] one: itself, or the body inside one or two
+/// [`LeaseBody`]s.
+fn known(body: &mut dyn Any) -> Option<Known<'_>> {
+    macro_rules! as_known {
+        ($ty:ty, $variant:ident) => {
+            if body.is::<$ty>() {
+                return body.downcast_mut::<$ty>().map(Known::$variant);
+            }
+            if body.is::<LeaseBody<$ty>>() {
+                let lease = body.downcast_mut::<LeaseBody<$ty>>()?;
+                return Some(Known::$variant(lease.get_mut()));
+            }
+            if body.is::<LeaseBody<LeaseBody<$ty>>>() {
+                let lease = body.downcast_mut::<LeaseBody<LeaseBody<$ty>>>()?;
+                return Some(Known::$variant(lease.get_mut().get_mut()));
+            }
+        };
+    }
+    as_known!(String, String);
+    as_known!(Vec<u8>, Vec);
+    as_known!(Bytes, Bytes);
+    as_known!(http_body_util::Full<Bytes>, Full);
+    #[cfg(feature = "axum")]
+    as_known!(axum::body::Body, Axum);
+    None
 }
 
 #[cfg(test)]
