@@ -116,9 +116,10 @@ local function fixed_window_module(corruption)
         if type(raw) == 'table' then
           corruption(raw) -- raises any error but a wrong type
         end
-        -- corrupt: start afresh
+        -- corrupt: start afresh, a whole window (where Redis refuses the
+        -- DEL, the key still there must not say its own TTL)
         (best_effort and redis.pcall or redis.call)('DEL', key)
-        count = 0
+        return 0, expire + 1
       end
     end
     return count, fixed_window.left(key, window, expire, best_effort)
@@ -166,8 +167,9 @@ local function fixed_window_module(corruption)
   end
 
   -- decide.lua's module interface: check (which spends already, but for a
-  -- cost of 0 or a peek, which only look: a peek writes nothing, so Redis
-  -- answers it on a replica or out of memory), then commit or undo.
+  -- cost of 0 or a peek, which only look: a peek's writes, its heals, are
+  -- best effort, so Redis answers it on a replica or out of memory), then
+  -- commit or undo.
   function fixed_window.check(key, limit, window, cost, peek)
     local before, ttl, fresh
     local spent = cost > 0 and not peek

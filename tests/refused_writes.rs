@@ -352,6 +352,35 @@ async fn a_peek_on_a_replica_heals_no_ttl_it_reads() {
     }
 }
 
+/// A fixed-window count that is not what we write, peeked on a replica,
+/// which refuses its reset: the peek answers as the reset would leave the
+/// key (a count of 0, a whole window), as on the master. Fails with the
+/// peek reading the corrupt key's own TTL after its refused DEL (a reset
+/// of 300 s, where the master says an hour).
+#[tokio::test]
+async fn a_peek_on_a_replica_reads_a_corrupt_count_as_a_fresh_window() {
+    let primary = RedisServer::start();
+    let on_primary = limiter(Algo::Fixed, primary.store().await);
+    let key = on_primary.store_key("used");
+    let mut conn = primary.conn().await;
+    let _: () = conn
+        .set_options(
+            &key,
+            "abc",
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(300_000)),
+        )
+        .await
+        .unwrap();
+    let replica = primary.start_replica().await;
+    let on_replica = limiter(Algo::Fixed, replica.lazy_store());
+    let d = on_replica
+        .peek("used", 1)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", replica.log()));
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 3), "{d:?}");
+    assert!(d.reset_after() >= Duration::from_secs(3599), "{d:?}");
+}
+
 async fn read_only_replica_is_a_store_error(algo: Algo) {
     let primary = RedisServer::start();
     let on_primary = limiter(algo, primary.store().await);
