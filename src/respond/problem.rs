@@ -1,7 +1,10 @@
 //! The default answers' bodies: one short line of text, or RFC 9457 problem
 //! details; shared by the tower and actix adapters.
 
-use std::{any::Any, fmt::Write};
+use std::{
+    any::{Any, TypeId},
+    fmt::Write,
+};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -195,29 +198,31 @@ enum Known<'a> {
 }
 
 /// `body` as a [`Known`] one: itself, or the body inside one or two
-/// [`LeaseBody`]s.
+/// [`LeaseBody`]s. Its type is read once (a call through `dyn Any`), then
+/// compared: axum's body first, the common one.
 fn known(body: &mut dyn Any) -> Option<Known<'_>> {
+    let id = (*body).type_id();
     macro_rules! as_known {
         ($ty:ty, $variant:ident) => {
-            if body.is::<$ty>() {
+            if id == TypeId::of::<$ty>() {
                 return body.downcast_mut::<$ty>().map(Known::$variant);
             }
-            if body.is::<LeaseBody<$ty>>() {
+            if id == TypeId::of::<LeaseBody<$ty>>() {
                 let lease = body.downcast_mut::<LeaseBody<$ty>>()?;
                 return Some(Known::$variant(lease.get_mut()));
             }
-            if body.is::<LeaseBody<LeaseBody<$ty>>>() {
+            if id == TypeId::of::<LeaseBody<LeaseBody<$ty>>>() {
                 let lease = body.downcast_mut::<LeaseBody<LeaseBody<$ty>>>()?;
                 return Some(Known::$variant(lease.get_mut().get_mut()));
             }
         };
     }
+    #[cfg(feature = "axum")]
+    as_known!(axum::body::Body, Axum);
     as_known!(String, String);
     as_known!(Vec<u8>, Vec);
     as_known!(Bytes, Bytes);
     as_known!(http_body_util::Full<Bytes>, Full);
-    #[cfg(feature = "axum")]
-    as_known!(axum::body::Body, Axum);
     None
 }
 
