@@ -389,7 +389,7 @@ impl ConcurrencyLimiterBuilder {
     /// for (default [`DEFAULT_TIMEOUT`], 200 ms). Work no request waits for
     /// is bounded by the lease instead: an acquire given up is still
     /// awaited, to release what it took, and a lost lease is taken back,
-    /// each for at most one lease time (see [`Lease`](super::Lease)).
+    /// each for at most one lease time (see [`Lease`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
