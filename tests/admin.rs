@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use redis::AsyncCommands;
-use redis_ratelimit::{Limiter, Quota};
+use redis_ratelimit::{Decision, Limiter, Quota};
 use support::{
     Backend, RedisServer, TEST_TIMEOUT, for_every_store,
     limits::{admitted, algorithms, limiter},
@@ -492,20 +492,26 @@ async fn a_cached_denial_by_one_limit_does_not_answer_a_cost_another_denies() {
     let first = cached.check("k", 1).await.unwrap();
     assert!(!first.is_allowed());
     assert_eq!(first.policy(), "second");
-    let told = cached.check("k", 3).await.unwrap();
-    let truth = store.check("k", 3).await.unwrap();
-    assert!(!told.is_allowed() && !truth.is_allowed());
+    let (told, truth) = told_and_truth(&cached, &store, 3).await;
     assert!(
         truth.retry_after().unwrap() > Duration::from_secs(3600),
         "the day's limit denies cost 3: {truth:?}"
     );
     assert_eq!(told.policy(), "day", "{told:?}");
+}
+
+/// What the cached limiter tells a request of `cost` for "k", and what the
+/// uncached one does: both denials, the cached wait no shorter than the
+/// store's (less a second for the time between them).
+async fn told_and_truth(cached: &Limiter, store: &Limiter, cost: u64) -> (Decision, Decision) {
+    let told = cached.check("k", cost).await.unwrap();
+    let truth = store.check("k", cost).await.unwrap();
+    assert!(!told.is_allowed() && !truth.is_allowed());
     assert!(
         told.retry_after() >= truth.retry_after().map(|w| w - Duration::from_secs(1)),
-        "told {:?}, Redis says {:?}",
-        told.retry_after(),
-        truth.retry_after()
+        "told {told:?}, Redis says {truth:?}"
     );
+    (told, truth)
 }
 
 /// Fails with a refund dropping only its own keys' cached denial: client
@@ -546,16 +552,8 @@ async fn an_admission_of_another_cost_drops_a_gcra_denial_it_lengthened() {
     assert!(cached.check("k", 8).await.unwrap().is_allowed());
     assert!(!cached.check("k", 5).await.unwrap().is_allowed());
     assert!(cached.check("k", 1).await.unwrap().is_allowed());
-    let told = cached.check("k", 5).await.unwrap();
-    let truth = store.check("k", 5).await.unwrap();
-    assert!(!told.is_allowed() && !truth.is_allowed());
     // The admission of cost 1 added 6 s to the wait for 5.
-    assert!(
-        told.retry_after() >= truth.retry_after().map(|w| w - Duration::from_secs(1)),
-        "told {:?}, Redis says {:?}",
-        told.retry_after(),
-        truth.retry_after()
-    );
+    told_and_truth(&cached, &store, 5).await;
 }
 
 /// A peek of a counter whose TTL is longer than its window (one from

@@ -615,14 +615,10 @@ async fn gcra_batch_at_one_instant_admits_exactly_the_burst_at_edge_quotas() {
 /// (rounded up to a whole microsecond), not reset, so a rolling deploy keeps
 /// every bucket; so is a remainder from another limit (rounded up). What is
 /// neither format is corrupt: deleted, and the key starts afresh.
-/// A GCRA value booked far ahead (corrupt, or a wider quota's) is obeyed
-/// but lasts no longer than its key: the waits a denial tells are capped by
-/// the key's TTL, and a key without one is given a full bucket's (1 s for
-/// "3/1s" with a burst of 3), so no value wedges a client.
-#[tokio::test]
-async fn gcra_a_booking_far_ahead_waits_no_longer_than_its_key_lives() {
-    let server = RedisServer::start();
-    let mut conn = server.conn().await;
+/// A GCRA limiter ("3/1s", a burst of 3) on `server`, the store key of its
+/// client "c", and a value for it that books the bucket a year ahead of
+/// Redis's clock.
+async fn booked_a_year_ahead(server: &RedisServer) -> (Limiter, String, String) {
     let q = "3/1s".parse::<Quota>().unwrap().gcra(3).unwrap();
     let limiter = Limiter::builder(q)
         .store(server.store().await)
@@ -631,9 +627,21 @@ async fn gcra_a_booking_far_ahead_waits_no_longer_than_its_key_lives() {
         .build()
         .unwrap();
     let key = limiter.store_key("c");
+    let mut conn = server.conn().await;
     let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    // A year ahead.
     let far = format!("{}:0", time.0 * 1_000_000 + time.1 + 31_536_000_000_000);
+    (limiter, key, far)
+}
+
+/// A GCRA value booked far ahead (corrupt, or a wider quota's) is obeyed
+/// but lasts no longer than its key: the waits a denial tells are capped by
+/// the key's TTL, and a key without one is given a full bucket's (1 s for
+/// "3/1s" with a burst of 3), so no value wedges a client.
+#[tokio::test]
+async fn gcra_a_booking_far_ahead_waits_no_longer_than_its_key_lives() {
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let (limiter, key, far) = booked_a_year_ahead(&server).await;
     let set = |px: Option<u64>| {
         let mut cmd = redis::cmd("SET");
         cmd.arg(&key).arg(&far);
@@ -833,16 +841,7 @@ async fn gcra_keys_never_expire_before_their_tat() {
 async fn gcra_a_booking_in_its_keys_last_milliseconds_waits_no_longer_than_the_key() {
     let server = RedisServer::start();
     let mut conn = server.conn().await;
-    let q = "3/1s".parse::<Quota>().unwrap().gcra(3).unwrap();
-    let limiter = Limiter::builder(q)
-        .store(server.store().await)
-        .deny_cache(0)
-        .timeout(support::TEST_TIMEOUT)
-        .build()
-        .unwrap();
-    let key = limiter.store_key("c");
-    let time: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    let far = format!("{}:0", time.0 * 1_000_000 + time.1 + 31_536_000_000_000);
+    let (limiter, key, far) = booked_a_year_ahead(&server).await;
     let mut denials = 0;
     // The check lands anywhere in the key's 3 ms, its last one included.
     for i in 0..300u64 {

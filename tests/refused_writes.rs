@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use redis::AsyncCommands;
 use redis_ratelimit::{
-    Breaker, Error, Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore,
+    Breaker, Decision, Error, Limiter, OnStoreError, Quota, RateLimitLayer, RedisStore,
     concurrency::{Acquired, ConcurrencyLimiter, InFlightLimitLayer, Lease},
     key::Header,
 };
@@ -308,48 +308,39 @@ async fn a_peek_on_a_replica_heals_no_ttl_it_reads() {
         let ttl: i64 = conn.pttl(&key).await.unwrap();
         let _: () = conn.pexpire(&key, ttl + 7_200_000).await.unwrap();
         let replica = primary.start_replica().await;
-        let on_replica = limiter(algo, replica.lazy_store());
-        let d = on_replica
-            .peek("used", 1)
-            .await
-            .unwrap_or_else(|e| panic!("{algo:?}, a long TTL: {e}\n{}", replica.log()));
-        assert_eq!(
-            (d.is_allowed(), d.remaining()),
-            (true, 2),
-            "{algo:?}: {d:?}"
-        );
-        // A sliding window drains over two windows at most.
-        assert!(
-            d.reset_after() <= Duration::from_secs(7200),
-            "{algo:?}: {d:?}"
-        );
-        let _: () = conn.persist(&key).await.unwrap();
-        let persisted = async {
-            loop {
-                let ttl: i64 = replica.conn().await.pttl(&key).await.unwrap();
-                if ttl == -1 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+        for what in ["a long TTL", "no TTL"] {
+            if what == "no TTL" {
+                let _: () = conn.persist(&key).await.unwrap();
+                let persisted = async {
+                    while replica.conn().await.pttl::<_, i64>(&key).await.unwrap() != -1 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                };
+                tokio::time::timeout(Duration::from_secs(5), persisted)
+                    .await
+                    .expect("the replica never saw the PERSIST");
             }
-        };
-        tokio::time::timeout(Duration::from_secs(5), persisted)
-            .await
-            .expect("the replica never saw the PERSIST");
-        let d = on_replica
-            .peek("used", 1)
-            .await
-            .unwrap_or_else(|e| panic!("{algo:?}, no TTL: {e}\n{}", replica.log()));
-        assert_eq!(
-            (d.is_allowed(), d.remaining()),
-            (true, 2),
-            "{algo:?}: {d:?}"
-        );
-        assert!(
-            d.reset_after() <= Duration::from_secs(7200),
-            "{algo:?}: {d:?}"
-        );
+            let d = peek_used(algo, &replica, what).await;
+            assert_eq!(
+                (d.is_allowed(), d.remaining()),
+                (true, 2),
+                "{algo:?}, {what}: {d:?}"
+            );
+            // A sliding window drains over two windows at most.
+            let most = Duration::from_secs(7200);
+            assert!(d.reset_after() <= most, "{algo:?}, {what}: {d:?}");
+        }
     }
+}
+
+/// A peek of `used` at cost 1 by a limiter of `algo` on `replica`, which
+/// must answer it (`what` names the case in the panic).
+async fn peek_used(algo: Algo, replica: &RedisServer, what: &str) -> Decision {
+    let on_replica = limiter(algo, replica.lazy_store());
+    on_replica
+        .peek("used", 1)
+        .await
+        .unwrap_or_else(|e| panic!("{algo:?}, {what}: {e}\n{}", replica.log()))
 }
 
 /// A fixed-window count that is not what we write, peeked on a replica,
@@ -360,23 +351,12 @@ async fn a_peek_on_a_replica_heals_no_ttl_it_reads() {
 #[tokio::test]
 async fn a_peek_on_a_replica_reads_a_corrupt_count_as_a_fresh_window() {
     let primary = RedisServer::start();
-    let on_primary = limiter(Algo::Fixed, primary.store().await);
-    let key = on_primary.store_key("used");
+    let key = limiter(Algo::Fixed, primary.store().await).store_key("used");
+    let expiry = redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(300_000));
     let mut conn = primary.conn().await;
-    let _: () = conn
-        .set_options(
-            &key,
-            "abc",
-            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(300_000)),
-        )
-        .await
-        .unwrap();
+    let _: () = conn.set_options(&key, "abc", expiry).await.unwrap();
     let replica = primary.start_replica().await;
-    let on_replica = limiter(Algo::Fixed, replica.lazy_store());
-    let d = on_replica
-        .peek("used", 1)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", replica.log()));
+    let d = peek_used(Algo::Fixed, &replica, "a corrupt count").await;
     assert_eq!((d.is_allowed(), d.remaining()), (true, 3), "{d:?}");
     assert!(d.reset_after() >= Duration::from_secs(3599), "{d:?}");
 }

@@ -84,12 +84,21 @@ impl Pki {
     /// A Redis that speaks TLS only, with the server certificate; it asks
     /// for no client certificate unless `args` say `--tls-auth-clients yes`.
     pub fn server(&self, args: &[&str]) -> RedisServer {
+        let certs = self.server_args();
+        let mut all: Vec<&str> = certs.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        RedisServer::start_tls(&all)
+    }
+
+    /// The server certificate, its key and the CA, as `redis-server`
+    /// arguments; no client certificate asked for.
+    fn server_args(&self) -> Vec<String> {
         let (ca, cert, key) = (
             self.path("ca.crt"),
             self.path("server.crt"),
             self.path("server.key"),
         );
-        let mut all = vec![
+        [
             "--tls-cert-file",
             &cert,
             "--tls-key-file",
@@ -98,31 +107,17 @@ impl Pki {
             &ca,
             "--tls-auth-clients",
             "no",
-        ];
-        all.extend_from_slice(args);
-        RedisServer::start_tls(&all)
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     /// A sentinel that speaks TLS only, with the server certificate, and
     /// reaches the servers it monitors over TLS (`tls-replication`).
     pub fn sentinel(&self, conf: &str) -> RedisServer {
-        let (ca, cert, key) = (
-            self.path("ca.crt"),
-            self.path("server.crt"),
-            self.path("server.key"),
-        );
-        let args = [
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &ca,
-            "--tls-auth-clients",
-            "no",
-            "--tls-replication",
-            "yes",
-        ];
+        let certs = self.server_args();
+        let mut args: Vec<&str> = certs.iter().map(String::as_str).collect();
+        args.extend(["--tls-replication", "yes"]);
         RedisServer::start_tls_sentinel(conf, &args)
     }
 
