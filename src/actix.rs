@@ -184,11 +184,8 @@ impl<K: KeyExtractor<ServiceRequest>> RateLimitMiddleware<K> {
     /// If `extractor` gives neither one key (for all of the limiter's
     /// limits) nor one per limit ([`KeyExtractor::key_count`]).
     pub fn new(limiter: Limiter, extractor: K) -> Self {
-        assert_keys_fit(
-            "RateLimitMiddleware::new",
-            extractor.key_count(),
-            [&limiter],
-        );
+        let limiters = std::iter::once(&limiter).chain(extractor.tier_limiters());
+        assert_keys_fit("RateLimitMiddleware::new", extractor.key_count(), limiters);
         Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }

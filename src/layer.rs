@@ -169,9 +169,12 @@ impl<K: KeyExtractor<Parts>> RateLimitLayer<K> {
     ///
     /// # Panics
     /// If `extractor` gives neither one key (for all of the limiter's
-    /// limits) nor one per limit ([`KeyExtractor::key_count`]).
+    /// limits) nor one per limit ([`KeyExtractor::key_count`]), for the
+    /// limiter and for every tier's a [`Tiered`] extractor may pick
+    /// ([`KeyExtractor::tier_limiters`]).
     pub fn new(limiter: Limiter, extractor: K) -> Self {
-        assert_keys_fit("RateLimitLayer::new", extractor.key_count(), [&limiter]);
+        let limiters = std::iter::once(&limiter).chain(extractor.tier_limiters());
+        assert_keys_fit("RateLimitLayer::new", extractor.key_count(), limiters);
         Self::from_core(Core::new(limiter, extractor, DefaultResponse))
     }
 }

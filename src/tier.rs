@@ -188,6 +188,10 @@ where
 {
     /// The named tier's limiter; the default's (`Some`) when the selector
     /// fails or names no tier.
+    fn tier_limiters<'a>(&'a self, _: &'a K) -> Vec<&'a Limiter> {
+        self.tiers.limiters().collect()
+    }
+
     fn tier<'a>(&'a self, _: &'a K, req: &R) -> Option<&'a Limiter> {
         if self.tiers.is_empty() {
             return Some(self.tiers.default_limiter());

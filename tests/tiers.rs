@@ -13,6 +13,7 @@ use hyper_util::{
 use redis_ratelimit::{
     Limiter, RateLimitLayer, Tiers,
     key::{self, Global, Header},
+    tier::Tiered,
 };
 use support::{
     Backend,
@@ -158,4 +159,19 @@ fn keys_per_limit_must_fit_every_tier() {
         Header::new("x-plan"),
         key::each((Header::new("x-api-key"), Global)),
     );
+}
+
+/// The same through `RateLimitLayer::new` with a `Tiered` extractor made
+/// by hand: fails with only the layer's own limiter checked (it built, and
+/// every request of the "pro" tier was a 500).
+#[test]
+#[should_panic(expected = "gives 2 keys per request, and limiter \"pro\" has 1 limits")]
+fn keys_per_limit_must_fit_every_tier_of_a_tiered_extractor() {
+    let tiers = support::limits::tiers_of_two_limits_and_one();
+    let default = Limiter::builder("1/1s".parse().unwrap())
+        .limit("global", "100/1s".parse().unwrap())
+        .build()
+        .unwrap();
+    let keys = key::each((Header::new("x-api-key"), Global));
+    let _ = RateLimitLayer::new(default, Tiered::new(keys, Header::new("x-plan"), tiers));
 }

@@ -56,6 +56,14 @@ pub trait KeyExtractor<R: ?Sized = Parts>: Send + Sync + 'static {
         let _ = req;
         None
     }
+
+    /// Every limiter [`tier`](Self::tier) may pick (default none): the
+    /// layers check, when built, that each fits
+    /// [`key_count`](Self::key_count), so that a tier of a different number
+    /// of limits is not a 500 on each of its requests.
+    fn tier_limiters(&self) -> Vec<&crate::Limiter> {
+        Vec::new()
+    }
 }
 
 macro_rules! forward_key_extractor {
@@ -83,6 +91,10 @@ macro_rules! forward_key_extractor {
 
             fn tier(&self, req: &R) -> Option<&crate::Limiter> {
                 (**self).tier(req)
+            }
+
+            fn tier_limiters(&self) -> Vec<&crate::Limiter> {
+                (**self).tier_limiters()
             }
         }
     };

@@ -38,6 +38,11 @@ pub trait Part<R: ?Sized, K: KeyExtractor<R>>: Send + Sync + 'static {
     fn tier<'a>(&'a self, keys: &'a K, req: &R) -> Option<&'a Limiter> {
         keys.tier(req)
     }
+
+    /// Every limiter `tier` may pick.
+    fn tier_limiters<'a>(&'a self, keys: &'a K) -> Vec<&'a Limiter> {
+        keys.tier_limiters()
+    }
 }
 
 impl<K, P> With<K, P> {
@@ -106,6 +111,10 @@ where
 
     fn tier(&self, req: &R) -> Option<&Limiter> {
         self.part.tier(&self.keys, req)
+    }
+
+    fn tier_limiters(&self) -> Vec<&Limiter> {
+        self.part.tier_limiters(&self.keys)
     }
 }
 
