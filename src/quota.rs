@@ -24,9 +24,10 @@ use crate::Algorithm;
 
 /// The largest limit a quota accepts.
 ///
-/// Counts travel through Lua (whose numbers are doubles) and through the
-/// `RateLimit` header (whose integers stop at 10^15 - 1), so limits are kept
-/// well inside both.
+/// Counts travel through Lua, whose numbers are doubles (exact below 2^53),
+/// so limits are kept well inside that. The `RateLimit` headers' integers
+/// stop at 10^15 - 1: a larger limit (or units left) is sent as that, the
+/// most a header can say.
 pub const MAX_LIMIT: u64 = 1 << 50;
 
 /// The longest window a quota accepts: 366 days.

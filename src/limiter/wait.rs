@@ -34,7 +34,8 @@ impl Limiter {
     ///     assert!(go.is_allowed());
     ///     // call the API
     /// }
-    /// // No wait under 1 ms can fit an 11th call in the window.
+    /// // 8 units are left of the window's 10: a cost of 10 cannot fit
+    /// // within 1 ms, so the denial comes back without a wait.
     /// let late = api.until_ready("partner", 10, Duration::from_millis(1)).await?;
     /// assert!(!late.is_allowed());
     /// # Ok(()) }
