@@ -98,14 +98,13 @@ impl Shortest {
         }
     }
 
-    /// Resolves at `until` (never, if `None`), or sooner: once a timeout
+    /// Resolves at `until` (never, if `None`; [`read_until`] gives it, the
+    /// shortest timeout known then included), or sooner: once a timeout
     /// shorter than any before is noted (a request queued while a router
     /// read waits, with no timer of its own), at now plus that timeout.
     pub(super) async fn cut(&self, mut until: Option<Instant>) {
         loop {
             let noted = self.shorter_for_read.notified();
-            let queued = self.get().and_then(|t| Instant::now().checked_add(t));
-            until = earliest(until, queued);
             match until {
                 Some(at) => {
                     if first(tokio::time::sleep_until(at), noted).await {
@@ -114,6 +113,8 @@ impl Shortest {
                 }
                 None => noted.await,
             }
+            let queued = self.get().and_then(|t| Instant::now().checked_add(t));
+            until = earliest(until, queued);
         }
     }
 
