@@ -209,6 +209,9 @@ def main():
                    help="the limited cells' algorithm (RATE_LIMIT_ALGORITHM)")
     p.add_argument("--rtt", type=float, metavar="MS",
                    help="with --redis: Redis behind a proxy that adds this round trip")
+    p.add_argument("--reserve", type=int, metavar="N",
+                   help="with --redis: the limited cells reserve N units of a key at a time "
+                        "(RATE_LIMIT_RESERVE)")
     p.add_argument("--unix", action="store_true",
                    help="with --redis: each Redis cell also over a Unix socket, beside TCP")
     args = p.parse_args()
@@ -240,6 +243,8 @@ def main():
         batch_floors[f"bf {spec}"] = env
     if args.unix and (not args.redis or args.rtt is not None):
         sys.exit("ab.py: --unix needs --redis, and no --rtt (its proxy is a TCP hop)")
+    if args.reserve is not None and not (args.redis and args.reserve >= 1):
+        sys.exit("ab.py: --reserve needs --redis and a count >= 1")
     if args.rtt is not None and not args.redis:
         sys.exit("ab.py: --rtt needs --redis (it delays the way to Redis)")
     if args.rtt is not None and not args.rtt > 0:
@@ -272,7 +277,8 @@ def main():
     route = Route(proxy.url, redis.proc) if proxy else redis
     plain, floor, headers_floor = "plain axum", "floor", "headers floor"
     # Per round: (binary, limited, with Redis), in a shuffled order.
-    cells = {rev: (binary, True, route, None) for rev, binary in builds.items()}
+    reserve = {"RATE_LIMIT_RESERVE": str(args.reserve)} if args.reserve else None
+    cells = {rev: (binary, True, route, reserve) for rev, binary in builds.items()}
     if args.floor:
         cells[floor] = (FLOOR, False, route, None)
     for name, env in batch_floors.items():
