@@ -207,19 +207,22 @@ impl LimiterBuilder {
     ///   window, whose clock may run fast against this one's by up to 1,000
     ///   ppm; a clock stepped forward, not slewed, on the Redis host ends
     ///   Redis's windows early for every client, and is not covered).
-    /// - **Can under-admit** by less than `n + n / 4` units per instance
-    ///   per window: units reserved and not spent when the window ends
-    ///   expire with it (they are not given back to the store). An instance
-    ///   reserves at most that many (units given back can add to them: a
-    ///   refund, or a request that left before its reserve call answered,
-    ///   returns what it was granted): the request that leaves fewer than `n / 4`
-    ///   reserves `n` more in the background, so that a busy key does not
-    ///   run dry and its requests go on without waiting (about one reserve
-    ///   call per `n` units spent). A request whose cost is
-    ///   more than this instance holds reserves at least its cost again
-    ///   (a cost above `n` reserves exactly that much); if the store has
-    ///   less than that left, the request is denied, even if other instances
-    ///   still hold units.
+    /// - **Can under-admit** by at most `n` units per instance per window:
+    ///   units reserved and not spent when the window ends expire with it
+    ///   (they are not given back to the store), and an instance never
+    ///   holds more than `n` units of a key, counting those a reserve call
+    ///   on its way will add (a [refund](Limiter::refund) that would pass
+    ///   `n` goes to the store instead). The one exception is a request
+    ///   that leaves before its reserve call answers: its cost stays
+    ///   reserved for the key's next requests, beyond `n`. The request that leaves fewer than `n / 4`
+    ///   reserves, in the background, what tops the key up to `n`, so that
+    ///   a busy key does not run dry and its requests go on without waiting
+    ///   (about one reserve call per `3n / 4` units spent). A request whose
+    ///   cost is more than this instance holds reserves what tops the key
+    ///   up to `n`, or its cost if that is more (as much as the store has
+    ///   left, at least its cost); if the store has less than its cost
+    ///   left, the request is denied, even if other instances still hold
+    ///   units.
     /// - **Choosing `n`:** a refill is a store round trip; if a key spends
     ///   its last `n / 4` units before the refill lands, its requests wait
     ///   for it. Take `n ≥ 4 × the key's rate per instance × a slow round
@@ -275,7 +278,7 @@ impl LimiterBuilder {
     ///   [`reset`](Limiter::reset) drops this instance's reservation too
     ///   (a reserve call on its way keeps nothing, and the requests that
     ///   waited for it share one new call).
-    ///   Other instances keep theirs (under `n + n / 4` units each) until their
+    ///   Other instances keep theirs (at most `n` units each) until their
     ///   window ends, on top of the fresh counter; so does a Redis that loses
     ///   its data.
     ///
@@ -323,7 +326,7 @@ impl LimiterBuilder {
     /// once more keys are in use than the map holds, a key it does not hold
     /// is checked by the store as without reservations. Each held key costs
     /// about 300 bytes, so the default map takes at most about 3 MB and
-    /// 1,000,000 keys about 300 MB, and each can leave up to `n + n / 4`
+    /// 1,000,000 keys about 300 MB, and each can leave up to `n`
     /// units unspent per window: size `n` to the quota. Until the map is
     /// full, every new key's first request is a reserve call of its own, so
     /// a flood of one-off keys (clients that make up keys) costs Redis about

@@ -8,7 +8,10 @@
 //! the pool without a store call, under one lock. The request that leaves
 //! it below a quarter of `n` starts a refill
 //! in the background ([`refill_behind`]), so that a busy key rarely runs
-//! dry: requests go on spending what is left meanwhile. One that finds too
+//! dry: requests go on spending what is left meanwhile. Every reserve call
+//! asks for what tops the key up to `n` (a request's for its cost at least),
+//! and notes it in the pool while on its way, so a key never holds more
+//! than `n` units, but for a gone request's cost ([`Awaiting`]). One that finds too
 //! little waits for the slot's single flight (one reserve call at a time per
 //! key, refills included), then looks again, and shares the flight's denial
 //! or error rather than asking again.
@@ -99,6 +102,10 @@ struct Pool {
     last: Option<Box<Outcome>>,
     /// A refill is on its way (at most one per key).
     refilling: bool,
+    /// The units the reserve call on its way (the key's single flight)
+    /// will add at most, the cost of the request it is for aside: what is
+    /// held plus this stays within `n`.
+    coming: u64,
 }
 
 /// How a finished flight that granted nothing ended, for the requests
@@ -127,6 +134,12 @@ impl Pool {
                 false
             }
         }
+    }
+
+    /// The units held in a live window (none once it ended).
+    fn held(&mut self, now: Instant) -> u64 {
+        self.live(now);
+        self.units
     }
 
     /// Takes `cost` (> 0) from the reservation if it holds that much: the
@@ -183,9 +196,13 @@ impl Pool {
     /// (locally) at `end`: a reservation of the same window ends within the
     /// reserve calls' latency of it, one of a later window a whole window
     /// later, so `half_window` tells them apart. False if it holds none of
-    /// that window.
-    fn give_back(&mut self, units: u64, end: Instant, half_window: Duration) -> bool {
+    /// that window, or if the pool would then hold more than `room` units,
+    /// those on their way counted.
+    fn give_back(&mut self, units: u64, end: Instant, half_window: Duration, room: u64) -> bool {
         let now = Instant::now();
+        if self.units.saturating_add(self.coming).saturating_add(units) > room {
+            return false;
+        }
         // A window over here is over: what the pool holds now (once a
         // reserve call that Redis ran late, in the next window, answered)
         // is a later window's, however near its end.
@@ -265,8 +282,9 @@ impl Reservations {
     }
 
     /// Gives `cost` back to `key`'s reservation if it holds units of the
-    /// window that ends (locally) at `end` ([`Pool::give_back`]). False if
-    /// there is none (the caller refunds the store instead).
+    /// window that ends (locally) at `end` ([`Pool::give_back`]), and room
+    /// for them: it never holds more than `n`. False if not (the caller
+    /// refunds the store instead).
     pub(super) fn give_back(
         &self,
         key: &str,
@@ -275,7 +293,7 @@ impl Reservations {
         half_window: Duration,
     ) -> bool {
         let given = self.slots.with(key.as_bytes(), |pool| {
-            pool.give_back(cost, end, half_window)
+            pool.give_back(cost, end, half_window, self.n)
         });
         given.unwrap_or(false)
     }
@@ -405,6 +423,16 @@ pub(super) async fn reserving(
         settled: false,
         epoch: 0,
     };
+    // Up to `n` in one call, or the cost if more: what tops the key up to
+    // `n`, which it never holds more than. Kept nowhere if the entry was
+    // dropped: the cost alone.
+    let n = reservations.n;
+    let want = slots.with_flight(&key, &flight, |pool| {
+        let want = cost.max(n.saturating_sub(pool.held(Instant::now())));
+        pool.coming = want - cost;
+        want
+    });
+    let want = want.unwrap_or(cost);
     let back = Back {
         inner: inner.clone(),
         key,
@@ -416,7 +444,6 @@ pub(super) async fn reserving(
         rx,
         back: back.clone(),
     };
-    let want = reservations.n.max(cost);
     let call = ReserveCall {
         back,
         store,

@@ -39,9 +39,10 @@ impl Back {
     }
 
     /// Gives units a grant kept for a request that has gone back to the
-    /// pool, if it still holds that grant's window.
+    /// pool, if it still holds that grant's window: all of them, even past
+    /// `n` (the store spent them; they are kept for the requests after it).
     fn give_back(&self, held: Held) {
-        self.with(|pool| pool.give_back(held.units, held.end, self.half_window));
+        self.with(|pool| pool.give_back(held.units, held.end, self.half_window, u64::MAX));
     }
 }
 
@@ -126,6 +127,7 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
     let flown = match reply {
         Err(e) => {
             back.with(|pool| {
+                pool.coming = 0;
                 pool.flights += 1;
                 pool.last = Some(Box::new(Outcome::Failed(copy(&e))));
             });
@@ -144,25 +146,26 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
                 retry_ms: r.window_left_ms,
             };
             let result = inner.conclude([state].into(), cost, None, Some(Stamp::Local(sent)));
-            if let Ok(d) = &result {
-                let at = Instant::now();
-                back.with(|pool| {
-                    // Cached only while the key's entry lives, under its
-                    // lock: a reset drops the entry, then clears the cache
-                    // once the store has forgotten the key, so a denial of
-                    // the counter it deleted is never left cached.
-                    if let (Some(cache), Some(key)) = (&inner.deny_cache, &cache_key) {
-                        cache.insert(key, cost, d);
-                    }
-                    pool.flights += 1;
-                    pool.left = r.remaining;
-                    pool.last = Some(Box::new(Outcome::Denied(r.remaining, d.clone(), at)));
-                });
-            }
+            let at = Instant::now();
+            back.with(|pool| {
+                pool.coming = 0;
+                let Ok(d) = &result else { return };
+                // Cached only while the key's entry lives, under its lock:
+                // a reset drops the entry, then clears the cache once the
+                // store has forgotten the key, so a denial of the counter
+                // it deleted is never left cached.
+                if let (Some(cache), Some(key)) = (&inner.deny_cache, &cache_key) {
+                    cache.insert(key, cost, d);
+                }
+                pool.flights += 1;
+                pool.left = r.remaining;
+                pool.last = Some(Box::new(Outcome::Denied(r.remaining, d.clone(), at)));
+            });
             Flown { result, held: None }
         }
         Ok(r) => {
             let granted = back.with(|pool| {
+                pool.coming = 0;
                 pool.flights += 1;
                 pool.last = None;
                 let state = pool.grant(&r, cost, sent);

@@ -1,6 +1,6 @@
 //! The refill that runs behind a busy key's requests
-//! ([`refill_behind`]): `n` more units, reserved in the key's single flight
-//! before the key runs dry.
+//! ([`refill_behind`]): the units that top the key up to `n`, reserved in
+//! the key's single flight before the key runs dry.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// Starts refilling `check`'s key in the background, for the request that
-/// [`Reservations::take`] named: `n` more units, so that a busy key is
+/// [`Reservations::take`] named: up to `n` units held, so that a busy key is
 /// topped up before it runs dry and its requests need not wait. Without a
 /// Tokio runtime to run it, nothing is refilled ahead (requests then
 /// reserve as they run short, as ever).
@@ -50,8 +50,9 @@ impl Drop for Refilling {
     }
 }
 
-/// One refill: in the key's single flight, reserves `n` more units (so a
-/// key holds fewer than `n + n / 4`), if the breaker lets it, waiting for
+/// One refill: in the key's single flight, reserves what tops the key up
+/// to `n` units (what it holds when the call is sent, plus the grant: a
+/// key never holds more), if the breaker lets it, waiting for
 /// the flight within one timeout (a refill that gets no time gives up:
 /// requests that run short reserve themselves), and for the call's answer
 /// a whole timeout from sending it, as [`fly`] does. A denial goes
@@ -77,17 +78,30 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
         return;
     };
     let low = reservations.low_water();
-    let full = slots.with_flight(key, &flight, |pool| {
-        pool.live(Instant::now()) && pool.units >= low
+    let n = reservations.n;
+    // What tops the key up to `n`: the units held now, less what requests
+    // spend while the call is on its way, plus the grant stay within `n`.
+    let want = slots.with_flight(key, &flight, |pool| {
+        let held = pool.held(Instant::now());
+        let want = (held < low).then(|| n - held)?;
+        pool.coming = want;
+        Some(want)
     });
-    if full != Some(false) || inner.time_left(asked).is_zero() {
-        // Refilled meanwhile, by a request that ran short; dropped; or no
-        // time left for the call.
+    let Some(Some(want)) = want else {
+        // Refilled meanwhile, by a request that ran short, or dropped.
         return;
-    }
+    };
+    // Nothing is on its way after all, or no longer.
+    let landed = || slots.with_flight(key, &flight, |pool| pool.coming = 0);
     let domain = crate::breaker::domain(store.fault_domain(&check.key));
-    let pass = inner.breaker.pass(domain);
+    // No time left for the call is as good as an open breaker.
+    let pass = if inner.time_left(asked).is_zero() {
+        Pass::Open
+    } else {
+        inner.breaker.pass(domain)
+    };
     if pass == Pass::Open {
+        landed();
         return;
     }
     let probe = ProbeGuard {
@@ -101,13 +115,12 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
     let miss = inner.deny_cache.as_ref().map(|cache| cache.miss(key));
     // A whole timeout from sending, as a request's flight ([`fly`]).
     let sent = Instant::now();
-    let Ok(r) = probe
-        .call(store.reserve(check, 1, reservations.n), sent)
-        .await
-    else {
+    let Ok(r) = probe.call(store.reserve(check, 1, want), sent).await else {
+        landed();
         return;
     };
     slots.with_flight(key, &flight, |pool| {
+        pool.coming = 0;
         pool.left = r.remaining;
         if r.granted > 0 {
             pool.grant(&r, 0, sent);
