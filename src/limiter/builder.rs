@@ -192,7 +192,8 @@ impl LimiterBuilder {
     /// they run out or their window ends (default 0: off). For hot keys: a
     /// global limit ("5,000/s for everyone") or one big tenant is a single
     /// key, so without this every request for it is a script call on the
-    /// one Redis master that owns it. With it, about one call in `n`.
+    /// one Redis master that owns it. With it, about one call per `3n / 4`
+    /// requests.
     ///
     /// This is the approach of CockroachDB's and Doorman's central
     /// limiters (instances lease capacity from the centre), made exact in
@@ -212,9 +213,15 @@ impl LimiterBuilder {
     ///   (they are not given back to the store), and an instance never
     ///   holds more than `n` units of a key, counting those a reserve call
     ///   on its way will add (a [refund](Limiter::refund) that would pass
-    ///   `n` goes to the store instead). The one exception is a request
-    ///   that leaves before its reserve call answers: its cost stays
-    ///   reserved for the key's next requests, beyond `n`. The request that leaves fewer than `n / 4`
+    ///   `n` goes to the store instead). Once a key's units stop, a little
+    ///   before the store's window ends, it reserves nothing more until
+    ///   that window has surely ended: through that last stretch (a
+    ///   thousandth of the window, a reserve call's round trip and a few
+    ///   ms, on each side of the store's end) its requests are checked by
+    ///   the store one by one, as without reservations, so units reserved
+    ///   late never add to those left unspent. The one exception is a
+    ///   request that leaves before its reserve call answers: its cost
+    ///   stays reserved for the key's next requests, beyond `n`. The request that leaves fewer than `n / 4`
     ///   reserves, in the background, what tops the key up to `n`, so that
     ///   a busy key does not run dry and its requests go on without waiting
     ///   (about one reserve call per `3n / 4` units spent). A request whose

@@ -287,8 +287,9 @@ impl Limiter {
                     return done(Ok(inner.reserved_decision(state, cost)));
                 }
                 reservation::Take::Short => {}
-                // A cold key: checked as without reservations.
-                reservation::Take::Crowded => reserving = None,
+                // A cold key, or one in its window's last stretch: checked
+                // as without reservations.
+                reservation::Take::Unreserved => reserving = None,
             }
         }
         let mut checks: Checks = match self.checks(keys, cost) {

@@ -75,15 +75,19 @@ pub(super) enum Take {
     Taken(LimitState, bool),
     /// Too little held: the request reserves ([`reserving`]).
     Short,
+    /// The request is decided by the store as any check without
+    /// reservations is, for one of two reasons.
+    ///
     /// The key is new to a crowded map (one that has had to drop keys:
-    /// more keys are in use than it holds). It is noted, and this request
-    /// is decided by the store as any check without reservations is. Its
-    /// next request reserves, if it comes while the key is still held
-    /// (before a pass drops it): only a key hit again soon, a hot one, gets
-    /// units, so a stream of cold keys costs what it would without
-    /// reservations (a batched check each, not a reserve call each) and
-    /// leaves no units unspent.
-    Crowded,
+    /// more keys are in use than it holds). It is noted, and its next
+    /// request reserves, if it comes while the key is still held (before a
+    /// pass drops it): only a key hit again soon, a hot one, gets units, so
+    /// a stream of cold keys costs what it would without reservations (a
+    /// batched check each, not a reserve call each) and leaves no units
+    /// unspent.
+    ///
+    /// Or the key is in its window's last stretch ([`Pool::ending`]).
+    Unreserved,
 }
 
 /// One key's reservation; its single flight is the [`Slots`] entry's.
@@ -106,6 +110,9 @@ struct Pool {
     /// will add at most, the cost of the request it is for aside: what is
     /// held plus this stays within `n`.
     coming: u64,
+    /// The latest the store's window of the last grant may end, by this
+    /// process's clock (see [`Pool::ending`]).
+    until: Option<Instant>,
 }
 
 /// How a finished flight that granted nothing ended, for the requests
@@ -134,6 +141,20 @@ impl Pool {
                 false
             }
         }
+    }
+
+    /// Whether the key is in its window's last stretch: its units have
+    /// stopped being spent (`end`, at or before the store's window ends),
+    /// and the store's window may still run (`until`). Nothing is reserved
+    /// then, as units reserved now would be spent in the same window as
+    /// those that expired unspent, which can be up to `n`: requests are
+    /// decided by the store one by one ([`Take::Unreserved`]), and a
+    /// reserve call answered then keeps no units. That keeps what an
+    /// instance leaves unspent within `n` per window. The stretch lasts
+    /// from about a thousandth of the window (and a few ms, and a reserve
+    /// call's round trip) before the store's end to as long after it.
+    fn ending(&mut self, now: Instant) -> bool {
+        !self.live(now) && self.until.is_some_and(|until| now < until)
     }
 
     /// The units held in a live window (none once it ended).
@@ -170,6 +191,23 @@ impl Pool {
         let sure = r.window_left_ms.saturating_sub(1);
         let left = sure - sure / 1000;
         let end = sent + Duration::from_millis(left);
+        // The latest the store's window ends by this clock: the script ran
+        // before now, and the store's clock may run slow by 1,000 ppm.
+        let wl = r.window_left_ms;
+        let until = now + Duration::from_millis(wl.saturating_add(wl / 1000 + 1));
+        let ending = self.ending(now);
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
+        if ending {
+            // Admitted, the units spent in the store, but none kept: see
+            // [`Pool::ending`].
+            self.left = r.remaining;
+            return LimitState {
+                allowed: true,
+                remaining: r.remaining,
+                reset_ms: end.saturating_duration_since(now).as_millis() as u64,
+                retry_ms: 0,
+            };
+        }
         let end = match self.live(now) && self.units > 0 {
             true => self.end.map_or(end, |old| old.min(end)),
             false => end,
@@ -245,20 +283,26 @@ impl Reservations {
     /// Spends `cost` from `key`'s reservation without a store call, if it
     /// holds that much in a live window ([`Take::Taken`]); else whether the
     /// request reserves ([`Take::Short`]) or, `key` being new to a crowded
-    /// map, is decided by the store as without reservations
-    /// ([`Take::Crowded`]).
+    /// map or in its window's last stretch, is decided by the store as
+    /// without reservations ([`Take::Unreserved`]).
     pub(super) fn take(&self, key: &[u8], cost: u64) -> Take {
         let low = self.low_water();
         let taken = self.slots.with_or_note(key, |pool| {
-            let state = pool.take(cost, Instant::now())?;
+            let now = Instant::now();
+            if pool.ending(now) {
+                return Take::Unreserved;
+            }
+            let Some(state) = pool.take(cost, now) else {
+                return Take::Short;
+            };
             let refill = pool.units < low && !pool.refilling;
             pool.refilling |= refill;
-            Some((state, refill))
+            Take::Taken(state, refill)
         });
         match taken {
-            Ok(Some((state, refill))) => Take::Taken(state, refill),
-            Ok(None) | Err(false) => Take::Short,
-            Err(true) => Take::Crowded,
+            Ok(take) => take,
+            Err(false) => Take::Short,
+            Err(true) => Take::Unreserved,
         }
     }
 
@@ -424,11 +468,16 @@ pub(super) async fn reserving(
         epoch: 0,
     };
     // Up to `n` in one call, or the cost if more: what tops the key up to
-    // `n`, which it never holds more than. Kept nowhere if the entry was
-    // dropped: the cost alone.
+    // `n`, which it never holds more than. The cost alone in the window's
+    // last stretch, which keeps nothing, or if the entry was dropped.
     let n = reservations.n;
     let want = slots.with_flight(&key, &flight, |pool| {
-        let want = cost.max(n.saturating_sub(pool.held(Instant::now())));
+        let now = Instant::now();
+        let want = if pool.ending(now) {
+            cost
+        } else {
+            cost.max(n.saturating_sub(pool.held(now)))
+        };
         pool.coming = want - cost;
         want
     });
@@ -555,9 +604,41 @@ mod tests {
         assert_eq!(state.reset_ms, 0);
         assert!(pool.take(1, Instant::now()).is_none());
         // Two ms left keep the units for one.
+        let mut pool = Pool::default();
         let state = pool.grant(&Reservation::new(10, 0, 2), 1, sent);
         assert_eq!(state.reset_ms, 1);
         assert!(pool.take(1, Instant::now()).is_some());
+    }
+
+    /// Once a grant's units stop, until the store's window has surely
+    /// ended, nothing is reserved: a request is decided by the store, and
+    /// a grant answered then keeps no units (they would be the same
+    /// window's, on top of those that stopped unspent).
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_reserved_in_a_windows_last_stretch() {
+        let r = Reservations::new(10, super::super::slots::RESERVED_KEYS);
+        let sent = Instant::now();
+        r.slots.entry(b"k", |pool| {
+            // Redis's window ends 1,000 ms on (its PTTL + 1): the units
+            // stop at 999 ms, the window has surely ended at 1,002 ms.
+            pool.grant(&Reservation::new(10, 5, 1_000), 1, sent);
+        });
+        tokio::time::advance(Duration::from_millis(998)).await;
+        assert!(matches!(r.take(b"k", 1), Take::Taken(..)));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(matches!(r.take(b"k", 1), Take::Unreserved));
+        // A reserve call answered now admits its request and keeps nothing.
+        let sent = Instant::now();
+        let (_, state) = r.slots.entry(b"k", |pool| {
+            pool.grant(&Reservation::new(10, 5, 4), 1, sent)
+        });
+        assert!(state.allowed);
+        assert!(matches!(r.take(b"k", 1), Take::Unreserved));
+        tokio::time::advance(Duration::from_millis(3)).await;
+        assert!(matches!(r.take(b"k", 1), Take::Unreserved));
+        // Past the latest end: the key reserves again.
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(matches!(r.take(b"k", 1), Take::Short));
     }
 
     /// A refund of a window that has ended here never goes to the pool,

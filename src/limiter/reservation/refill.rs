@@ -82,7 +82,12 @@ async fn refill(refilling: Refilling, store: Arc<dyn Store>, check: LimitCheck) 
     // What tops the key up to `n`: the units held now, less what requests
     // spend while the call is on its way, plus the grant stay within `n`.
     let want = slots.with_flight(key, &flight, |pool| {
-        let held = pool.held(Instant::now());
+        let now = Instant::now();
+        if pool.ending(now) {
+            // Nothing is reserved in the window's last stretch.
+            return None;
+        }
+        let held = pool.held(now);
         let want = (held < low).then(|| n - held)?;
         pool.coming = want;
         Some(want)
