@@ -207,6 +207,13 @@ async fn a_peek_neither_fills_nor_trusts_the_deny_cache() {
         l.check("k", 1).await.unwrap().is_allowed(),
         "the peek's denial was cached"
     );
+    // Nor trusts it: a denial cached by a check is not a peek's answer.
+    assert_eq!(admitted(&l, "k", 2).await, 1); // the second denied, cached
+    let _: () = conn.del(l.store_key("k")).await.unwrap();
+    assert!(
+        l.peek("k", 1).await.unwrap().is_allowed(),
+        "the peek answered from the deny cache"
+    );
 }
 
 /// Two replicas throttling calls to one partner API at 4 per 400 ms: every

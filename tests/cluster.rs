@@ -832,10 +832,11 @@ async fn a_pool_of_cluster_connections_recovers_after_a_master_restarts() {
 }
 
 /// On a cluster, `INFO memory` goes to every master: one that may evict
-/// the limiter's keys is named in a warning at startup even when the node
-/// the seed list starts with may not.
+/// the limiter's keys is warned of at startup (the warning names its
+/// policy, not the node) even when the node the seed list starts with may
+/// not.
 #[tokio::test]
-async fn a_node_that_may_evict_the_counters_is_named_at_startup() {
+async fn a_node_that_may_evict_the_counters_is_warned_of_at_startup() {
     let cluster = RedisCluster::start();
     let seeds = cluster.seed_urls();
     let port: u16 = seeds

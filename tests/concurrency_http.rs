@@ -89,12 +89,17 @@ async fn limit_holds(b: &Backend, urls: &[String], gauge: &Gauge, limiter: &Conc
     }
 }
 
-/// Two servers, each with its own limiter (and, on Redis, connection).
-async fn limit_holds_across_two_servers(b: Backend) {
+/// Two servers, each with its own limiter (and, on Redis, connection);
+/// the second's on `two`'s store if given.
+async fn limit_holds_across_two_servers(b: Backend, two: Option<redis_ratelimit::RedisStore>) {
     let gauge = Gauge::default();
     let hold = Duration::from_millis(500);
     let one = b.concurrency(5).build().unwrap();
-    let two = b.concurrency_replica(5).await.build().unwrap();
+    let two = match two {
+        Some(store) => ConcurrencyLimiter::builder(5).store(store),
+        None => b.concurrency_replica(5).await,
+    };
+    let two = two.build().unwrap();
     let urls = [
         spawn_slow_app(one.clone(), &gauge, hold).await,
         spawn_slow_app(two, &gauge, hold).await,
@@ -104,17 +109,20 @@ async fn limit_holds_across_two_servers(b: Backend) {
 
 #[tokio::test]
 async fn limit_holds_across_two_servers_with_redis() {
-    limit_holds_across_two_servers(Backend::redis().await).await;
+    limit_holds_across_two_servers(Backend::redis().await, None).await;
 }
 
 #[tokio::test]
 async fn limit_holds_across_two_servers_with_redis_pool() {
-    limit_holds_across_two_servers(Backend::redis_pool().await).await;
+    // Both servers on pools of their own.
+    let b = Backend::redis_pool().await;
+    let two = b.server().unwrap().pool_store(8).await;
+    limit_holds_across_two_servers(b, Some(two)).await;
 }
 
 #[tokio::test]
 async fn limit_holds_across_two_servers_with_memory_store() {
-    limit_holds_across_two_servers(Backend::memory()).await;
+    limit_holds_across_two_servers(Backend::memory(), None).await;
 }
 
 #[tokio::test]

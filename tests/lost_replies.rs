@@ -1,9 +1,11 @@
 //! A reply lost on its way back, after Redis ran the call: the pool and the
 //! sentinel store replace a connection that dropped and send the call again
 //! on the new one. A decision is then charged twice (a limit is reached
-//! early, never passed). A refund or a reset takes effect once: run twice, a
-//! refund would give its cost back twice and lift the limit, so its first run
-//! leaves a marker that the second finds (`lua/once.lua`).
+//! early, never passed). A refund takes effect once: run twice, it would
+//! give its cost back twice and lift the limit, so its first run leaves a
+//! marker that the second finds (`lua/once.lua`). A reset whose reply is
+//! lost is sent again without an error (that its second run deletes
+//! nothing spent in between is tested on the script, in `admin.rs`).
 
 mod support;
 

@@ -57,7 +57,10 @@ async fn pool_recovers_after_restart(policy: OnStoreError) {
 
     server.restart();
     let restarted = Instant::now();
+    // Probes sent to the restarted Redis: each may have spent a unit.
+    let mut probes = 0_usize;
     loop {
+        probes += 1;
         if decided(&call(&svc).await) {
             break;
         }
@@ -79,8 +82,9 @@ async fn pool_recovers_after_restart(policy: OnStoreError) {
             server.log()
         );
     }
-    // Limiting is enforced: the key (empty after the restart) admits at most
-    // its 40, then denies.
+    // Limiting is enforced: the key (empty after the restart, then spent by
+    // the probe that was decided, and perhaps by those that were not)
+    // admits what is left of its 40, then denies.
     let mut statuses = Vec::new();
     for _ in 0..45 {
         let res = call(&svc).await;
@@ -91,7 +95,10 @@ async fn pool_recovers_after_restart(policy: OnStoreError) {
         statuses.push(res.status());
     }
     let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    assert!(admitted <= 40, "{policy:?}: {admitted} admitted against 40");
+    assert!(
+        (40_usize.saturating_sub(probes)..=39).contains(&admitted),
+        "{policy:?}: {admitted} admitted against 40, {probes} probes"
+    );
     assert_eq!(statuses.last(), Some(&StatusCode::TOO_MANY_REQUESTS));
     server.assert_every_key_has_ttl().await;
     eprintln!("{policy:?}: decided again {took:?} after the restart");

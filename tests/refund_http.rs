@@ -106,21 +106,6 @@ async fn several_limits_are_all_refunded(b: Backend) {
     settled(&limiter, "k", &[0, 1]).await;
 }
 
-/// A 429 from the middleware itself is a client error, and is never
-/// refunded: refunding it would let the client through again.
-async fn rejections_by_the_middleware_are_never_refunded(b: Backend) {
-    let limiter = b.builder("1/60s").deny_cache(0).build().unwrap();
-    let url = serve(&limiter, Refund::ClientErrors).await;
-    let caller = Caller::with_key(Some("k"));
-    let first = caller.statuses(&format!("{url}/"), 4).await;
-    assert_eq!(first, [200, 429, 429, 429]);
-    // Any refund would have been spawned by now; give it time to land.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let d = limiter.peek("k", 1).await.unwrap();
-    assert!(!d.is_allowed(), "{d:?}");
-    assert_eq!(caller.statuses(&format!("{url}/"), 1).await, [429]);
-}
-
 /// With tiers, the refund goes to the tier's limiter that spent.
 async fn a_tier_is_refunded_in_its_own_limiter(b: Backend) {
     let pro = b.builder("2/60s").name("pro").build().unwrap();
@@ -147,7 +132,6 @@ support::for_every_store!(
     server_errors_are_not_charged,
     successes_are_free_failures_count,
     several_limits_are_all_refunded,
-    rejections_by_the_middleware_are_never_refunded,
 );
 
 /// Exactly one extra store call for a refunded response, none for others.

@@ -119,7 +119,7 @@ impl RedisCluster {
         run().unwrap_or_else(|e| panic!("{cmd:?} on {port}: {e}\n{}", self.log()))
     }
 
-    /// `CLUSTER NODES` as seen by a live node: every node's port, flags and
+    /// Kills (SIGKILL) the node on `port`.
     pub fn kill(&mut self, port: u16) {
         let node = self.nodes.iter_mut().find(|n| n.port == port);
         node.unwrap_or_else(|| panic!("no node on port {port}"))

@@ -254,12 +254,11 @@ pub async fn default_answers(s: &impl Serve, b: &Backend) {
     });
     assert_eq!(res.problem(), want, "{res:?}");
 
-    // A store with nothing listening, under OnStoreError::Deny: 503.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A store that never answers (a socket held for the whole test: a port
+    // merely free could be taken by another test's server, which would
+    // answer), under OnStoreError::Deny: 503.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
     let down = RedisStore::connect_lazy(format!("redis://127.0.0.1:{port}")).unwrap();
     let limiter = Limiter::builder("5/1m".parse().unwrap()).store(down);
     let limiter = limiter.timeout(Duration::from_millis(300)).build().unwrap();

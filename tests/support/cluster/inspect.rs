@@ -37,6 +37,7 @@ impl NodeEntry {
 }
 
 impl RedisCluster {
+    /// `CLUSTER NODES` as seen by a live node: every node's port, flags and
     /// slot ranges.
     fn cluster_nodes(&self) -> Vec<NodeEntry> {
         let port = self.live_ports().next().expect("a live node");
@@ -149,7 +150,6 @@ impl RedisCluster {
         }
     }
 
-    /// Kills (SIGKILL) the node on `port`.
     /// Waits until every replica has every write its master sent it.
     pub fn wait_replicated(&self) {
         self.wait_until(Duration::from_secs(10), "replication", |c| {
