@@ -281,7 +281,8 @@ impl LimiterBuilder {
     /// - [`peek`](Limiter::peek) answers from the reservation when it holds
     ///   enough, else asks the store; [`refund`](Limiter::refund) of a
     ///   reserved decision gives the units back to the reservation it came
-    ///   from while it lives, else to the store's window;
+    ///   from while it lives and stays within `n` units, else to the
+    ///   store's window;
     ///   [`reset`](Limiter::reset) drops this instance's reservation too
     ///   (a reserve call on its way keeps nothing, and the requests that
     ///   waited for it share one new call).
