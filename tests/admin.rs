@@ -337,6 +337,49 @@ async fn a_custom_store_without_the_new_methods_reports_them_unsupported() {
         Err(Error::Unsupported("reset"))
     ));
     assert!(!l.check("k", 1).await.unwrap().is_allowed());
+    // A missing method is not a failing store: peeks do not open the
+    // breaker (5 failures in a second), which would lift the limit under
+    // `OnStoreError::Allow`.
+    for _ in 0..10 {
+        assert!(matches!(l.peek("k", 1).await, Err(Error::Unsupported(_))));
+    }
+    let after = l.check("k", 1).await;
+    assert!(after.as_ref().is_ok_and(|d| !d.is_allowed()), "{after:?}");
+}
+
+/// A store that answers every check with no state at all.
+#[derive(Debug)]
+struct StatelessStore;
+
+impl redis_ratelimit::Store for StatelessStore {
+    fn decide(
+        &self,
+        _: Vec<redis_ratelimit::LimitCheck>,
+        _: u64,
+    ) -> redis_ratelimit::store::BoxFuture<
+        'static,
+        Result<Vec<redis_ratelimit::LimitState>, redis_ratelimit::Error>,
+    > {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// A reply without one state per limit is a failing store, for the
+/// breaker as for the caller: it opens after its failures.
+#[tokio::test]
+async fn a_reply_of_the_wrong_shape_counts_as_a_failure() {
+    use redis_ratelimit::{Breaker, Error};
+    let l = Limiter::builder(Quota::per_minute(1))
+        .store(StatelessStore)
+        .breaker(Breaker::new().failures(2))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let r = l.check("k", 1).await;
+        assert!(matches!(r, Err(Error::UnexpectedReply(_))), "{r:?}");
+    }
+    let r = l.check("k", 1).await;
+    assert!(matches!(r, Err(Error::CircuitOpen)), "{r:?}");
 }
 
 /// Fails with ':' before a marker's kind: with several limits, a limiter's

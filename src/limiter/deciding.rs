@@ -132,6 +132,7 @@ impl Then {
     fn finish(&mut self, result: Result<Answered, Error>) -> Result<Decision, Error> {
         let Rare { span, partition } = self.rare.take().map(|rare| *rare).unwrap_or_default();
         let _entered = span.as_ref().map(tracing::Span::enter);
+        let result = result.and_then(|answered| self.probe.inner.counted(answered));
         let (states, ends) = self.probe.record(result, self.started, true)?;
         let at = Stamp::answered(ends);
         let miss = (self.cache_key.take()).map(|key| Miss::from_parts(key, self.probe.epoch));
@@ -207,6 +208,19 @@ impl Inner {
         self.timeout.saturating_sub(asked.elapsed())
     }
 
+    /// A store's answer with one state per limit; else an
+    /// [`Error::UnexpectedReply`], before the breaker records the call: a
+    /// reply of the wrong shape is a failing store, not a success.
+    pub(super) fn counted(&self, answered: Answered) -> Result<Answered, Error> {
+        let limits = self.limits.len();
+        match answered.0.len() {
+            n if n == limits => Ok(answered),
+            n => Err(Error::UnexpectedReply(format!(
+                "{n} states for {limits} limits"
+            ))),
+        }
+    }
+
     /// The decision from the store's states: checks their number, picks the
     /// binding limit, caches a denial under `cache_key`, counts and logs it.
     /// `at` is when it was decided, for a refund; `None` for a peek, which
@@ -279,6 +293,8 @@ impl ProbeGuard {
     ) -> Result<Decision, Error> {
         let inner = self.inner.clone();
         let timeout = inner.timeout;
+        let counting = inner.clone();
+        let answer = Box::pin(async move { answer.await.and_then(|a| counting.counted(a)) });
         let (states, ends) = self.call_bounded(answer, bounded, timeout, true).await?;
         let at = spends.then(|| Stamp::answered(ends));
         inner.conclude(states, cost, cache_key, at)
@@ -387,6 +403,15 @@ impl ProbeGuard {
             Ok(value) => {
                 inner.breaker.record(self.domain, self.pass, true);
                 Ok(value)
+            }
+            // A store that lacks a method (a custom store's `peek`) is not
+            // failing: the pass is given back, not counted against it.
+            Err(e @ Error::Unsupported(_)) => {
+                inner.breaker.abandon(self.domain, self.pass);
+                if counts {
+                    metrics::store_error(inner.policies.all_metric_keys());
+                }
+                Err(e)
             }
             Err(e) => {
                 if inner.breaker.record(self.domain, self.pass, false)
