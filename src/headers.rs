@@ -33,9 +33,11 @@
 //!
 //! With [`RateLimitLayer::legacy_headers`](crate::RateLimitLayer::legacy_headers)
 //! the layer also writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-//! `X-RateLimit-Reset`; the last is seconds until reset (a delta, not an epoch
-//! time, because the app server's clock is not the one that counts). They
-//! describe one limit, the binding one, as `RateLimit` does.
+//! `X-RateLimit-Reset`; the last is `RateLimit`'s `t`, in seconds: until the
+//! limit resets, or on a denial until a retry may be admitted (for GCRA and
+//! sliding windows sooner than the whole reset), a delta, not an epoch time,
+//! because the app server's clock is not the one that counts. They describe
+//! one limit, the binding one, as `RateLimit` does.
 //!
 //! # Nested layers
 //!
