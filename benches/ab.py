@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A/B of the memory store (or, with --redis, the Redis store) across
 commits: examples/axum.rs built at each git revision given, and plain axum
-(RATE_LIMIT=off, built at the last revision), run in one session,
-interleaved in a shuffled order every round.
+(RATE_LIMIT=off, built at the last revision), run in one session. Every
+round runs the plain cell first (the round's baseline, which its ratios are
+taken against), then the others interleaved in a shuffled order.
 
     python3 benches/ab.py c5f20ab 0513b34 924daf4 --workload 100k --rounds 6
     python3 benches/ab.py 270989e 3e7f198 --redis --workload 100k --rounds 8
@@ -15,7 +16,12 @@ Printed per build: median req/s, its median ratio to the plain cell of
 the same round, and the median of the server's own CPU time per request
 (user + system, from /proc), which the VM's drift moves less than req/s.
 With --redis, every limited cell uses one redis-server of the run's own
-(REDIS_URL, the ConnectionManager), and its CPU per request is printed too.
+(REDIS_URL, the ConnectionManager), and its CPU per request is printed too;
+the run FLUSHALLs it before each cell that uses it, so that every cell
+starts from no keys (and a denied workload's warm-up probe finds its key
+unspent). The limited cells run with RATE_LIMIT_ON_ERROR=deny: a store error
+is a 503, not a fail-open 200 counted as throughput, and a cell round with
+any non-2xx answer where all should be 2xx prints a warning.
 With --floor (and --redis), each round also runs benches/peers'
 redis-floor (axum and one PING per request, no limiter) on that Redis, and
 the summary sets each build's server CPU over plain beside the floor's: the
@@ -139,10 +145,15 @@ def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, al
          extra=None):
     """One server under the workload: req/s, and per request the server's
     CPU µs, Redis's CPU µs (given `redis`), the server's context switches,
-    its system CPU µs, and (with `syscalls`) its syscalls, `epoll_wait`s and
-    `futex`es (else None for each)."""
+    its system CPU µs, (with `syscalls`) its syscalls, `epoll_wait`s and
+    `futex`es (else None for each), Redis's entry-point calls (or None), and
+    last the measured run's non-2xx answers and request count."""
     env = {"RATE_LIMIT": workload.quota if limited else "off",
            "RATE_LIMIT_KEY": workload.key}
+    if limited is True:
+        # A store error is then a 503, which the caller warns of, rather
+        # than a 200 without a decision (the examples' default, allow).
+        env["RATE_LIMIT_ON_ERROR"] = "deny"
     if limited is True and algorithm:
         env["RATE_LIMIT_ALGORITHM"] = algorithm
         if algorithm == "gcra":
@@ -173,7 +184,18 @@ def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, al
     cpu, system = (user2 - user + system2 - system) * per, (system2 - system) * per
     calls = [counts[k] / n if counts else None for k in ("syscalls", "epoll_wait", "futex")]
     return result["rps"], cpu, redis_cpu * per, switches / n, system, *calls, \
-        entry_calls(commands) / n if commands else None
+        entry_calls(commands) / n if commands else None, result["non2xx"], n
+
+
+def warn_non2xx(rnd, name, got, workload, limited):
+    """A loud line for a cell round with non-2xx answers where every answer
+    should be 2xx: an all-allowed workload, or a server that limits nothing.
+    Its req/s then measured errors (a 503 is a store error), not the path."""
+    non2xx, n = got[-2:]
+    if non2xx and (not workload.denied or limited is not True):
+        print(f"round {rnd}: {name}: WARNING: {non2xx} of {n} answers not 2xx where all "
+              "should be (a 503 is a store error): this cell's figures are not the "
+              "limiter's", file=sys.stderr)
 
 
 def entry_calls(commands):
@@ -296,11 +318,19 @@ def main():
         for r in range(args.rounds):
             base = cell(builds[args.revs[-1]], workload, False, args.seconds, log,
                         syscalls=args.syscalls)
+            warn_non2xx(r + 1, plain, base, workload, False)
             rows[plain].append((base[0], 1.0, *base[1:]))
             for name in random.sample(list(cells), len(cells)):
                 binary, limited, with_redis, extra = cells[name]
+                if with_redis:
+                    # No keys from an earlier cell: a spent key would fail a
+                    # denied workload's probe, a key left without a TTL (the
+                    # incr batch floor's) would shape the next cell's costs,
+                    # and every cell pays for creating its own keys.
+                    redis.cli("FLUSHALL")
                 got = cell(binary, workload, limited, args.seconds, log, with_redis,
                            args.syscalls, args.algorithm, extra)
+                warn_non2xx(r + 1, name, got, workload, limited)
                 rps, cpu, redis_cpu, switches = got[:4]
                 rows[name].append((rps, rps / base[0], *got[1:]))
                 print(f"round {r + 1}: {name:12s} {rps:9.0f} req/s, {rps / base[0]:.2f}x, "

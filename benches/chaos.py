@@ -129,7 +129,8 @@ def main():
         "settings": {"quota": f"{args.limit}/1h", "header": HEADER, "keys": args.keys,
                      "connections": args.connections, "pre_s": args.pre,
                      "hold_s": args.hold, "post_s": args.post,
-                     "recovery_bound_s": verdict.RECOVERY_BOUND_S},
+                     "recovery_bound_s": verdict.RECOVERY_BOUND_S,
+                     "latency_bound_ms": verdict.LATENCY_BOUND_MS},
         "faults": {f.name: f.about for f, _, _ in plan},
         "rows": [],
     }

@@ -10,7 +10,8 @@ peer servers of `benches/peers/` in release mode, and for each round runs
 every (server, workload) cell once: the workloads in a shuffled order, and
 for each, every server back to back in a shuffled order, so that the
 machine's drift hits all alike and each ratio compares cells close in time.
-A cell: FLUSHALL, start the server,
+A cell: FLUSHALL, start the server (ours with RATE_LIMIT_ON_ERROR=deny, so
+that a store error is a 503, not a fail-open 200),
 spend the workload's keys and check it answers as designed, a wrk warm-up,
 CONFIG RESETSTAT, the measured wrk run (`GET /`), INFO commandstats and cpu,
 the paced run, stop the server, then the exactness checks
@@ -141,6 +142,11 @@ def cell(redis, binary, server, workload, args, logdir, rnd, cluster=None):
     env = dict(server.env)
     env.setdefault("RATE_LIMIT", workload.quota)
     env["RATE_LIMIT_KEY"] = workload.key
+    if server.binary in catalog.EXAMPLES and server.limits:
+        # The examples fail open by default: a store error would be a 200
+        # without a decision, counted as throughput. Denied, it is a 503,
+        # not 2xx, which the report flags. (RATE_LIMIT=off refuses it.)
+        env.setdefault("RATE_LIMIT_ON_ERROR", "deny")
     if server.cluster:
         env["REDIS_CLUSTER_URLS"] = cluster.urls()
     elif server.redis:

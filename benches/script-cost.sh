@@ -9,7 +9,9 @@
 # untimed, then instrumentation is switched on for CALLS more calls. Every
 # call decides 8 allowed requests on existing counters (keys k:0..k:99 with a
 # suffix per request, a quota of a billion an hour), as a batch from
-# RedisStore does. Printed: instructions per call and per decision.
+# RedisStore does. Printed: instructions per call and per decision. Each
+# call is first made once with redis-cli: a reply that is an error (which
+# redis-benchmark would count as a call done) stops the run.
 #
 #   general      lua/lib.lua + fixed_window.lua + sliding_window.lua +
 #                gcra.lua + decide.lua (DECIDE_LUA), fixed-window limits
@@ -58,7 +60,8 @@ calls=${1:-2000}
 root=$(cd "$(dirname "$0")/.." && pwd)
 lua=$root/lua
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Also kills a redis-server still running when a check below exits.
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 for tool in redis-server redis-cli redis-benchmark valgrind callgrind_control callgrind_annotate; do
   command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install -y redis-server redis-tools valgrind" >&2; exit 1; }
@@ -108,6 +111,21 @@ done
 # The harness's free port (benches/harness/procs.py).
 free_port() { PYTHONPATH="$root/benches" python3 -c 'from harness.procs import free_port; print(free_port())'; }
 
+# check_reply NAME PORT COMMAND...: the call redis-benchmark is about to
+# time, once through redis-cli (__rand_int__ as one of the keys it will
+# use), must answer a reply: redis-benchmark's output is discarded, and it
+# counts an error reply as a completed call, so a script that fails on its
+# arguments would be measured as a cheap one.
+check_reply() {
+  local name=$1 port=$2 reply
+  shift 2
+  if ! reply=$(redis-cli -e --no-raw -p "$port" "${@//__rand_int__/000000000000}" 2>&1) \
+      || [[ -z $reply || $reply == "(error)"* || $reply == "(nil)" ]]; then
+    echo "script-cost.sh: $name: the measured call does not answer a reply: ${reply:-(none)}" >&2
+    exit 1
+  fi
+}
+
 # measure NAME FILE DECISIONS ARGS...: prints instructions per call and decision.
 measure() {
   local name=$1 file=$2 decisions=$3
@@ -127,6 +145,7 @@ measure() {
     sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$file")")
     run+=("$sha")
   fi
+  check_reply "$name" "$port" "${run[@]}" "$@"
   redis-benchmark -p "$port" -n 2000 -c 4 -r 100 -q "${run[@]}" "$@" >/dev/null 2>&1
   # Every counter gets a TTL, as ours have: bare.lua sets none, and a key
   # with no TTL costs Redis less to find (no lookup in its expiry table).

@@ -9,7 +9,9 @@
 # instrumentation off on a free port; wrk warms it up for 2 s; then
 # instrumentation is switched on for SECONDS of wrk (1 thread, 32
 # connections) and off again. Printed: the server's instructions (all its
-# threads) divided by the requests wrk completed. Kernel time (the TCP
+# threads) divided by the requests wrk completed; a case whose wrk report
+# shows socket errors, or answers other than it is designed to give (2xx,
+# or for `memory, denied` all 429), stops the run. Kernel time (the TCP
 # stack) is not counted; it is about the same in every case, so the difference
 # between a case and `plain` is what the limiter costs in the process.
 #
@@ -48,26 +50,33 @@ free_port() {
   PYTHONPATH="$root/benches" python3 -c 'from harness.procs import free_port; print(free_port())'
 }
 
-# wrk DURATION URL [KEYS_LUA_ARGS...]: wrk, with keys.lua when given arguments
+# wrk DURATION URL [KEYS_LUA_ARGS...]: wrk, with keys.lua when given
+# arguments; a 10 s timeout, as the harness's (wrk's 2 s would count a slow
+# answer under callgrind as a socket error)
 load() {
   local duration=$1 url=$2
   shift 2
   if [ $# -gt 0 ]; then
-    wrk -t1 -c32 -d"$duration" -s "$keys" "$url" -- "$@"
+    wrk -t1 -c32 -d"$duration" --timeout 10s -s "$keys" "$url" -- "$@"
   else
-    wrk -t1 -c32 -d"$duration" "$url"
+    wrk -t1 -c32 -d"$duration" --timeout 10s "$url"
   fi
 }
 
-# case_cost NAME BINARY REDIS_URL RATE_LIMIT RATE_LIMIT_KEY [KEYS_LUA_ARGS...]
-# (REDIS_URL "" for the memory store)
+# case_cost NAME EXPECT BINARY REDIS_URL RATE_LIMIT RATE_LIMIT_KEY [KEYS_LUA_ARGS...]
+# (REDIS_URL "" for the memory store; EXPECT: 2xx, every answer 2xx, or
+# 429, every one denied)
 case_cost() {
-  local name=$1 binary=$2 redis=$3 limit=$4 key=$5
-  shift 5
-  local port out
+  local name=$1 expect=$2 binary=$3 redis=$4 limit=$5 key=$6
+  shift 6
+  local port out on_error=
   port=$(free_port)
   out=$work/callgrind.out
-  env ${redis:+REDIS_URL=$redis} BIND=127.0.0.1:$port RATE_LIMIT=$limit RATE_LIMIT_KEY=$key \
+  # Our limiter answers a store error 503, not a fail-open 200 that would
+  # pass for a decision (RATE_LIMIT=off refuses the variable).
+  [ "$limit" = off ] || on_error=RATE_LIMIT_ON_ERROR=deny
+  env ${redis:+REDIS_URL=$redis} ${on_error:+$on_error} BIND=127.0.0.1:$port \
+    RATE_LIMIT=$limit RATE_LIMIT_KEY=$key \
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
     "$binary" >"$work/server.log" 2>&1 &
   local pid=$!
@@ -83,8 +92,21 @@ case_cost() {
   callgrind_control -d "$pid" >/dev/null 2>&1
   kill "$pid"
   wait "$pid" 2>/dev/null || true
-  local requests instructions
+  local requests instructions non2xx errors
   requests=$(awk '/requests in/ {print $1}' <<<"$report")
+  # wrk prints these lines only when not zero.
+  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' <<<"$report")
+  errors=$(awk '/Socket errors:/ {gsub(",", ""); print $4 + $6 + $8 + $10}' <<<"$report")
+  non2xx=${non2xx:-0} errors=${errors:-0}
+  if [ "$errors" -gt 0 ] || { [ "$expect" = 2xx ] && [ "$non2xx" -gt 0 ]; } \
+      || { [ "$expect" = 429 ] && [ "$non2xx" -ne "$requests" ]; }; then
+    echo "server-cost.sh: $name: $non2xx of $requests answers not 2xx (designed: all" \
+      "$expect), $errors socket errors; not a measure of the layer. wrk:" >&2
+    echo "$report" >&2
+    echo "server log:" >&2
+    tail -n 20 "$work/server.log" >&2
+    exit 1
+  fi
   instructions=$(cat "$out".* | awk '/^totals:/ {sum += $2} END {print sum}')
   rm -f "$out" "$out".*
   printf '%-20s %8d requests %12d instructions per request\n' \
@@ -92,24 +114,36 @@ case_cost() {
 }
 
 huge=1000000000/1h
-case_cost "plain, 100k keys" "$server" "" off "header:x-api-key" cycle 100000
-case_cost "memory, 100k keys" "$server" "" $huge "header:x-api-key" cycle 100000
-case_cost "plain, 1 key" "$server" "" off ip
-case_cost "memory, 1 key" "$server" "" $huge ip
-case_cost "memory, denied" "$server" "" 1/1h ip
+case_cost "plain, 100k keys" 2xx "$server" "" off "header:x-api-key" cycle 100000
+case_cost "memory, 100k keys" 2xx "$server" "" $huge "header:x-api-key" cycle 100000
+case_cost "plain, 1 key" 2xx "$server" "" off ip
+case_cost "memory, 1 key" 2xx "$server" "" $huge ip
+case_cost "memory, denied" 429 "$server" "" 1/1h ip
 
 # With Redis: a redis-server of our own on a free port.
 if ! command -v redis-server >/dev/null; then
   echo "redis-server not found (apt-get install -y redis-server): Redis cases skipped" >&2
   exit 0
 fi
+command -v redis-cli >/dev/null || { echo "server-cost.sh: redis-cli not found" >&2; exit 1; }
 redis_port=$(free_port)
 redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+# Listening before the first case: a server that starts before Redis exits.
+pong() { [ "$(redis-cli -p "$redis_port" PING 2>/dev/null)" = PONG ]; }
+for _ in $(seq 100); do
+  pong && break
+  sleep 0.1
+done
+pong || {
+  echo "server-cost.sh: redis-server on port $redis_port did not answer PING within 10 s:" >&2
+  cat "$work/redis.log" >&2
+  exit 1
+}
 redis=redis://127.0.0.1:$redis_port/
-case_cost "redis, 100k keys" "$server" "$redis" $huge "header:x-api-key" cycle 100000
+case_cost "redis, 100k keys" 2xx "$server" "$redis" $huge "header:x-api-key" cycle 100000
 floor=$root/benches/peers/target/release/redis-floor
 if [ -x "$floor" ]; then
-  case_cost "floor, 100k keys" "$floor" "$redis" off "header:x-api-key" cycle 100000
+  case_cost "floor, 100k keys" 2xx "$floor" "$redis" off "header:x-api-key" cycle 100000
 else
   echo "no $floor (cargo build --release in benches/peers): floor skipped" >&2
 fi

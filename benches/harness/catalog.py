@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 HUGE = "1000000000/1h"
 # The header the keyed workloads send, and the servers key by.
 API_KEY = "x-api-key"
+# Our example servers (examples/*.rs), as a Server's `binary`; the others
+# are peers. load.py runs ours with RATE_LIMIT_ON_ERROR=deny.
+EXAMPLES = ("axum", "hyper", "actix", "tonic")
 
 
 @dataclass(frozen=True)

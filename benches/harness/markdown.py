@@ -1,7 +1,7 @@
 """The markdown report, from the rows of `report.summarize` and the cells."""
 
 from . import exactness, wrk
-from .report import targets
+from .report import not_2xx_where_all_allowed, targets
 
 
 def _num(x, fmt):
@@ -131,15 +131,25 @@ def render(rows, meta, workloads, cells=()):
     for target, s, w, measured, met in targets(rows):
         lines.append(f"| {target} | {s} | {w} | {measured} | {_met(met)} |")
     warnings = [r for r in rows if abs(r["denied"] - r["expected_denied"]) > 0.05
-                or r["socket_errors"] or r.get("paced_off_rate")]
+                or r["socket_errors"] or r.get("paced_off_rate")
+                or r["paced_socket_errors"] or not_2xx_where_all_allowed(r)]
     if warnings:
         lines += ["", "## Cells that did not behave as designed", ""]
         for r in warnings:
             off = r.get("paced_off_rate")
-            paced = (f"; {off} paced run(s) more than {wrk.TOLERANCE:.0%} off the offered "
-                     f"{r['paced_offered']:.0f} req/s (median achieved {r['paced_rps']:.0f})"
-                     if off else "")
+            more = (f"; {off} paced run(s) more than {wrk.TOLERANCE:.0%} off the offered "
+                    f"{r['paced_offered']:.0f} req/s (median achieved {r['paced_rps']:.0f})"
+                    if off else "")
+            if r["paced_socket_errors"]:
+                more += (f"; {r['paced_socket_errors']} socket errors in the paced runs "
+                         "(their p99 target not met)")
+            if not_2xx_where_all_allowed(r):
+                # Our servers answer a store error 503 (load.py sets
+                # RATE_LIMIT_ON_ERROR=deny), where every answer should be 2xx.
+                more += (f"; **{not_2xx_where_all_allowed(r)} not 2xx where every request "
+                         f"is allowed** ({r['paced_non2xx']} in the paced runs): store "
+                         "errors?")
             lines.append(f"- {r['server']} / {r['workload']}: {r['denied']:.1%} not 2xx "
                          f"(designed {r['expected_denied']:.0%}), "
-                         f"{r['socket_errors']} socket errors{paced}")
+                         f"{r['socket_errors']} socket errors{more}")
     return "\n".join(lines) + "\n"

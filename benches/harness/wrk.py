@@ -14,16 +14,20 @@ _UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 TOLERANCE = 0.10
 
 
-def run(url, seconds, connections, threads=1, script=None, delay=None):
+def run(url, seconds, connections, threads=1, script=None, delay=None, timeout=10):
     """One wrk run: `GET url` for `seconds` over `connections` kept-alive
     connections. `script` is keys.lua's (mode, keys), or None for a plain GET.
     `delay`, in ms: every connection waits that long after each answer
     before its next request (keys.lua's DELAY; a plain GET then goes through
     keys.lua's `plain` mode, the same request wrk sends without a script),
-    so the run offers `connections * 1000 / delay` req/s at most. Returns
-    req/s, the request count, p50/p75/p90/p99 and max in ms, non-2xx answers,
-    socket errors and wrk's own CPU seconds."""
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    so the run offers `connections * 1000 / delay` req/s at most. `timeout`,
+    in seconds: how long wrk waits for an answer before it counts a timeout
+    (its default, 2 s, would drop the slowest answers from the latencies and
+    count them only as socket errors). Returns req/s, the request count,
+    p50/p75/p90/p99 and max in ms, non-2xx answers, socket errors and wrk's
+    own CPU seconds."""
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency",
+           "--timeout", f"{timeout}s"]
     if script or delay:
         mode, keys = script or ("plain", 0)
         # A nonce per run, so `mixed`'s fresh keys are fresh in every run.
