@@ -24,6 +24,11 @@
 //!   under tower is passed on unsettled: there it is no answer): refunded
 //!   if its status is one to refund, with the rate-limit headers. It is passed on as an `Err`, an
 //!   [`InnerError`].
+//! * gRPC: a `grpc-status` at the response's head is judged for a refund as
+//!   under tower, but one in the trailers (or a gRPC-Web body's trailer
+//!   frame) is never refunded here: [`TrailersLayer`](crate::refund::TrailersLayer)
+//!   is a tower layer. [`GrpcResponse`] answers
+//!   tower's responses only; a `respond_with` closure builds actix's.
 //!
 //! ```no_run
 //! use actix_web::{App, HttpResponse, HttpServer, web};

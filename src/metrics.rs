@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `ratelimit_allowed_total` | counter | `limit` (every limit of an admitted request that admitted it; a concurrency limiter's granted lease) |
 //! | `ratelimit_denied_total` | counter | `limit` (a concurrency limiter's `Busy`; the limits that denied; and each enforced limit a request's cost exceeds the whole quota of, [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit), a 429 from the layers) |
-//! | `ratelimit_denied_locally_total` | counter | `limit` (deny-cache hits) |
+//! | `ratelimit_denied_locally_total` | counter | `limit` (deny-cache hits; and a denial shared by the requests that waited for one reserve call of a [local reservation](crate::LimiterBuilder::local_reservation)) |
 //! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too; this includes a shadow limit whose whole quota the cost exceeds, when the check is `CostExceedsLimit`) |
 //! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open; for a concurrency limiter, a failed or breaker-refused acquire and a failed renewal) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit; a concurrency limiter's acquires) |
