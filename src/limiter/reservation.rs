@@ -11,10 +11,11 @@
 //! dry: requests go on spending what is left meanwhile. Every reserve call
 //! asks for what tops the key up to `n` (a request's for its cost at least),
 //! and notes it in the pool while on its way, so a key never holds more
-//! than `n` units, but for a gone request's cost ([`Awaiting`]). One that finds too
-//! little waits for the slot's single flight (one reserve call at a time per
-//! key, refills included), then looks again, and shares the flight's denial
-//! or error rather than asking again.
+//! than `n` units, but for a gone request's cost ([`Awaiting`]); and none
+//! is made in a window's last stretch ([`Pool::ending`]). One that finds
+//! too little waits for the slot's single flight (one reserve call at a
+//! time per key, refills included), then looks again, and shares the
+//! flight's denial or error rather than asking again.
 //!
 //! The limiter's timeout bounds all of it, counted from when the request
 //! was asked: a request still waiting for the flight when it ends is
