@@ -417,20 +417,10 @@ impl<B> HeaderSink for http::Response<B> {
 }
 
 /// Writes the IETF headers, and `Retry-After` when denied.
-///
-/// An admission that spent the last unit also raises a `Retry-After`
-/// already on the response (an inner layer's denial, or the handler's) to
-/// its own reset, never lowers it: the retry would meet this limit's 429
-/// otherwise.
 pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
     headers.append(RATELIMIT_POLICY, d.policies().header.clone());
     match d.retry_after() {
-        None => {
-            headers.append(RATELIMIT, ratelimit_value(d));
-            if d.remaining() == 0 {
-                raise_retry_after(headers, t_secs(d));
-            }
-        }
+        None => headers.append(RATELIMIT, ratelimit_value(d)),
         Some(wait) => {
             let (ratelimit, retry_after) = denial_values(d, retry_after_secs(wait));
             headers.append(RATELIMIT, ratelimit);
@@ -439,22 +429,6 @@ pub(crate) fn write(d: &Decision, headers: &mut impl HeaderSink, legacy: bool) {
     }
     if legacy {
         Legacy::of(d).write(headers);
-    }
-}
-
-/// Raises a `Retry-After` of delay-seconds already on the response to
-/// `secs`, if it is shorter; leaves any other (none, or an HTTP date) as
-/// it is.
-fn raise_retry_after(headers: &mut impl HeaderSink, secs: u64) {
-    let Some(v) = headers.only(&RETRY_AFTER) else {
-        return;
-    };
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return;
-    }
-    let theirs = v.iter().fold(0_u64, |n, d| n * 10 + u64::from(d - b'0'));
-    if theirs < secs {
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
 }
 

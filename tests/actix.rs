@@ -55,11 +55,6 @@ async fn actix_nested_middlewares_legacy_headers_are_the_tightest_limits() {
 }
 
 #[tokio::test]
-async fn actix_nested_middlewares_retry_after_covers_every_layer() {
-    scenarios::nested_retry_after_covers_every_layer(&Actix, &Backend::memory()).await;
-}
-
-#[tokio::test]
 async fn actix_requests_without_a_key_are_refused() {
     scenarios::missing_key_is_refused(&Actix, &Backend::redis().await).await;
 }

@@ -89,11 +89,6 @@ async fn axum_nested_layers_legacy_headers_are_the_tightest_limits() {
 }
 
 #[tokio::test]
-async fn axum_nested_layers_retry_after_covers_every_layer() {
-    scenarios::nested_retry_after_covers_every_layer(&Axum, &Backend::memory()).await;
-}
-
-#[tokio::test]
 async fn axum_partition_key_is_opt_in_stable_and_opaque() {
     scenarios::partition_key(&Axum, &Backend::redis().await).await;
 }

@@ -193,40 +193,6 @@ pub async fn nested_legacy_headers(s: &impl Serve, b: &Backend) {
     assert!(hour.contains(&reset), "{res:?}");
 }
 
-/// A request the outer of two nested layers admitted with its last unit,
-/// and the inner denied: the 429's `Retry-After` is the outer's reset, not
-/// the inner's shorter wait, which the retry would spend on a 429 of the
-/// outer layer; so is the `t` of every item with `r=0`.
-pub async fn nested_retry_after_covers_every_layer(s: &impl Serve, b: &Backend) {
-    let layer = |name: &str, quota: &str| by_key(b.builder(quota).name(name).build().unwrap());
-    let url = s
-        .serve_nested(layer("global", "3/1h"), layer("route", "2/1m"))
-        .await;
-    let caller = Caller::with_key(Some("a"));
-    for _ in 0..2 {
-        caller.get(&url).await.expect(200, &log(b));
-    }
-    let res = caller.get(&url).await.expect(429, &log(b));
-    let retry = res.int("retry-after");
-    assert!((3590..=3600).contains(&retry), "{res:?}");
-    let ratelimit = res.headers.get_all("ratelimit").iter();
-    let items: Vec<&str> = ratelimit.map(|v| v.to_str().unwrap()).collect();
-    assert_eq!(items.len(), 2, "{res:?}");
-    for item in items {
-        let t: u64 = item.rsplit("t=").next().unwrap().parse().unwrap();
-        assert!(!item.contains(";r=0;") || t <= retry, "{item}: {res:?}");
-    }
-    // Below its last unit, the outer layer leaves the inner's wait alone.
-    let url = s
-        .serve_nested(layer("global-2", "5/1h"), layer("route-2", "2/1m"))
-        .await;
-    for _ in 0..2 {
-        caller.get(&url).await.expect(200, &log(b));
-    }
-    let res = caller.get(&url).await.expect(429, &log(b));
-    assert!((55..=60).contains(&res.int("retry-after")), "{res:?}");
-}
-
 /// A request without the key header: 400, no headers, handler not run.
 pub async fn missing_key_is_refused(s: &impl Serve, b: &Backend) {
     let url = s.serve(by_key(b.limiter("5/1m"))).await;
