@@ -192,15 +192,11 @@ impl Pool {
         let sure = r.window_left_ms.saturating_sub(1);
         let left = sure - sure / 1000;
         let end = sent + Duration::from_millis(left);
-        // The latest the store's window ends by this clock: the script ran
-        // before now, and the store's clock may run slow by 1,000 ppm.
-        let wl = r.window_left_ms;
-        let until = now + Duration::from_millis(wl.saturating_add(wl / 1000 + 1));
-        let ending = self.ending(now);
-        self.until = Some(self.until.map_or(until, |u| u.max(until)));
-        if ending {
+        if self.ending(now) {
             // Admitted, the units spent in the store, but none kept: see
-            // [`Pool::ending`].
+            // [`Pool::ending`]. Nor is the stretch made longer: an answer
+            // from the store's next window (a call it ran after the end)
+            // would otherwise keep reservations off for that whole window.
             self.left = r.remaining;
             return LimitState {
                 allowed: true,
@@ -209,6 +205,12 @@ impl Pool {
                 retry_ms: 0,
             };
         }
+        // The latest the store's window ends by this clock: the script ran
+        // before now, and the store's clock may run slow by 1,000 ppm (its
+        // `wl` ms may take `wl / 0.999` of ours).
+        let wl = r.window_left_ms;
+        let until = now + Duration::from_millis(wl.saturating_add(wl / 999 + 2));
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
         let end = match self.live(now) && self.units > 0 {
             true => self.end.map_or(end, |old| old.min(end)),
             false => end,
@@ -621,7 +623,7 @@ mod tests {
         let sent = Instant::now();
         r.slots.entry(b"k", |pool| {
             // Redis's window ends 1,000 ms on (its PTTL + 1): the units
-            // stop at 999 ms, the window has surely ended at 1,002 ms.
+            // stop at 999 ms, the window has surely ended at 1,003 ms.
             pool.grant(&Reservation::new(10, 5, 1_000), 1, sent);
         });
         tokio::time::advance(Duration::from_millis(998)).await;
@@ -635,7 +637,13 @@ mod tests {
         });
         assert!(state.allowed);
         assert!(matches!(r.take(b"k", 1), Take::Unreserved));
-        tokio::time::advance(Duration::from_millis(3)).await;
+        // Nor does an answer from the store's next window (a call it ran
+        // after the end) make the stretch last that whole window.
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let sent = Instant::now();
+        r.slots.entry(b"k", |pool| {
+            pool.grant(&Reservation::new(1, 9, 1_001), 1, sent);
+        });
         assert!(matches!(r.take(b"k", 1), Take::Unreserved));
         // Past the latest end: the key reserves again.
         tokio::time::advance(Duration::from_millis(2)).await;
