@@ -217,11 +217,12 @@ impl LimiterBuilder {
     ///   before the store's window ends, it reserves nothing more until
     ///   that window has surely ended: through that last stretch (a
     ///   thousandth of the window, a reserve call's round trip and a few
-    ///   ms, on each side of the store's end) its requests are checked by
-    ///   the store one by one, as without reservations, so units reserved
-    ///   late never add to those left unspent. The one exception is a
-    ///   request that leaves before its reserve call answers: its cost
-    ///   stays reserved for the key's next requests, beyond `n`. The request that leaves fewer than `n / 4`
+    ///   ms, on each side of the store's end) each of its requests is
+    ///   checked by the store as without reservations (batched with other
+    ///   checks), so units reserved late never add to those left unspent.
+    ///   The one exception is a request that leaves before its reserve
+    ///   call answers: its cost stays reserved for the key's next
+    ///   requests, beyond `n`. The request that leaves fewer than `n / 4`
     ///   reserves, in the background, what tops the key up to `n`, so that
     ///   a busy key does not run dry and its requests go on without waiting
     ///   (about one reserve call per `3n / 4` units spent). A request whose

@@ -149,7 +149,8 @@ impl Pool {
     /// and the store's window may still run (`until`). Nothing is reserved
     /// then, as units reserved now would be spent in the same window as
     /// those that expired unspent, which can be up to `n`: requests are
-    /// decided by the store one by one ([`Take::Unreserved`]), and a
+    /// decided by the store as without reservations
+    /// ([`Take::Unreserved`]), and a
     /// reserve call answered then keeps no units. That keeps what an
     /// instance leaves unspent within `n` per window. The stretch lasts
     /// from about a thousandth of the window (and a few ms, and a reserve
