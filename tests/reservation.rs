@@ -312,22 +312,23 @@ async fn an_instance_never_holds_more_than_n_units() {
 /// stretch included: once its units stop (a thousandth of the window and a
 /// ms before Redis's window ends), it reserves nothing more until that
 /// window has surely ended, and its requests are checked by Redis one by
-/// one. Five keys are probed 1 to 13 ms after their units stopped, while
-/// Redis's 20 s window runs about 21 ms longer.
+/// one. Five keys are probed 1 to 41 ms after their units stopped, while
+/// Redis's 60 s window runs about 61 ms longer (a long window, so that a
+/// loaded machine's late wake-ups still land in it).
 #[tokio::test]
 async fn no_units_are_reserved_in_a_windows_last_stretch() {
     let server = RedisServer::start();
-    let l = exposed(server.store().await, "1000/20s", 10);
+    let l = exposed(server.store().await, "1000/60s", 10);
     let probes = (0..5u64).map(|i| {
         let (l, server) = (l.clone(), &server);
         async move {
             let key = format!("k{i}");
             let d = l.check(&key, 1).await.unwrap();
-            let after = Duration::from_millis(1 + 3 * i);
+            let after = Duration::from_millis(1 + 10 * i);
             tokio::time::sleep(d.reset_after() + after).await;
             assert!(l.check(&key, 1).await.unwrap().is_allowed());
             let store_key = l.store_key(&key);
-            let (count, pttl): (u64, i64) = redis::pipe()
+            let (count, pttl): (Option<u64>, i64) = redis::pipe()
                 .cmd("GET")
                 .arg(&store_key)
                 .cmd("PTTL")
@@ -339,15 +340,19 @@ async fn no_units_are_reserved_in_a_windows_last_stretch() {
         }
     });
     let got = join_all(probes).await;
-    // Probes that Redis counted in the first window: 2 admitted, and at
-    // most 10 reserved and unspent.
-    let same: Vec<_> = got.iter().filter(|(_, pttl)| *pttl < 10_000).collect();
+    // Probes that Redis counted in the first window (its key still there,
+    // with little time left): 2 admitted, at most 10 reserved and unspent.
+    let same: Vec<u64> = got
+        .iter()
+        .filter(|(_, pttl)| (0..30_000).contains(pttl))
+        .filter_map(|(count, _)| *count)
+        .collect();
     assert!(
         !same.is_empty(),
         "every probe came after the window: {got:?}"
     );
-    for (count, _) in same {
-        assert!(*count <= 2 + 10, "{got:?}");
+    for count in same {
+        assert!(count <= 2 + 10, "{got:?}");
     }
 }
 
