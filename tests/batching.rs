@@ -407,6 +407,55 @@ fn a_check_ends_by_its_timeout_while_the_batching_tasks_runtime_is_blocked() {
     );
 }
 
+/// As above, with the tower service called on a thread without a runtime
+/// (its future polled on B later), which is how the decision is queued:
+/// the request is queued for A's task in `call`. That alone does not bound
+/// it, as B may poll it while A is blocked, so it keeps a timer of its own
+/// from its first poll. Before, a request queued where no runtime was took
+/// the task's deadline as its only bound, and waited for A to unblock.
+#[test]
+fn a_call_made_outside_a_runtime_ends_by_its_timeout_while_the_batching_tasks_runtime_is_blocked() {
+    use http::{Request, Response, StatusCode};
+    use redis_ratelimit::{OnStoreError, RateLimitLayer, key::Global};
+    use tower::{Layer, Service, service_fn};
+
+    const BLOCKED: Duration = Duration::from_secs(2);
+    const TIMEOUT: Duration = Duration::from_millis(200);
+    let server = RedisServer::start();
+    let io = tokio::runtime::Runtime::new().unwrap();
+    let limiter = limiter_on(&server, &io, TIMEOUT);
+    let b = current_thread();
+    let (blocking, blocked) = std::sync::mpsc::channel();
+    let a = std::thread::spawn({
+        let limiter = limiter.clone();
+        move || {
+            current_thread().block_on(async {
+                assert!(limiter.check("a", 1).await.unwrap().is_allowed());
+                blocking.send(()).unwrap();
+                std::thread::sleep(BLOCKED);
+            });
+        }
+    });
+    blocked.recv().unwrap();
+    let mut svc = RateLimitLayer::new(limiter, Global)
+        .on_store_error(OnStoreError::Deny)
+        .layer(service_fn(|_req: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new("ok"))
+        }));
+    // Called here, on a thread without a runtime; polled on B.
+    let response = svc.call(Request::new(()));
+    let (status, took) = b.block_on(async {
+        let start = Instant::now();
+        (response.await.unwrap().status(), start.elapsed())
+    });
+    a.join().unwrap();
+    assert!(
+        took < Duration::from_millis(500),
+        "a call with a timeout of {TIMEOUT:?} ended in {took:?} ({status})"
+    );
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
 /// The batching task goes with its runtime: once the runtime of the
 /// store's first check (A) is dropped, concurrent checks on another (B)
 /// share script calls again, through a task started on B. Before, the

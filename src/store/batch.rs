@@ -36,8 +36,9 @@
 //!   request counts on the task for its deadline only when the task runs on
 //!   a multi-thread runtime (whose other workers go on running it, as a
 //!   rule), or on the request's own runtime (which then runs, since it
-//!   polls the request); a request from another runtime keeps a timer of
-//!   its own, on its own runtime ([`Batcher::submit`]);
+//!   polls the request); a request from another runtime, or queued where
+//!   no runtime is (a tower service called outside one), keeps a timer of
+//!   its own, on the runtime that polls it ([`Batcher::submit`]);
 //! * a runtime that is dropped drops the task: the next request finds its
 //!   queue closed and starts a task again, on its own runtime.
 //!
@@ -233,9 +234,12 @@ impl Host {
     fn bounds_here(self) -> bool {
         match self {
             Host::Shared => true,
-            // On the task's runtime, which runs (it polls the request);
-            // with no runtime here for a timer, the task's is the only one.
-            Host::Alone(id) => Handle::try_current().map_or(true, |here| here.id() == id),
+            // On the task's runtime, which runs (it polls the request).
+            // Asked where no runtime is (a tower service called outside
+            // one), the request may be polled on another runtime while the
+            // task's is blocked: it keeps a timer of its own, armed where
+            // it is first polled.
+            Host::Alone(id) => Handle::try_current().is_ok_and(|here| here.id() == id),
         }
     }
 }
