@@ -179,6 +179,11 @@ def cell(binary, workload, limited, seconds, log, redis=None, syscalls=False, al
             switches = procs.context_switches(pid) - switches
             redis_cpu = procs.cpu_seconds(redis.proc.pid) - redis_before if redis else 0.0
             commands = redisstats.collect(redis, 0.0)["commands"] if stats else {}
+    errors = procs.store_errors_logged(log) if limited is True else 0
+    if errors:
+        # 503s (RATE_LIMIT_ON_ERROR=deny), which wrk counts with any 429s.
+        print(f"ab.py: {os.path.basename(binary)}: WARNING: {errors} store error line(s) in "
+              f"{log}: this cell's figures are not the limiter's", file=sys.stderr)
     n = result["requests"]
     per = 1e6 / n
     cpu, system = (user2 - user + system2 - system) * per, (system2 - system) * per

@@ -187,6 +187,10 @@ def cell(redis, binary, server, workload, args, logdir, rnd, cluster=None):
     # and `mixed`'s fresh keys carry the paced run's own nonce (each admitted
     # once).
     result["exactness"] = exactness.check(redis, server, workload, result, args.threads)
+    # A store error is a 503 (RATE_LIMIT_ON_ERROR=deny above), which wrk
+    # does not tell from a 429: the log does (report.py fails the cell).
+    ours = server.binary in catalog.EXAMPLES and server.limits
+    result["store_errors_logged"] = procs.store_errors_logged(log) if ours else 0
     return {"round": rnd, "server": server.name, "workload": workload.name,
             "startup": startup,
             "env": {k: v for k, v in env.items() if k not in ("REDIS_URL", "REDIS_CLUSTER_URLS")},
@@ -245,6 +249,9 @@ def measure(args, servers, workloads):
                           + ("" if p["rate_ok"] else
                              f": more than {wrk.TOLERANCE:.0%} off the offered rate"),
                           file=sys.stderr)
+                if c["store_errors_logged"]:
+                    print(f"  WARNING: {c['store_errors_logged']} store error line(s) in the "
+                          "server's log: some not-2xx answers were 503s", file=sys.stderr)
                 if c["exactness"] and not c["exactness"]["ok"]:
                     print("  exactness: " + "; ".join(c["exactness"]["problems"]),
                           file=sys.stderr)

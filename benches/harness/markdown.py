@@ -132,7 +132,8 @@ def render(rows, meta, workloads, cells=()):
         lines.append(f"| {target} | {s} | {w} | {measured} | {_met(met)} |")
     warnings = [r for r in rows if abs(r["denied"] - r["expected_denied"]) > 0.05
                 or r["socket_errors"] or r.get("paced_off_rate")
-                or r["paced_socket_errors"] or not_2xx_where_all_allowed(r)]
+                or r["paced_socket_errors"] or not_2xx_where_all_allowed(r)
+                or r["store_errors_logged"]]
     if warnings:
         lines += ["", "## Cells that did not behave as designed", ""]
         for r in warnings:
@@ -149,6 +150,9 @@ def render(rows, meta, workloads, cells=()):
                 more += (f"; **{not_2xx_where_all_allowed(r)} not 2xx where every request "
                          f"is allowed** ({r['paced_non2xx']} in the paced runs): store "
                          "errors?")
+            if r["store_errors_logged"]:
+                more += (f"; **{r['store_errors_logged']} store error line(s) in the "
+                         "server's logs** (503s, counted by wrk with any 429s)")
             lines.append(f"- {r['server']} / {r['workload']}: {r['denied']:.1%} not 2xx "
                          f"(designed {r['expected_denied']:.0%}), "
                          f"{r['socket_errors']} socket errors{more}")

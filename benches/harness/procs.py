@@ -91,6 +91,23 @@ def wait_port(port, proc, what, log=None, interval=0.05):
     sys.exit(f"{what} did not listen on port {port} within 30 s")
 
 
+# What our servers log on a store error (core.rs, at most once a second,
+# with a count of the rest) and when the breaker opens (deciding.rs).
+STORE_ERROR_LOG = "rate limit store fail"
+
+
+def store_errors_logged(path):
+    """Lines of our server's log at `path` that report a store error. Under
+    RATE_LIMIT_ON_ERROR=deny a store error is a 503, which wrk counts among
+    its non-2xx answers beside the 429s: on a workload that denies by design
+    only the log tells them apart."""
+    try:
+        with open(path, errors="replace") as f:
+            return sum(STORE_ERROR_LOG in line for line in f)
+    except OSError:
+        return 0
+
+
 def read_tail(path, lines=20):
     try:
         with open(path, errors="replace") as f:
