@@ -26,6 +26,9 @@
 #   redis, 100k keys    as "memory, 100k keys", on a redis-server of its own
 #                       through the ConnectionManager (Redis's own work is
 #                       not counted: see script-cost.sh)
+#   reserve 1000, 1 key as "memory, 1 key", on that Redis with a local
+#                       reservation of 1000 units (RATE_LIMIT_RESERVE): the
+#                       hot key spent from units reserved 1000 at a time
 #   floor, 100k keys    benches/peers' redis-floor (one PING per request,
 #                       no limiter), when it has been built
 #
@@ -75,7 +78,8 @@ case_cost() {
   # Our limiter answers a store error 503, not a fail-open 200 that would
   # pass for a decision (RATE_LIMIT=off refuses the variable).
   [ "$limit" = off ] || on_error=RATE_LIMIT_ON_ERROR=deny
-  env ${redis:+REDIS_URL=$redis} ${on_error:+$on_error} BIND=127.0.0.1:$port \
+  env ${redis:+REDIS_URL=$redis} ${on_error:+$on_error} ${reserve:+RATE_LIMIT_RESERVE=$reserve} \
+    BIND=127.0.0.1:$port \
     RATE_LIMIT=$limit RATE_LIMIT_KEY=$key \
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
     "$binary" >"$work/server.log" 2>&1 &
@@ -141,6 +145,7 @@ pong || {
 }
 redis=redis://127.0.0.1:$redis_port/
 case_cost "redis, 100k keys" 2xx "$server" "$redis" $huge "header:x-api-key" cycle 100000
+reserve=1000 case_cost "reserve 1000, 1 key" 2xx "$server" "$redis" $huge ip
 floor=$root/benches/peers/target/release/redis-floor
 if [ -x "$floor" ]; then
   case_cost "floor, 100k keys" 2xx "$floor" "$redis" off "header:x-api-key" cycle 100000
