@@ -382,6 +382,36 @@ async fn the_memory_store_refuses_the_lease_calls_the_scripts_refuse() {
     }
 }
 
+/// A token may end in digits that are not its lease (`worker/7`, held for
+/// 30 s). An acquire cuts only the leases that outlive its own, as the
+/// script does, on both stores. The memory store cut every lease to its
+/// token's length from now, so `worker/7` lost its lease 7 ms on, a second
+/// holder came in on a limit of 1, and `worker/7`'s renewal was refused,
+/// where the Redis store refused the second holder for the whole 30 s.
+#[tokio::test]
+async fn stores_agree_on_a_token_whose_suffix_is_not_its_lease() {
+    let server = RedisServer::start();
+    let redis = server.store().await;
+    let memory = redis_ratelimit::MemoryStore::new();
+    let stores: [(&str, &dyn LeaseStore); 2] = [("redis", &redis), ("memory", &memory)];
+    for (name, store) in stores {
+        let first = store.acquire("k", "worker/7", 1, 30_000).await.unwrap();
+        assert!(first.acquired, "{name}");
+        let other = store.acquire("k", "other/30000", 1, 30_000).await.unwrap();
+        assert!(!other.acquired, "{name}: a second holder on a limit of 1");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let other = store.acquire("k", "other/30000", 1, 30_000).await.unwrap();
+        assert!(
+            !other.acquired,
+            "{name}: a second holder while the first's 30 s lease runs"
+        );
+        assert!(
+            store.renew("k", "worker/7", 30_000).await.unwrap(),
+            "{name}: the first holder's lease was cut"
+        );
+    }
+}
+
 #[tokio::test]
 async fn script_flush_is_invisible_to_acquire_renew_and_release() {
     let b = Backend::redis().await;

@@ -153,11 +153,15 @@ impl Leases {
         let set = table.keys.get_mut(key).expect("inserted above");
         set.retain(|(_, e)| *e > now);
         for (t, e) in set.iter_mut() {
-            // As the script does: no lease outlives its own length from now
-            // (a token says it), or one granted now (a token that does not).
-            let longest = crate::concurrency::token_lease(t).map_or(expiry, |own| now + own);
-            *e = (*e).min(longest);
-            lower(&mut table.soonest, *e);
+            // As the script does: a lease that outlives the one granted now
+            // is cut to its own length from now (a token says it), or to
+            // the one granted now (a token that does not). One that does
+            // not outlive it is left as it is, whatever its token ends in.
+            if *e > expiry {
+                let longest = crate::concurrency::token_lease(t).map_or(expiry, |own| now + own);
+                *e = (*e).min(longest);
+                lower(&mut table.soonest, *e);
+            }
         }
         let acquired = if let Some((_, e)) = set.iter_mut().find(|(t, _)| &**t == token) {
             *e = expiry;
