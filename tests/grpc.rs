@@ -133,6 +133,50 @@ async fn over_the_limit_a_call_is_resource_exhausted_with_a_retry_hint() {
     redis.assert_every_key_has_ttl().await;
 }
 
+/// `PeerIp` keys the calls to a tonic server over TLS too. There tonic
+/// records the peer as `TlsConnectInfo<TcpConnectInfo>` (a type named only
+/// with one of tonic's TLS features, which an app turns on, not this crate)
+/// and, in tonic 0.14, the plain `TcpConnectInfo` beside it, which is what
+/// `PeerIp` reads. Should a tonic release drop the plain one, every call
+/// here would be an `INTERNAL` error (no peer address), and this test says
+/// so.
+#[tokio::test]
+async fn peer_ip_keys_calls_on_a_tls_server() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let identity = Identity::from_pem(cert.pem(), key.serialize_pem());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let limiter = Limiter::new(Quota::per_minute(2));
+    let server = Server::builder()
+        .tls_config(ServerTlsConfig::new().identity(identity))
+        .unwrap()
+        .layer(RateLimitLayer::new(limiter, PeerIp))
+        .add_service(health)
+        .serve_with_incoming(TcpIncoming::from(listener));
+    tokio::spawn(server);
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(cert.pem()))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    for i in 0..2 {
+        let status = check(&mut client).await;
+        assert_eq!(status.ok(), Some(ServingStatus::Serving), "call {i}");
+    }
+    let status = check(&mut client).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}
+
 #[tokio::test]
 async fn store_failure_under_deny_is_unavailable() {
     let mut redis = RedisServer::start();
