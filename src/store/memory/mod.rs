@@ -53,7 +53,11 @@ mod shards;
 /// with `remaining` 0), whose [`retry_after`](crate::Decision::retry_after)
 /// is the time until the soonest entry of that share expires, or until
 /// the share may next be swept (sweeps are at least 250 ms apart), if that
-/// is later: a key that comes back then finds the room. Never an error. It is counted
+/// is later: the earliest the room may come free. It is a lower bound, not
+/// a promise: an entry spent again since its expiry was last learned (a
+/// GCRA or sliding-window key, or a key spent again after its window ended
+/// or was reset) may end later, and a key that comes back then is refused
+/// again, with the time learned by that sweep. Never an error. It is counted
 /// (`ratelimit_store_full_total`, with the `metrics` feature) and logged at
 /// `warn`, at most every 10 seconds. A [`peek`](crate::Limiter::peek) of
 /// such a key answers as its check would (denied, with that
