@@ -711,3 +711,65 @@ async fn every_example_exits_cleanly_on_sigterm_and_ctrl_c() {
         }
     }
 }
+
+/// Once signalled, every HTTP example stops taking connections while it
+/// drains the ones it holds: a new connection is refused (or closed, or
+/// served), never taken in and left unanswered. The hyper example kept its
+/// listener open through the drain (up to 10 s), so a client that
+/// connected then sat in the backlog with no answer until the process
+/// exited; axum and actix drop theirs at the signal. (The tonic example
+/// speaks gRPC only, over HTTP/2, so this HTTP/1 connection cannot hold
+/// its drain; tonic drops its listener at the signal too.)
+#[cfg(unix)]
+#[test]
+fn every_example_refuses_new_connections_once_signalled() {
+    use std::{
+        io::{ErrorKind, Read, Write},
+        net::{SocketAddr, TcpStream},
+    };
+    for name in EXAMPLES {
+        let mut ex = start(name, &[("RATE_LIMIT", "off")]);
+        let addr: SocketAddr = ex.url.trim_start_matches("http://").parse().unwrap();
+        // A connection that holds the drain: pipelined requests whose
+        // answers are never read, into a small receive buffer, so that the
+        // server is soon blocked writing an answer it cannot finish.
+        let busy =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        busy.set_recv_buffer_size(2048).unwrap();
+        busy.connect(&addr.into()).unwrap();
+        let mut busy = TcpStream::from(busy);
+        std::thread::spawn(move || {
+            let requests = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n".repeat(1000);
+            while busy.write_all(&requests).is_ok() {}
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        let pid = ex.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            ex.child.try_wait().unwrap().is_none(),
+            "{name} exited at once: the busy connection did not hold its drain, so nothing is tested"
+        );
+        let Ok(mut client) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+            continue; // refused: the listener is closed
+        };
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        // A write may fail on a connection already closed: that is fine.
+        let _ = client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        let mut answer = [0u8; 64];
+        match client.read(&mut answer) {
+            // Closed, reset or answered.
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("{name}: a connection made during the drain: {e}"),
+        }
+    }
+}
