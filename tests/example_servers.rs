@@ -578,6 +578,33 @@ fn bad_values_stop_the_server_naming_the_variable() {
             assert!(!stderr.contains("None"), "{name} {vars:?}: {stderr}");
         }
     }
+    // Seed or sentinel lists that no Redis could take are bad values (exit
+    // status 2), refused before any connection: they were caught only when
+    // the store connected, with status 1, as if Redis were down. Nothing
+    // listens at these addresses.
+    let mut lists = Vec::new();
+    if cfg!(feature = "cluster") {
+        lists.push(vec![("REDIS_CLUSTER_URLS", "unix:///tmp/no-such.sock")]);
+        lists.push(vec![(
+            "REDIS_CLUSTER_URLS",
+            "redis://:a@127.0.0.1:1,redis://:b@127.0.0.1:2",
+        )]);
+    }
+    if cfg!(all(feature = "sentinel", feature = "tls")) {
+        lists.push(vec![
+            (
+                "REDIS_SENTINEL_URLS",
+                "rediss://127.0.0.1:1,redis://127.0.0.1:2",
+            ),
+            ("REDIS_SENTINEL_MASTER", "m"),
+        ]);
+    }
+    for vars in lists {
+        for name in EXAMPLES {
+            let stderr = refused(name, &vars);
+            assert!(stderr.contains(vars[0].0), "{name} {vars:?}: {stderr}");
+        }
+    }
     // A tier's quota too fast for GCRA is the tier's fault, not RATE_LIMIT's
     // (left at its default).
     for name in EXAMPLES {

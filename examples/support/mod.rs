@@ -329,6 +329,24 @@ fn url_list(var: &str, list: &str, fix: &str) -> Result<(Vec<String>, String), E
     Ok((urls, addrs.join(", ")))
 }
 
+/// What redis-rs's cluster client refuses before it reaches any node (a
+/// Unix socket; seeds whose password, username, TLS, protocol or database
+/// differ), refused here as a bad value (exit status 2), not when the
+/// store connects, as if the cluster were down (status 1). Not echoed: the
+/// URLs may hold a password.
+fn cluster_seeds_agree(urls: &[String]) -> Result<(), Error> {
+    #[cfg(feature = "cluster")]
+    if let Err(e) = redis::cluster::ClusterClient::new(urls.to_vec()) {
+        return Err(Error::usage(format!(
+            "REDIS_CLUSTER_URLS is invalid: {e}; list TCP seed nodes that share one password, \
+             username, scheme and database, such as redis://10.0.0.1:7000,redis://10.0.0.2:7000"
+        )));
+    }
+    #[cfg(not(feature = "cluster"))]
+    let _ = urls;
+    Ok(())
+}
+
 /// The sentinel backend, if `REDIS_SENTINEL_URLS` is set; `None` leaves the
 /// other Redis variables to decide.
 fn sentinel_backend(
@@ -375,6 +393,16 @@ fn sentinel_backend(
     let fix = "list sentinel URLs separated by commas, such as \
                redis://10.0.0.1:26379,redis://10.0.0.2:26379";
     let (urls, addrs) = url_list("REDIS_SENTINEL_URLS", &list, fix)?;
+    let tls = urls.iter().filter(|u| u.starts_with("rediss://")).count();
+    if tls != 0 && tls != urls.len() {
+        // Refused by `RedisStore::sentinel` too, but as a startup error
+        // (status 1), as if the sentinels were down.
+        return Err(Error::usage(
+            "REDIS_SENTINEL_URLS mixes rediss:// (TLS) and redis:// URLs: give every sentinel \
+             the same scheme (the master is reached over TLS if the sentinels are)"
+                .into(),
+        ));
+    }
     Ok(Some(Backend::Sentinel {
         urls,
         master: master.trim().to_owned(),
@@ -441,6 +469,7 @@ impl Config {
                 let fix = "list seed node URLs separated by commas, such as \
                            redis://10.0.0.1:7000,redis://10.0.0.2:7000";
                 let (urls, addrs) = url_list("REDIS_CLUSTER_URLS", &list, fix)?;
+                cluster_seeds_agree(&urls)?;
                 Backend::Cluster {
                     urls,
                     addrs,
