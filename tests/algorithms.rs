@@ -800,6 +800,38 @@ async fn gcra_memory_store_matches_exact_gcra_on_a_held_clock() {
     }
 }
 
+/// A booking written by a quota of another rate on a shared counter (a
+/// named limit whose quota changed, during a deploy) is read no earlier
+/// than it ends. The memory store keeps the TAT's distance below its
+/// expiry's whole ms in the writer's units, and read it in the reader's,
+/// clamped below a ms: a reader of 1/s read a 3/s booking up to 1 ms early
+/// and admitted at 333,333 µs, where the TAT is 333,333⅓ µs and the
+/// script (which keeps whole µs, and a remainder it rounds up) denies.
+#[tokio::test(start_paused = true)]
+async fn gcra_a_booking_of_another_rate_is_never_read_early() {
+    let store = MemoryStore::new();
+    let limiter = |per_second| {
+        Limiter::builder(Quota::per_second(per_second).gcra(1).unwrap())
+            .store(store.clone())
+            .name("g")
+            .share_counters()
+            .deny_cache(0)
+            .build()
+            .unwrap()
+    };
+    let (writer, reader) = (limiter(3), limiter(1));
+    // From a whole ms of the store's clock, so the booking ends 2/3 of a
+    // ms before its expiry's whole ms.
+    tokio::time::advance(Duration::from_millis(5)).await;
+    assert!(writer.check("k", 1).await.unwrap().is_allowed());
+    tokio::time::advance(Duration::from_micros(333_333)).await;
+    let d = reader.check("k", 1).await.unwrap();
+    assert!(!d.is_allowed(), "read before the booking ends: {d:?}");
+    tokio::time::advance(Duration::from_micros(1)).await;
+    let d = reader.check("k", 1).await.unwrap();
+    assert!(d.is_allowed(), "once it has: {d:?}");
+}
+
 /// A GCRA key must outlive its TAT: once it is gone the bucket reads as
 /// full, so a key that vanished early would admit early. Redis counts `PX`
 /// from its millisecond clock, up to 1 ms behind `TIME`'s microseconds, so a

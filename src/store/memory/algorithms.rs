@@ -26,23 +26,35 @@ pub(super) enum Entry {
         p: u64,
         expires_ms: u64,
     },
-    /// The TAT is `expires_ms × 1000 − early / per_us` µs (see [`gcra`]):
-    /// the entry expires when its bucket is full, at the TAT rounded up to
-    /// a whole millisecond, and remembers how far before that the TAT falls.
+    /// The entry expires when its bucket is full, at the TAT rounded up to a
+    /// whole millisecond, and `early` says where in that ms the TAT falls,
+    /// as `gcra.lua`'s `a:b` does: `a`, the TAT's whole µs, is `expires_ms ×
+    /// 1000 − early_us`, and `b`, the remainder in the writer's units of
+    /// `1/per_us` µs, is below the writer's `per_us`; `early` is `b << 10 |
+    /// early_us` (`early_us` ≤ 1000, `b` below `MAX_LIMIT`, 2^50). So a
+    /// quota of another rate reads it as the script does (see
+    /// [`Entry::gcra_ahead`]).
     Gcra {
         early: u64,
         expires_ms: u64,
     },
 }
 
+/// The low bits of a GCRA entry's `early` that hold its whole µs below the
+/// expiry's ms (0 to 1000); the bits above hold the remainder.
+const EARLY_US_BITS: u32 = 10;
+
 impl Entry {
     /// A GCRA entry whose TAT is `tat_l` (in units of `1/per_us` µs, with
     /// `per_ms = 1000 × per_us`): it expires at the TAT rounded up to a whole
     /// ms (see [`Entry::Gcra`]).
     pub(super) fn gcra_at(tat_l: u128, per_ms: u128) -> Entry {
+        let per_us = per_ms / 1000;
         let expires_ms = tat_l.div_ceil(per_ms);
+        let (whole_us, b) = (tat_l / per_us, tat_l % per_us);
+        let early_us = expires_ms * 1000 - whole_us;
         Entry::Gcra {
-            early: (expires_ms * per_ms - tat_l) as u64,
+            early: ((b << EARLY_US_BITS) | early_us) as u64,
             expires_ms: expires_ms as u64,
         }
     }
@@ -54,10 +66,17 @@ impl Entry {
         let Entry::Gcra { early, expires_ms } = *self else {
             return 0;
         };
-        // An `early` from another limit rounds the TAT up, never down.
-        let early = u128::from(early).min(per_ms - 1);
-        let tat_l = u128::from(expires_ms) * per_ms - early;
-        tat_l.saturating_sub(now_l)
+        let per_us = per_ms / 1000;
+        let early_us = u128::from(early) & ((1 << EARLY_US_BITS) - 1);
+        let mut whole_us = (u128::from(expires_ms) * 1000).saturating_sub(early_us);
+        let mut b = u128::from(early) >> EARLY_US_BITS;
+        // A remainder in the units of a quota with a larger `per_us` (a
+        // limit changed since) rounds the TAT up to the next whole µs, as
+        // the script's does: later, never earlier.
+        if b >= per_us {
+            (whole_us, b) = (whole_us + 1, 0);
+        }
+        (whole_us * per_us + b).saturating_sub(now_l)
     }
 
     /// When the entry's key expires (ms).
