@@ -412,6 +412,49 @@ async fn stores_agree_on_a_token_whose_suffix_is_not_its_lease() {
     }
 }
 
+/// A token whose digits are no lease the script reads (`/0`, or a leading
+/// zero) names no length, on both stores: an acquire whose lease it
+/// outlives cuts it to that lease, as it cuts a token without digits.
+/// The memory store read `job/0` as a lease of 0 ms, so
+/// the next acquire let a second holder in on a limit of 1 and the
+/// holder's renewal was refused, where Redis kept it for the caller's
+/// 10 s; and it kept `job/030000` for 30 s where Redis cut it to 10.
+#[tokio::test]
+async fn stores_agree_on_a_token_that_names_no_valid_lease() {
+    let server = RedisServer::start();
+    let redis = server.store().await;
+    let memory = redis_ratelimit::MemoryStore::new();
+    let stores: [(&str, &dyn LeaseStore); 2] = [("redis", &redis), ("memory", &memory)];
+    for (name, store) in stores {
+        assert!(
+            store
+                .acquire("a", "job/0", 1, 30_000)
+                .await
+                .unwrap()
+                .acquired
+        );
+        let other = store.acquire("a", "other/1000", 1, 1_000).await.unwrap();
+        assert!(!other.acquired, "{name}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let other = store.acquire("a", "other/1000", 1, 1_000).await.unwrap();
+        assert!(!other.acquired, "{name}: job/0's lease was cut to 0 ms");
+        assert!(store.renew("a", "job/0", 30_000).await.unwrap(), "{name}");
+        // Cut to the caller's 1 s, not kept for its digits' 30 s.
+        assert!(
+            store
+                .acquire("b", "job/030000", 1, 30_000)
+                .await
+                .unwrap()
+                .acquired
+        );
+        let other = store.acquire("b", "other/1000", 1, 1_000).await.unwrap();
+        assert!(!other.acquired, "{name}");
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let other = store.acquire("b", "other/1000", 1, 1_000).await.unwrap();
+        assert!(other.acquired, "{name}: job/030000 was kept past the cut");
+    }
+}
+
 #[tokio::test]
 async fn script_flush_is_invisible_to_acquire_renew_and_release() {
     let b = Backend::redis().await;

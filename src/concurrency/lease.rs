@@ -362,10 +362,13 @@ pub(super) fn next_token(lease_ms: u64) -> Arc<str> {
 
 /// The lease length a token was made for ([`next_token`]), if it says one
 /// within [`MAX_WINDOW`](crate::quota::MAX_WINDOW); `None` for any other
-/// token (a custom store's, an earlier version's).
+/// token (a custom store's, an earlier version's). What the acquire script
+/// reads (`lib.lua`'s `whole(_, 1)`): a plain decimal of at least 1, so not
+/// `0` and no leading zero.
 pub(crate) fn token_lease(token: &str) -> Option<Duration> {
     let (_, ms) = token.rsplit_once('/')?;
-    if ms.is_empty() || ms.len() > 12 || !ms.bytes().all(|b| b.is_ascii_digit()) {
+    let plain = ms.bytes().all(|b| b.is_ascii_digit()) && !ms.starts_with('0');
+    if ms.is_empty() || ms.len() > 12 || !plain {
         return None;
     }
     let lease = Duration::from_millis(ms.parse().ok()?);
@@ -393,6 +396,8 @@ mod tests {
             "a-1/5s",
             "a-1/ 5",
             "a-1/1e3",
+            "a-1/0",
+            "a-1/030000",
             "a-1/999999999999",
             "a-1/99999999999999999999999",
         ] {

@@ -35,8 +35,9 @@ pub struct LeaseState {
 /// * give every key an expiry no later than its last lease's;
 /// * in `acquire`, cut each other lease that outlives the one granted now:
 ///   to its own length from now, which a token ending in `/<lease_ms>`
-///   names (as the limiter's do), or else to the one granted now. A lease
-///   that does not outlive it is left as it is, whatever its token says.
+///   names (a plain decimal from 1 to 366 days' ms, as the limiter's
+///   tokens end), or else to the one granted now. A lease that does not
+///   outlive it is left as it is, whatever its token says.
 ///
 /// Tokens are at most 128 bytes; keys are built by the
 /// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter).
