@@ -70,9 +70,10 @@ impl Entry {
         let early_us = u128::from(early) & ((1 << EARLY_US_BITS) - 1);
         let mut whole_us = (u128::from(expires_ms) * 1000).saturating_sub(early_us);
         let mut b = u128::from(early) >> EARLY_US_BITS;
-        // A remainder in the units of a quota with a larger `per_us` (a
-        // limit changed since) rounds the TAT up to the next whole µs, as
-        // the script's does: later, never earlier.
+        // As the script reads it: a remainder not below this quota's
+        // `per_us` (written by one with a larger `per_us`) rounds the TAT up
+        // to the next whole µs; a smaller one is read in this quota's
+        // units, which for a larger `per_us` is up to 1 µs early.
         if b >= per_us {
             (whole_us, b) = (whole_us + 1, 0);
         }
