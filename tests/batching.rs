@@ -365,6 +365,31 @@ fn limiter_on(server: &RedisServer, io: &tokio::runtime::Runtime, timeout: Durat
         .unwrap()
 }
 
+/// How long a handler blocks the batching task's runtime (A), and the
+/// limiter's timeout, in the two tests below.
+const BLOCKED: Duration = Duration::from_secs(2);
+const TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Starts the batching task on a current-thread runtime (A) of a thread of
+/// its own, with one check there, then blocks that thread for [`BLOCKED`]
+/// (a handler that blocks its worker's thread), and returns once it is
+/// blocked: the thread, to join.
+fn block_the_batching_tasks_runtime(limiter: &Limiter) -> std::thread::JoinHandle<()> {
+    let (blocking, blocked) = std::sync::mpsc::channel();
+    let a = std::thread::spawn({
+        let limiter = limiter.clone();
+        move || {
+            current_thread().block_on(async {
+                assert!(limiter.check("a", 1).await.unwrap().is_allowed());
+                blocking.send(()).unwrap();
+                std::thread::sleep(BLOCKED);
+            });
+        }
+    });
+    blocked.recv().unwrap();
+    a
+}
+
 /// Two current-thread runtimes on threads of their own share a limiter,
 /// as actix-web's workers do, and the batching task lives on the runtime
 /// of the store's first check (A). While a handler blocks A's thread, a
@@ -373,25 +398,11 @@ fn limiter_on(server: &RedisServer, io: &tokio::runtime::Runtime, timeout: Durat
 /// A to unblock (2 s).
 #[test]
 fn a_check_ends_by_its_timeout_while_the_batching_tasks_runtime_is_blocked() {
-    const BLOCKED: Duration = Duration::from_secs(2);
-    const TIMEOUT: Duration = Duration::from_millis(200);
     let server = RedisServer::start();
     let io = tokio::runtime::Runtime::new().unwrap();
     let limiter = limiter_on(&server, &io, TIMEOUT);
     let b = current_thread();
-    let (blocking, blocked) = std::sync::mpsc::channel();
-    let a = std::thread::spawn({
-        let limiter = limiter.clone();
-        move || {
-            current_thread().block_on(async {
-                assert!(limiter.check("a", 1).await.unwrap().is_allowed());
-                blocking.send(()).unwrap();
-                // A handler that blocks its worker's thread.
-                std::thread::sleep(BLOCKED);
-            });
-        }
-    });
-    blocked.recv().unwrap();
+    let a = block_the_batching_tasks_runtime(&limiter);
     let (result, took) = b.block_on(async {
         let start = Instant::now();
         (limiter.check("b", 1).await, start.elapsed())
@@ -419,24 +430,11 @@ fn a_call_made_outside_a_runtime_ends_by_its_timeout_while_the_batching_tasks_ru
     use redis_ratelimit::{OnStoreError, RateLimitLayer, key::Global};
     use tower::{Layer, Service, service_fn};
 
-    const BLOCKED: Duration = Duration::from_secs(2);
-    const TIMEOUT: Duration = Duration::from_millis(200);
     let server = RedisServer::start();
     let io = tokio::runtime::Runtime::new().unwrap();
     let limiter = limiter_on(&server, &io, TIMEOUT);
     let b = current_thread();
-    let (blocking, blocked) = std::sync::mpsc::channel();
-    let a = std::thread::spawn({
-        let limiter = limiter.clone();
-        move || {
-            current_thread().block_on(async {
-                assert!(limiter.check("a", 1).await.unwrap().is_allowed());
-                blocking.send(()).unwrap();
-                std::thread::sleep(BLOCKED);
-            });
-        }
-    });
-    blocked.recv().unwrap();
+    let a = block_the_batching_tasks_runtime(&limiter);
     let mut svc = RateLimitLayer::new(limiter, Global)
         .on_store_error(OnStoreError::Deny)
         .layer(service_fn(|_req: Request<()>| async {

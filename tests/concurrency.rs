@@ -382,6 +382,36 @@ async fn the_memory_store_refuses_the_lease_calls_the_scripts_refuse() {
     }
 }
 
+/// `holder` takes `key`'s one lease (a limit of 1) for 30 s; `other` asks
+/// for a lease of `lease_ms` at once, which is refused, and again `after`
+/// later: whether it got in then.
+async fn gets_in_after(
+    store: &dyn LeaseStore,
+    key: &str,
+    (holder, other): (&str, &str),
+    lease_ms: u64,
+    after: Duration,
+) -> bool {
+    let first = store.acquire(key, holder, 1, 30_000).await.unwrap();
+    assert!(first.acquired, "{holder}");
+    let second = store.acquire(key, other, 1, lease_ms).await.unwrap();
+    assert!(!second.acquired, "{other}: a second holder on a limit of 1");
+    tokio::time::sleep(after).await;
+    store
+        .acquire(key, other, 1, lease_ms)
+        .await
+        .unwrap()
+        .acquired
+}
+
+/// The Redis store of a server of the test's own, and a memory store.
+async fn both_lease_stores(server: &RedisServer) -> [(&'static str, Box<dyn LeaseStore>); 2] {
+    [
+        ("redis", Box::new(server.store().await)),
+        ("memory", Box::new(redis_ratelimit::MemoryStore::new())),
+    ]
+}
+
 /// A token may end in digits that are not its lease (`worker/7`, held for
 /// 30 s). An acquire cuts only the leases that outlive its own, as the
 /// script does, on both stores. The memory store cut every lease to its
@@ -391,18 +421,11 @@ async fn the_memory_store_refuses_the_lease_calls_the_scripts_refuse() {
 #[tokio::test]
 async fn stores_agree_on_a_token_whose_suffix_is_not_its_lease() {
     let server = RedisServer::start();
-    let redis = server.store().await;
-    let memory = redis_ratelimit::MemoryStore::new();
-    let stores: [(&str, &dyn LeaseStore); 2] = [("redis", &redis), ("memory", &memory)];
-    for (name, store) in stores {
-        let first = store.acquire("k", "worker/7", 1, 30_000).await.unwrap();
-        assert!(first.acquired, "{name}");
-        let other = store.acquire("k", "other/30000", 1, 30_000).await.unwrap();
-        assert!(!other.acquired, "{name}: a second holder on a limit of 1");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let other = store.acquire("k", "other/30000", 1, 30_000).await.unwrap();
+    for (name, store) in both_lease_stores(&server).await {
+        let tokens = ("worker/7", "other/30000");
+        let ms50 = Duration::from_millis(50);
         assert!(
-            !other.acquired,
+            !gets_in_after(&*store, "k", tokens, 30_000, ms50).await,
             "{name}: a second holder while the first's 30 s lease runs"
         );
         assert!(
@@ -414,44 +437,33 @@ async fn stores_agree_on_a_token_whose_suffix_is_not_its_lease() {
 
 /// A token whose digits are no lease the script reads (`/0`, or a leading
 /// zero) names no length, on both stores: an acquire whose lease it
-/// outlives cuts it to that lease, as it cuts a token without digits.
-/// The memory store read `job/0` as a lease of 0 ms, so
-/// the next acquire let a second holder in on a limit of 1 and the
-/// holder's renewal was refused, where Redis kept it for the caller's
-/// 10 s; and it kept `job/030000` for 30 s where Redis cut it to 10.
+/// outlives cuts it to that lease, as it cuts a token without digits. The
+/// memory store read `job/0` as a lease of 0 ms, so the next acquire let a
+/// second holder in on a limit of 1 and the holder's renewal was refused,
+/// where Redis kept it for the caller's 1 s; and it kept `job/030000` for
+/// 30 s where Redis cut it to 1 s.
 #[tokio::test]
 async fn stores_agree_on_a_token_that_names_no_valid_lease() {
     let server = RedisServer::start();
-    let redis = server.store().await;
-    let memory = redis_ratelimit::MemoryStore::new();
-    let stores: [(&str, &dyn LeaseStore); 2] = [("redis", &redis), ("memory", &memory)];
-    for (name, store) in stores {
+    for (name, store) in both_lease_stores(&server).await {
+        let ms50 = Duration::from_millis(50);
         assert!(
-            store
-                .acquire("a", "job/0", 1, 30_000)
-                .await
-                .unwrap()
-                .acquired
+            !gets_in_after(&*store, "a", ("job/0", "other/1000"), 1_000, ms50).await,
+            "{name}: job/0's lease was cut to 0 ms"
         );
-        let other = store.acquire("a", "other/1000", 1, 1_000).await.unwrap();
-        assert!(!other.acquired, "{name}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let other = store.acquire("a", "other/1000", 1, 1_000).await.unwrap();
-        assert!(!other.acquired, "{name}: job/0's lease was cut to 0 ms");
         assert!(store.renew("a", "job/0", 30_000).await.unwrap(), "{name}");
-        // Cut to the caller's 1 s, not kept for its digits' 30 s.
+        let past_the_cut = Duration::from_millis(1_100);
         assert!(
-            store
-                .acquire("b", "job/030000", 1, 30_000)
-                .await
-                .unwrap()
-                .acquired
+            gets_in_after(
+                &*store,
+                "b",
+                ("job/030000", "other/1000"),
+                1_000,
+                past_the_cut
+            )
+            .await,
+            "{name}: job/030000 was kept past the cut to 1 s"
         );
-        let other = store.acquire("b", "other/1000", 1, 1_000).await.unwrap();
-        assert!(!other.acquired, "{name}");
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
-        let other = store.acquire("b", "other/1000", 1, 1_000).await.unwrap();
-        assert!(other.acquired, "{name}: job/030000 was kept past the cut");
     }
 }
 
