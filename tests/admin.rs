@@ -637,3 +637,70 @@ async fn a_peeks_wait_is_kept_for_a_counter_whose_ttl_was_too_long() {
     let d = l.check("k", 1).await.unwrap();
     assert!(d.is_allowed(), "told {wait:?}, then {d:?}");
 }
+
+/// A limiter of 1 an hour on a Redis 100 ms away each way, its deny cache
+/// keeping a denial for a minute, with "k" spent and its denial cached.
+async fn spent_behind_a_proxy() -> (RedisServer, support::delay::DelayProxy, Limiter, Decision) {
+    let server = RedisServer::start();
+    let proxy = support::delay::DelayProxy::start(server.port(), Duration::from_millis(100)).await;
+    let store = redis_ratelimit::RedisStore::connect(proxy.url())
+        .await
+        .unwrap();
+    let l = Limiter::builder(Quota::per_hour(1))
+        .store(store)
+        .timeout(Duration::from_secs(2))
+        .deny_cache_max_age(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let spent = l.check("k", 1).await.unwrap();
+    assert!(spent.is_allowed());
+    assert!(!l.check("k", 1).await.unwrap().is_allowed());
+    (server, proxy, l, spent)
+}
+
+/// A reset whose future is dropped after its call went out (a timeout
+/// around it, an admin handler whose client went away) still forgets this
+/// limiter's cached denials: Redis runs the delete it was sent, and the
+/// client it reset is admitted. The cache was cleared only once the reset
+/// was awaited to its end, so the client stayed denied from the cache for
+/// as long as its denial was cached (here a minute).
+#[tokio::test]
+async fn a_reset_dropped_after_its_call_went_out_still_forgets_cached_denials() {
+    let (server, _proxy, l, _) = spent_behind_a_proxy().await;
+    // Out on the wire (100 ms to Redis), then given up before its answer.
+    let given_up = tokio::time::timeout(Duration::from_millis(150), l.reset("k")).await;
+    assert!(given_up.is_err(), "{given_up:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut conn = server.conn().await;
+    let keys: Vec<String> = conn.keys("*").await.unwrap();
+    // Only the reset's own marker (`<key>#rs:<id>`) is left.
+    assert!(
+        keys.iter().all(|k| k.contains("#rs:")),
+        "Redis ran the delete: {keys:?}"
+    );
+    let d = l.check("k", 1).await.unwrap();
+    assert!(d.is_allowed(), "denied from the cache after a reset: {d:?}");
+}
+
+/// The same for a refund: given up after its call went out, it still
+/// forgets the key's cached denial, so the unit Redis credits is admitted.
+#[tokio::test]
+async fn a_refund_dropped_after_its_call_went_out_still_forgets_cached_denials() {
+    let (server, _proxy, l, spent) = spent_behind_a_proxy().await;
+    let given_up = tokio::time::timeout(Duration::from_millis(150), l.refund("k", &spent)).await;
+    assert!(given_up.is_err(), "{given_up:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut conn = server.conn().await;
+    // The counter credited back to nothing (gone, or 0); the refund's own
+    // marker (`<key>#rf:<id>`) aside.
+    let keys: Vec<String> = conn.keys("*").await.unwrap();
+    for key in keys.iter().filter(|k| !k.contains("#rf:")) {
+        let count: Option<u64> = conn.get(key).await.unwrap();
+        assert_eq!(count.unwrap_or(0), 0, "Redis credited the unit: {keys:?}");
+    }
+    let d = l.check("k", 1).await.unwrap();
+    assert!(
+        d.is_allowed(),
+        "denied from the cache after a refund: {d:?}"
+    );
+}

@@ -855,6 +855,35 @@ async fn a_reserve_run_before_a_resets_delete_keeps_no_units() {
     assert_eq!(admitted, 40);
 }
 
+/// As above, with the reset's future dropped once its call is made (a
+/// timeout around it, an admin handler whose client went away): the store
+/// still runs the delete it was sent, and this instance still keeps none
+/// of the deleted counter's units. The second drop of the key ran only if
+/// the reset was awaited to its end, so this admitted 79 of 40.
+#[tokio::test]
+async fn a_reset_dropped_on_its_way_keeps_no_units() {
+    let store = Gated::new(40, true);
+    let l = gated(&store, 40);
+    store.run_resets(false);
+    let reset = tokio::spawn({
+        let l = l.clone();
+        async move { l.reset(KEY).await }
+    });
+    let mut made = store.state.reset_calls.subscribe();
+    made.wait_for(|calls| *calls == 1).await.unwrap();
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!((store.calls(), store.count()), (1, 40));
+    reset.abort();
+    assert!(reset.await.unwrap_err().is_cancelled());
+    // The store runs the delete it was sent.
+    *store.state.count.lock().unwrap() = 0;
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(l.check(KEY, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 40);
+}
+
 /// A refill ahead that finds the store spent caches its denial, for the
 /// requests that run short next; but not one answered after a reset
 /// dropped its key: the client starts afresh, not denied from the cache.

@@ -3,11 +3,12 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use super::{Backend, Inner, Limiter, deciding::ProbeGuard};
+use super::{Backend, Inner, Limiter, deciding::ProbeGuard, reservation::Reservations};
 use crate::{
     Algorithm, Decision, Error, MemoryStore, Quota,
     breaker::Pass,
     decision::{Ends, Stamp, States},
+    deny_cache::DenyCache,
     store::{Credit, Refund, Store},
 };
 
@@ -51,20 +52,35 @@ impl RefundWork {
                 None
             }
             RefundWork::Store(store, refunds, inner, stale) => Some(async move {
+                let _forget = ForgetStale {
+                    cache: inner.deny_cache.as_ref(),
+                    stale,
+                };
                 let timeout = inner.timeout;
-                let result = match tokio::time::timeout(timeout, store.refund(refunds)).await {
+                match tokio::time::timeout(timeout, store.refund(refunds)).await {
                     Ok(result) => result,
                     Err(_) => Err(Error::Timeout(timeout)),
-                };
-                // The cached denials of these keys are stale now (whether
-                // or not the call went through, it may have).
-                match (&inner.deny_cache, stale) {
-                    (Some(cache), Some(Stale::Keys(key))) => cache.remove(&key),
-                    (Some(cache), Some(Stale::All)) => cache.clear(),
-                    _ => {}
                 }
-                result
             }),
+        }
+    }
+}
+
+/// The cached denials a store's refund makes stale, forgotten once its call
+/// is over, whether or not it went through (it may have), or once the
+/// refund is dropped on its way (a timeout around it, a handler whose
+/// client went away): on drop.
+struct ForgetStale<'a> {
+    cache: Option<&'a DenyCache>,
+    stale: Option<Stale>,
+}
+
+impl Drop for ForgetStale<'_> {
+    fn drop(&mut self) {
+        match (self.cache, self.stale.take()) {
+            (Some(cache), Some(Stale::Keys(key))) => cache.remove(&key),
+            (Some(cache), Some(Stale::All)) => cache.clear(),
+            _ => {}
         }
     }
 }
@@ -400,6 +416,12 @@ impl Limiter {
     /// (`<key>#rs:<id>`, for 10 s) and a second run deletes nothing. A reset
     /// runs when Redis is out of memory (`noeviction`) too: it frees memory.
     ///
+    /// A reset dropped on its way (a timeout around it, a handler whose
+    /// client went away) may still run in the store, so this limiter drops
+    /// its deny cache's denials and the key's reservation all the same; a
+    /// [refund](Self::refund) dropped on its way drops the cached denials
+    /// it would.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), redis_ratelimit::Error> {
@@ -436,7 +458,14 @@ impl Limiter {
         if let Some((reservations, key)) = &reserved {
             reservations.drop_key(key);
         }
-        let result = match &inner.store {
+        // Run when the store's call is over, or when this future is dropped
+        // with the call on its way (a timeout around it, a handler whose
+        // client went away): the store may still run the delete.
+        let _after = AfterReset {
+            reserved,
+            cache: inner.deny_cache.as_ref(),
+        };
+        match &inner.store {
             Backend::Memory(memory) => {
                 memory.reset_now(&store_keys);
                 Ok(())
@@ -447,20 +476,33 @@ impl Limiter {
                     Err(_) => Err(Error::Timeout(inner.timeout)),
                 }
             }
-        };
+        }
+    }
+}
+
+/// What a reset does once its store call is over, whatever it answered, or
+/// once the reset is dropped on its way (its call may still run in the
+/// store): on drop, so that a reset given up leaves no reserved units or
+/// cached denials of a counter it may have deleted.
+struct AfterReset<'a> {
+    reserved: Option<(&'a Reservations, String)>,
+    cache: Option<&'a DenyCache>,
+}
+
+impl Drop for AfterReset<'_> {
+    fn drop(&mut self) {
         // Dropped again: a reserve sent after the first drop may have run in
         // the store before the reset's delete, and its units (of the deleted
         // counter) be held here now.
-        if let Some((reservations, key)) = &reserved {
+        if let Some((reservations, key)) = &self.reserved {
             reservations.drop_key(key);
         }
         // Cleared whatever the store said: a cached denial may be stale now,
         // and the cache only ever saves store calls. Cleared whole: a denial
         // of several keys may hold this client's under another's name.
-        if let Some(cache) = &inner.deny_cache {
+        if let Some(cache) = self.cache {
             cache.clear();
         }
-        result
     }
 }
 
