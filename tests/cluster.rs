@@ -325,13 +325,39 @@ async fn rounds_until_a_moved_slot_is_followed(
     (rounds, took)
 }
 
+/// A `RedisStore` behind a `Store` of a caller's own, which the limiter
+/// cannot see through: it calls `Store::decide`, whose requests carry no
+/// deadline (the limiter's timer bounds its wait).
+#[derive(Debug, Clone)]
+struct Wrapped(RedisStore);
+
+impl Store for Wrapped {
+    fn decide(
+        &self,
+        checks: Vec<redis_ratelimit::store::LimitCheck>,
+        cost: u64,
+    ) -> futures_util::future::BoxFuture<
+        'static,
+        Result<Vec<redis_ratelimit::store::LimitState>, redis_ratelimit::Error>,
+    > {
+        self.0.decide(checks, cost)
+    }
+}
+
 /// A warmed-up limiter for the frozen-master tests (a 300 ms timeout, and
 /// `breaker`), on a cluster whose other masters go on serving their slots
-/// while one is down.
-async fn limiter_for_a_frozen_master(cluster: &RedisCluster, breaker: Breaker) -> Limiter {
-    let limiter = cluster
-        .builder("100000/1m")
-        .await
+/// while one is down; its store [`Wrapped`] if `wrapped`.
+async fn limiter_for_a_frozen_master(
+    cluster: &RedisCluster,
+    breaker: Breaker,
+    wrapped: bool,
+) -> Limiter {
+    let builder = Limiter::builder("100000/1m".parse().unwrap());
+    let builder = match wrapped {
+        true => builder.store(Wrapped(cluster.store().await)),
+        false => builder.store(cluster.store().await),
+    };
+    let limiter = builder
         .timeout(Duration::from_millis(300))
         .breaker(breaker)
         .build()
@@ -354,7 +380,7 @@ async fn limiter_for_a_frozen_master(cluster: &RedisCluster, breaker: Breaker) -
 #[tokio::test]
 async fn a_frozen_master_holds_up_no_other_masters_decisions() {
     let cluster = RedisCluster::start();
-    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::disabled()).await;
+    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::disabled(), false).await;
     let frozen = cluster.masters()[0];
     let clients: Vec<String> = (0..200)
         .map(|i| format!("f{i}"))
@@ -382,6 +408,46 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions() {
     }
     cluster.freeze(frozen, false);
     assert!(rounds > 50, "{rounds} rounds");
+}
+
+/// The same through a [`Wrapped`] store, with the frozen master's keys
+/// checked too. A call to the frozen master lasted redis-rs's timeouts
+/// and retries (seconds) after its callers had timed out, holding one of
+/// the batching task's two rounds: with both held, the other masters' keys
+/// waited in the queue and timed out as well. A call whose callers have
+/// all gone is now dropped, and its round with it.
+#[tokio::test]
+async fn a_frozen_master_holds_up_no_other_masters_decisions_through_a_wrapped_store() {
+    let cluster = RedisCluster::start();
+    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::disabled(), true).await;
+    let frozen = cluster.masters()[0];
+    let on_frozen = |c: &String| cluster.master_of(&limiter.store_key(c)) == frozen;
+    let all: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    let others: Vec<&String> = all.iter().filter(|c| !on_frozen(c)).take(40).collect();
+    let frozen_ones: Vec<&String> = all.iter().filter(|c| on_frozen(c)).take(10).collect();
+    cluster.freeze(frozen, true);
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut rounds = 0;
+    while Instant::now() < until {
+        // The frozen master's keys time out; the others' must not.
+        let (_, results) = tokio::join!(
+            join_all(frozen_ones.iter().map(|c| limiter.check(c.as_str(), 1))),
+            join_all(others.iter().map(|c| limiter.check(c.as_str(), 1))),
+        );
+        let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
+        if !failed.is_empty() {
+            cluster.freeze(frozen, false);
+            panic!(
+                "round {rounds}: {} of {} failed: {:?}",
+                failed.len(),
+                others.len(),
+                failed[0]
+            );
+        }
+        rounds += 1;
+    }
+    cluster.freeze(frozen, false);
+    assert!(rounds > 3, "{rounds} rounds");
 }
 
 /// The batching task's first read of the slot map is bounded by its
@@ -458,7 +524,7 @@ async fn a_keys_fault_domain_is_its_hash_slots_range() {
 #[tokio::test]
 async fn a_frozen_master_opens_the_breaker_of_its_own_keys_only() {
     let cluster = RedisCluster::start();
-    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::new()).await;
+    let limiter = limiter_for_a_frozen_master(&cluster, Breaker::new(), false).await;
     let frozen = cluster.masters()[0];
     let frozen_slots = cluster.slots_of(frozen);
     // A client is healthy when no slot of its key's 256-slot range is the

@@ -26,7 +26,10 @@
 //! cost about 650 instructions a request; a call has one, and the queue
 //! is swept on one while every round is out. A call whose requests have all
 //! timed out is dropped, so a Redis that never answers holds no round's
-//! permit past their deadlines.
+//! permit past their deadlines. A request without a deadline (through
+//! [`Store::decide`](crate::Store::decide), whose caller keeps its own
+//! timer) counts as waiting until its caller goes away: a call is dropped
+//! once every caller of it has gone too.
 //!
 //! That holds while the task runs. It runs on the Tokio runtime of the
 //! store's first check, and a runtime can stop running it:

@@ -36,6 +36,14 @@ impl Waiter {
         self.reply.as_ref().is_none_or(|reply| reply.is_closed())
     }
 
+    /// As [`gone`](Self::gone), and if not, wakes `cx`'s task when the
+    /// caller goes away.
+    pub(super) fn poll_gone(&mut self, cx: &mut Context<'_>) -> bool {
+        self.reply
+            .as_mut()
+            .is_none_or(|reply| reply.poll_closed(cx).is_ready())
+    }
+
     /// The deadline of a request still waiting.
     pub(super) fn due(&self) -> Option<Instant> {
         self.deadline
@@ -369,9 +377,12 @@ pub(super) async fn within_deadlines<F: Future>(
         loop {
             let earliest = waiters.iter().filter_map(Waiter::due).min();
             let Some(at) = earliest else {
-                return match waiters.iter().all(Waiter::gone) {
+                // Callers that bound their wait themselves (`Store::decide`,
+                // the limiter's timer): woken when one goes away, and the
+                // call dropped once all have. Otherwise a call a node never
+                // answers held its round after its callers had timed out.
+                return match waiters.iter_mut().all(|w| w.poll_gone(cx)) {
                     true => Poll::Ready(None),
-                    // Callers that bound their wait themselves.
                     false => Poll::Pending,
                 };
             };
