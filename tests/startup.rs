@@ -145,18 +145,30 @@ async fn a_read_only_replica_fails_connect_naming_it() {
     assert_eq!(size, 0, "the startup check wrote keys");
 }
 
-/// A user whose ACL denies `DEL` (the write probe) but allows the scripts
-/// still connects: the probe is not held against it.
+/// A user whose ACL denies the scripts' writes fails `connect` naming its
+/// ACL: the scripts `DEL` a fresh counter to roll a denied spend back and
+/// in a reset, and `PEXPIRE` every counter. Before, a refused `DEL` probe was
+/// skipped, and the other checks only read, so a user without writes
+/// (`-@write`, as a read-only key selector gives) connected and then
+/// failed every check into the `OnStoreError` policy: under `Allow`, no
+/// limit at all. The probes write nothing (the keyspace stays empty).
 #[tokio::test]
-async fn a_user_denied_del_still_connects() {
-    let server = RedisServer::start();
-    let url = server.acl_user_without("limiter", "secret", "del").await;
-    let store = RedisStore::connect(url)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
-    drop(store);
-    // The probe was refused, not run.
-    assert_acl_refused(&server, "DEL").await;
+async fn a_user_denied_the_scripts_writes_fails_connect_naming_its_acl() {
+    for (denied, command) in [("@write", "DEL"), ("del", "DEL"), ("pexpire", "PEXPIRE")] {
+        let server = RedisServer::start();
+        let url = server.acl_user_without("limiter", "secret", denied).await;
+        let message = startup_error(&url, Some(&server)).await;
+        assert!(
+            message.contains("may not make the writes the limiter's scripts make"),
+            "-{denied}: {message}"
+        );
+        assert_acl_refused(&server, command).await;
+        let size: u64 = redis::cmd("DBSIZE")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        assert_eq!(size, 0, "-{denied}: the startup check wrote keys");
+    }
 }
 
 /// Fails unless `server`'s ACL log holds a refusal of the command `what`.

@@ -32,8 +32,10 @@ impl RedisStore {
     /// once at startup, so that a Redis that is unreachable, refuses the
     /// password, cannot run the scripts (scripting disabled or renamed, a
     /// Redis-protocol server without Lua's `cmsgpack`) or refuses writes (a
-    /// read-only replica, `MISCONF`; it deletes a key that is never set,
-    /// `redis-ratelimit:self-test:{self-test}:write`, to see) stops the
+    /// read-only replica, `MISCONF`, a user whose ACL denies the scripts'
+    /// `DEL` or `PEXPIRE`; it deletes and expires a key that is never set,
+    /// `redis-ratelimit:self-test:{self-test}:write`, to see, which writes
+    /// nothing) stops the
     /// service with a message, instead of failing every request into the
     /// [`OnStoreError`](crate::OnStoreError) policy.
     ///
@@ -67,6 +69,7 @@ impl RedisStore {
             Ok(())
         };
         match tokio::time::timeout(DEADLINE, check).await {
+            Ok(Err(e @ Error::Startup(_))) => Err(e),
             Ok(result) => result.map_err(|e| startup(e, Stage::Scripts)),
             Err(_) => Err(Error::Startup(format!(
                 "Redis did not answer the startup check within {DEADLINE:?}"
@@ -79,17 +82,27 @@ impl RedisStore {
         // missing password reads as such (Redis cuts an unauthenticated
         // client off at a large argument, such as a script's source).
         let _: String = self.run(Call::command(redis::cmd("PING"))).await?;
-        // A write that writes nothing (a key that is never set), so that a
+        // Writes that write nothing (a key that is never set), so that a
         // Redis that refuses every check's write says so now: a read-only
-        // replica (`READONLY`), or one that cannot save to disk (`MISCONF`).
-        // The decisions below cost 0 and only read, which a replica allows.
-        // A user whose ACL denies `DEL` is not held to it.
-        let mut probe = redis::cmd("DEL");
-        probe.arg(WRITE_PROBE);
-        match self.run::<i64>(Call::command(probe)).await {
-            Err(Error::Redis(e)) if e.code() == Some("NOPERM") => {}
-            result => {
-                result?;
+        // replica (`READONLY`), one that cannot save to disk (`MISCONF`), or
+        // a user whose ACL denies the scripts' writes (`NOPERM`: the
+        // scripts delete a fresh counter to roll a denied spend back, set a
+        // TTL on every key, and set GCRA's values and refunds' and resets'
+        // markers). The decisions below cost 0 and only read, which a
+        // replica and a read-only user allow.
+        for probe in write_probes() {
+            match self.run::<Value>(Call::command(probe)).await {
+                Err(Error::Redis(e)) if e.code() == Some("NOPERM") => {
+                    return Err(Error::Startup(format!(
+                        "this user may not make the writes the limiter's scripts make \
+                         (DEL, PEXPIRE, SET, INCRBY, DECRBY, and for the concurrency \
+                         limiter ZADD and ZREM): allow them on the limiter's keys in its \
+                         ACL: {e}"
+                    )));
+                }
+                result => {
+                    result?;
+                }
             }
         }
         for (script, source) in scripts::all() {
@@ -124,6 +137,20 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// The startup check's writes, each of which writes nothing on
+/// [`WRITE_PROBE`], a key that is never set: `DEL` it, `PEXPIRE` it. Neither
+/// is refused by a Redis out of memory (`noeviction`), which startup does
+/// not hold against a store: its checks follow the policy until memory
+/// frees. `INCRBY`, `DECRBY` and `SET` have no form that writes nothing and
+/// that a full Redis takes, so a user denied only those is not caught here.
+fn write_probes() -> [redis::Cmd; 2] {
+    let mut del = redis::cmd("DEL");
+    del.arg(WRITE_PROBE);
+    let mut pexpire = redis::cmd("PEXPIRE");
+    pexpire.arg(WRITE_PROBE).arg(1);
+    [del, pexpire]
 }
 
 impl RedisStore {
