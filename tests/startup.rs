@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::time::{Duration, Instant};
+
 use redis_ratelimit::{Error, RedisStore};
 use support::{RedisServer, logs::Captured};
 
@@ -143,6 +145,40 @@ async fn a_read_only_replica_fails_connect_naming_it() {
         .await
         .unwrap();
     assert_eq!(size, 0, "the startup check wrote keys");
+}
+
+/// A replica that lost its master and serves nothing (`replica-serve-stale-
+/// data no`) answers `MASTERDOWN`, and `connect` names that. Its message
+/// blamed scripting ("cannot run the limiter's Lua scripts").
+#[tokio::test]
+async fn a_replica_without_its_master_fails_connect_naming_it() {
+    let mut master = RedisServer::start();
+    let replica = master.start_replica().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("replica-serve-stale-data")
+        .arg("no")
+        .query_async(&mut replica.conn().await)
+        .await
+        .unwrap();
+    master.kill();
+    // Until the replica has seen its link go down (INFO is served anyway).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut replica.conn().await)
+            .await
+            .unwrap();
+        if info.contains("master_link_status:down") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the link stayed up: {info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let message = startup_error(&replica.url(), Some(&replica)).await;
+    assert!(message.contains("lost its master"), "{message}");
+    assert!(!message.contains("Lua scripts"), "{message}");
 }
 
 /// A user whose ACL denies the scripts' writes fails `connect` naming its

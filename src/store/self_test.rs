@@ -268,6 +268,11 @@ pub(super) fn startup(e: Error, stage: Stage) -> Error {
             "this Redis is a read-only replica, which would refuse every check: point the \
              store at the master (RedisStore::sentinel and RedisStore::cluster find it)"
         }
+        (Error::Redis(e), _) if e.code() == Some("MASTERDOWN") => {
+            "this Redis is a replica that lost its master and serves nothing \
+             (replica-serve-stale-data no): point the store at the master \
+             (RedisStore::sentinel and RedisStore::cluster find it)"
+        }
         (Error::Redis(e), _) if e.code() == Some("MISCONF") => {
             "Redis refuses writes because it cannot save to disk (MISCONF): every check \
              would fail; see its log"
