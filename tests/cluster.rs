@@ -374,6 +374,26 @@ async fn limiter_for_a_frozen_master(
     limiter
 }
 
+/// Thaws `frozen` and fails the test if any of round `round`'s `results`
+/// is an error.
+fn thaw_and_fail_on_errors(
+    cluster: &RedisCluster,
+    frozen: u16,
+    round: usize,
+    results: &[Result<Decision, redis_ratelimit::Error>],
+) {
+    let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
+    if !failed.is_empty() {
+        cluster.freeze(frozen, false);
+        panic!(
+            "round {round}: {} of {} failed: {:?}",
+            failed.len(),
+            results.len(),
+            failed[0]
+        );
+    }
+}
+
 /// A master that stops answering holds up no decision of the other
 /// masters' keys: the slot map is read again in the background (every 5 s,
 /// from any node, the frozen one included), never in a round's way.
@@ -393,16 +413,7 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions() {
     let mut rounds = 0;
     while Instant::now() < until {
         let results = join_all(clients.iter().map(|c| limiter.check(c, 1))).await;
-        let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
-        if !failed.is_empty() {
-            cluster.freeze(frozen, false);
-            panic!(
-                "round {rounds}: {} of {} failed: {:?}",
-                failed.len(),
-                clients.len(),
-                failed[0]
-            );
-        }
+        thaw_and_fail_on_errors(&cluster, frozen, rounds, &results);
         rounds += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -434,16 +445,7 @@ async fn a_frozen_master_holds_up_no_other_masters_decisions_through_a_wrapped_s
             join_all(frozen_ones.iter().map(|c| limiter.check(c.as_str(), 1))),
             join_all(others.iter().map(|c| limiter.check(c.as_str(), 1))),
         );
-        let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
-        if !failed.is_empty() {
-            cluster.freeze(frozen, false);
-            panic!(
-                "round {rounds}: {} of {} failed: {:?}",
-                failed.len(),
-                others.len(),
-                failed[0]
-            );
-        }
+        thaw_and_fail_on_errors(&cluster, frozen, rounds, &results);
         rounds += 1;
     }
     cluster.freeze(frozen, false);

@@ -826,6 +826,25 @@ async fn requests_waiting_on_a_flight_through_a_reset_share_one_new_reserve_call
     assert_eq!((store.calls(), store.count()), (2, 40));
 }
 
+/// A reset of [`KEY`] made on `store` and held there (its delete not run),
+/// and once its call is made, a request that reserves the whole limit of
+/// the counter it will delete: the reset, still on its way.
+async fn reserved_during_a_reset(
+    store: &Gated,
+    l: &Limiter,
+) -> tokio::task::JoinHandle<Result<(), redis_ratelimit::Error>> {
+    store.run_resets(false);
+    let reset = tokio::spawn({
+        let l = l.clone();
+        async move { l.reset(KEY).await }
+    });
+    let mut made = store.state.reset_calls.subscribe();
+    made.wait_for(|calls| *calls == 1).await.unwrap();
+    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
+    assert_eq!((store.calls(), store.count()), (1, store.limit));
+    reset
+}
+
 /// A reserve call made after a reset began but run by the store before the
 /// reset's delete (the reset's call still on its way): its units are of the
 /// counter the reset deletes, and this instance keeps none of them. It kept
@@ -835,16 +854,7 @@ async fn requests_waiting_on_a_flight_through_a_reset_share_one_new_reserve_call
 async fn a_reserve_run_before_a_resets_delete_keeps_no_units() {
     let store = Gated::new(40, true);
     let l = gated(&store, 40);
-    store.run_resets(false);
-    let reset = tokio::spawn({
-        let l = l.clone();
-        async move { l.reset(KEY).await }
-    });
-    // The key dropped, the reset's call made: a request reserves.
-    let mut made = store.state.reset_calls.subscribe();
-    made.wait_for(|calls| *calls == 1).await.unwrap();
-    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
-    assert_eq!((store.calls(), store.count()), (1, 40));
+    let reset = reserved_during_a_reset(&store, &l).await;
     store.run_resets(true);
     reset.await.unwrap().unwrap();
     // The fresh counter's limit, and no more.
@@ -864,15 +874,7 @@ async fn a_reserve_run_before_a_resets_delete_keeps_no_units() {
 async fn a_reset_dropped_on_its_way_keeps_no_units() {
     let store = Gated::new(40, true);
     let l = gated(&store, 40);
-    store.run_resets(false);
-    let reset = tokio::spawn({
-        let l = l.clone();
-        async move { l.reset(KEY).await }
-    });
-    let mut made = store.state.reset_calls.subscribe();
-    made.wait_for(|calls| *calls == 1).await.unwrap();
-    assert!(l.check(KEY, 1).await.unwrap().is_allowed());
-    assert_eq!((store.calls(), store.count()), (1, 40));
+    let reset = reserved_during_a_reset(&store, &l).await;
     reset.abort();
     assert!(reset.await.unwrap_err().is_cancelled());
     // The store runs the delete it was sent.

@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
-
 use redis_ratelimit::{Error, RedisStore};
 use support::{RedisServer, logs::Captured};
 
@@ -162,20 +160,7 @@ async fn a_replica_without_its_master_fails_connect_naming_it() {
         .await
         .unwrap();
     master.kill();
-    // Until the replica has seen its link go down (INFO is served anyway).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut replica.conn().await)
-            .await
-            .unwrap();
-        if info.contains("master_link_status:down") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the link stayed up: {info}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    replica.wait_for_master_link("down").await;
     let message = startup_error(&replica.url(), Some(&replica)).await;
     assert!(message.contains("lost its master"), "{message}");
     assert!(!message.contains("Lua scripts"), "{message}");

@@ -45,25 +45,31 @@ impl RedisServer {
         self.config_set("repl-diskless-sync-delay", "0").await;
         let port = self.port().to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_for_master_link("up").await;
+        self.sync_replicas().await;
+        replica
+    }
+
+    /// Waits (20 s at most) until this replica's link to its master is
+    /// `status` (`up` or `down`), as `INFO replication` says.
+    pub async fn wait_for_master_link(&self, status: &str) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let info: String = redis::cmd("INFO")
                 .arg("replication")
-                .query_async(&mut replica.conn().await)
+                .query_async(&mut self.conn().await)
                 .await
                 .unwrap();
-            if info.contains("master_link_status:up") {
+            if info.contains(&format!("master_link_status:{status}")) {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "replica never linked up:\n{info}\n{}",
-                replica.log()
+                "the replica's link never went {status}:\n{info}\n{}",
+                self.log()
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.sync_replicas().await;
-        replica
     }
 
     /// Waits until a replica has acknowledged every write made so far, on
