@@ -67,6 +67,8 @@ fn examples_dir() -> &'static PathBuf {
 struct Example {
     child: Child,
     url: String,
+    /// Told once the server has logged that a stop signal came.
+    stopping: std::sync::mpsc::Receiver<()>,
 }
 
 impl Drop for Example {
@@ -109,8 +111,12 @@ fn start(name: &str, vars: &[(&str, &str)]) -> Example {
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let (stop_tx, stopping) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("finishing open requests, then exiting") {
+                let _ = stop_tx.send(());
+            }
             if let Some(rest) = line.split("listening on ").nth(1) {
                 let addr = rest
                     .split_whitespace()
@@ -126,6 +132,7 @@ fn start(name: &str, vars: &[(&str, &str)]) -> Example {
     let mut example = Example {
         child,
         url: String::new(),
+        stopping,
     };
     let addr = rx
         .recv_timeout(Duration::from_secs(60))
@@ -765,11 +772,32 @@ fn every_example_refuses_new_connections_once_signalled() {
         busy.set_recv_buffer_size(2048).unwrap();
         busy.connect(&addr.into()).unwrap();
         let mut busy = TcpStream::from(busy);
-        std::thread::spawn(move || {
-            let requests = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n".repeat(1000);
-            while busy.write_all(&requests).is_ok() {}
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        std::thread::spawn({
+            let written = written.clone();
+            move || {
+                let requests = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n".repeat(100);
+                while busy.write_all(&requests).is_ok() {
+                    written.fetch_add(requests.len(), std::sync::atomic::Ordering::SeqCst);
+                }
+            }
         });
-        std::thread::sleep(Duration::from_secs(1));
+        // Until the writes stall: the server has stopped reading, blocked
+        // writing answers nobody reads.
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        let mut seen = usize::MAX;
+        loop {
+            let now = written.load(std::sync::atomic::Ordering::SeqCst);
+            if now == seen {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "{name}: writes never stalled"
+            );
+            seen = now;
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let pid = ex.child.id().to_string();
         assert!(
             Command::new("kill")
@@ -778,7 +806,9 @@ fn every_example_refuses_new_connections_once_signalled() {
                 .unwrap()
                 .success()
         );
-        std::thread::sleep(Duration::from_millis(300));
+        ex.stopping
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{name} never logged the stop signal"));
         assert!(
             ex.child.try_wait().unwrap().is_none(),
             "{name} exited at once: the busy connection did not hold its drain, so nothing is tested"
