@@ -658,6 +658,22 @@ async fn spent_behind_a_proxy() -> (RedisServer, support::delay::DelayProxy, Lim
     (server, proxy, l, spent)
 }
 
+/// Waits (5 s at most) until Redis has run a reset or refund: its marker
+/// key (`<key>#rs:<id>` or `<key>#rf:<id>`, written by the script with
+/// its change) is there. Every key, then.
+async fn ran_in_redis(server: &RedisServer, marker: &str) -> Vec<String> {
+    let mut conn = server.conn().await;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let keys: Vec<String> = conn.keys("*").await.unwrap();
+        if keys.iter().any(|k| k.contains(marker)) {
+            return keys;
+        }
+        assert!(Instant::now() < until, "Redis never ran it: {keys:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A reset whose future is dropped after its call went out (a timeout
 /// around it, an admin handler whose client went away) still forgets this
 /// limiter's cached denials: Redis runs the delete it was sent, and the
@@ -670,9 +686,7 @@ async fn a_reset_dropped_after_its_call_went_out_still_forgets_cached_denials() 
     // Out on the wire (100 ms to Redis), then given up before its answer.
     let given_up = tokio::time::timeout(Duration::from_millis(150), l.reset("k")).await;
     assert!(given_up.is_err(), "{given_up:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut conn = server.conn().await;
-    let keys: Vec<String> = conn.keys("*").await.unwrap();
+    let keys = ran_in_redis(&server, "#rs:").await;
     // Only the reset's own marker (`<key>#rs:<id>`) is left.
     assert!(
         keys.iter().all(|k| k.contains("#rs:")),
@@ -689,11 +703,10 @@ async fn a_refund_dropped_after_its_call_went_out_still_forgets_cached_denials()
     let (server, _proxy, l, spent) = spent_behind_a_proxy().await;
     let given_up = tokio::time::timeout(Duration::from_millis(150), l.refund("k", &spent)).await;
     assert!(given_up.is_err(), "{given_up:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let keys = ran_in_redis(&server, "#rf:").await;
     let mut conn = server.conn().await;
     // The counter credited back to nothing (gone, or 0); the refund's own
     // marker (`<key>#rf:<id>`) aside.
-    let keys: Vec<String> = conn.keys("*").await.unwrap();
     for key in keys.iter().filter(|k| !k.contains("#rf:")) {
         let count: Option<u64> = conn.get(key).await.unwrap();
         assert_eq!(count.unwrap_or(0), 0, "Redis credited the unit: {keys:?}");
