@@ -166,6 +166,41 @@ async fn a_replica_without_its_master_fails_connect_naming_it() {
     assert!(!message.contains("Lua scripts"), "{message}");
 }
 
+/// A Redis loading its dataset (a restart with data on disk) answers
+/// `LOADING` to nearly every command. `connect` waits for it within its
+/// deadline, and connects once it has loaded. Before, the first `LOADING`
+/// failed `connect`, blaming scripting.
+#[tokio::test]
+async fn a_redis_loading_its_dataset_is_waited_for() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    // About a second of loading.
+    let _reload = server.reload_slowly(5_000, 100).await;
+    let store = RedisStore::connect(server.url())
+        .await
+        .unwrap_or_else(|e| panic!("connect while loading: {e}\n{}", server.log()));
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(&mut server.conn().await)
+        .await
+        .unwrap();
+    assert!(
+        info.contains("loading:0"),
+        "connected while loading: {info}"
+    );
+    drop(store);
+}
+
+/// A Redis still loading at the deadline fails `connect` naming it.
+#[tokio::test]
+async fn a_redis_loading_past_the_deadline_fails_connect_naming_it() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    // Ten seconds and more of loading, past the check's 5 s.
+    let _reload = server.reload_slowly(20_000, 500).await;
+    let message = startup_error(&server.url(), Some(&server)).await;
+    assert!(message.contains("still loading its dataset"), "{message}");
+    assert!(!message.contains("Lua scripts"), "{message}");
+}
+
 /// A user whose ACL denies the scripts' writes fails `connect` naming its
 /// ACL: the scripts `DEL` a fresh counter to roll a denied spend back and
 /// in a reset, and `PEXPIRE` every counter. Before, a refused `DEL` probe was

@@ -3,6 +3,7 @@
 //!
 //! A child module of `redis.rs`, so that it reaches the store's `run`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
@@ -12,6 +13,9 @@ use crate::{Error, Quota, store::LimitCheck, store::scripts};
 
 /// How long the whole check may take.
 const DEADLINE: Duration = Duration::from_secs(5);
+
+/// How often the check asks again a Redis that is loading its dataset.
+const LOADING_POLL: Duration = Duration::from_millis(50);
 
 /// The key of the check's decisions: a reserved name, in one cluster slot.
 /// The decisions cost 0, which only looks: nothing is written.
@@ -39,6 +43,9 @@ impl RedisStore {
     /// service with a message, instead of failing every request into the
     /// [`OnStoreError`](crate::OnStoreError) policy.
     ///
+    /// A Redis still loading its dataset from disk (a restart, `LOADING`)
+    /// is waited for, within the same deadline.
+    ///
     /// Fails with [`Error::Startup`], whose message names the cause, after
     /// 5 s at most.
     ///
@@ -63,7 +70,9 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn self_test(&self) -> Result<(), Error> {
+        let loading = AtomicBool::new(false);
         let check = async {
+            self.wait_while_loading(&loading).await?;
             self.check_scripts().await?;
             self.warn_if_evicting().await;
             Ok(())
@@ -71,17 +80,35 @@ impl RedisStore {
         match tokio::time::timeout(DEADLINE, check).await {
             Ok(Err(e @ Error::Startup(_))) => Err(e),
             Ok(result) => result.map_err(|e| startup(e, Stage::Scripts)),
+            Err(_) if loading.load(Ordering::Relaxed) => Err(Error::Startup(format!(
+                "Redis was still loading its dataset into memory (LOADING) after \
+                 {DEADLINE:?}: start the service once Redis has loaded it"
+            ))),
             Err(_) => Err(Error::Startup(format!(
                 "Redis did not answer the startup check within {DEADLINE:?}"
             ))),
         }
     }
 
+    /// `PING`s until Redis answers other than `LOADING` (a Redis loading its
+    /// dataset from disk answers every command but a few so), setting
+    /// `loading` if it did. `PING` comes first as a command every client may
+    /// send once authenticated, so that a missing password reads as such
+    /// (Redis cuts an unauthenticated client off at a large argument, such
+    /// as a script's source).
+    async fn wait_while_loading(&self, loading: &AtomicBool) -> Result<(), Error> {
+        loop {
+            match self.run::<String>(Call::command(redis::cmd("PING"))).await {
+                Err(Error::Redis(e)) if e.code() == Some("LOADING") => {
+                    loading.store(true, Ordering::Relaxed);
+                    tokio::time::sleep(LOADING_POLL).await;
+                }
+                result => return result.map(drop),
+            }
+        }
+    }
+
     async fn check_scripts(&self) -> Result<(), Error> {
-        // First a command every client may send once authenticated, so that a
-        // missing password reads as such (Redis cuts an unauthenticated
-        // client off at a large argument, such as a script's source).
-        let _: String = self.run(Call::command(redis::cmd("PING"))).await?;
         // Writes that write nothing (a key that is never set), so that a
         // Redis that refuses every check's write says so now: a read-only
         // replica (`READONLY`), one that cannot save to disk (`MISCONF`), or
@@ -272,6 +299,10 @@ pub(super) fn startup(e: Error, stage: Stage) -> Error {
             "this Redis is a replica that lost its master and serves nothing \
              (replica-serve-stale-data no): point the store at the master \
              (RedisStore::sentinel and RedisStore::cluster find it)"
+        }
+        (Error::Redis(e), _) if e.code() == Some("LOADING") => {
+            "Redis is loading its dataset into memory (LOADING): start the service once \
+             it has loaded it"
         }
         (Error::Redis(e), _) if e.code() == Some("MISCONF") => {
             "Redis refuses writes because it cannot save to disk (MISCONF): every check \

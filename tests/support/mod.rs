@@ -494,6 +494,55 @@ impl RedisServer {
             .unwrap();
     }
 
+    /// Holds the server in `LOADING`, as after a restart with data on disk:
+    /// writes `keys` keys, then reloads them (`DEBUG RELOAD`, so the server
+    /// must be started with `--enable-debug-command yes`) at about `micros`
+    /// µs a key (`key-load-delay`), answering other clients meanwhile.
+    /// Returns once the server is loading; the task ends when it has loaded.
+    pub async fn reload_slowly(&self, keys: u32, micros: u32) -> tokio::task::JoinHandle<()> {
+        let mut conn = self.conn().await;
+        let fill = "for i = 1, ARGV[1] do redis.call('SET', 'filler:' .. i, 'x') end";
+        let _: () = redis::cmd("EVAL")
+            .arg(fill)
+            .arg(0)
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for (name, value) in [
+            ("key-load-delay", micros),
+            // Serve other clients every KiB of the file, not every 2 MiB.
+            ("loading-process-events-interval-bytes", 1024),
+        ] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("CONFIG SET {name}: {e}\n{}", self.log()));
+        }
+        let reload = tokio::spawn(async move {
+            let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+                .arg("RELOAD")
+                .query_async(&mut conn)
+                .await;
+        });
+        let mut watcher = self.conn().await;
+        for _ in 0..500 {
+            let info: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut watcher)
+                .await
+                .unwrap();
+            if info.lines().any(|l| l == "loading:1") {
+                return reload;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the server never started loading\n{}", self.log());
+    }
+
     /// Panics, with the server log, if any key has no TTL.
     pub async fn assert_every_key_has_ttl(&self) {
         for (key, ttl) in self.keys_with_ttl().await {
