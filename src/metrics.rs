@@ -3,11 +3,11 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `ratelimit_allowed_total` | counter | `limit` (every limit of an admitted request that admitted it; a concurrency limiter's granted lease) |
+//! | `ratelimit_allowed_total` | counter | `limit` (every limit of an admitted request that admitted it, once per request the decision reached; a concurrency limiter's granted lease) |
 //! | `ratelimit_denied_total` | counter | `limit` (a concurrency limiter's `Busy`; the limits that denied; and each enforced limit a request's cost exceeds the whole quota of, [`Error::CostExceedsLimit`](crate::Error::CostExceedsLimit), a 429 from the layers) |
 //! | `ratelimit_denied_locally_total` | counter | `limit` (deny-cache hits; and a denial shared by the requests that waited for one reserve call of a [local reservation](crate::LimiterBuilder::local_reservation)) |
 //! | `ratelimit_shadow_denied_total` | counter | `limit` (shadow limits that would have denied, whether or not an enforced limit denied too; this includes a shadow limit whose whole quota the cost exceeds, when the check is `CostExceedsLimit`) |
-//! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision; also breaker-open; for a concurrency limiter, a failed or breaker-refused acquire and a failed renewal) |
+//! | `ratelimit_store_errors_total` | counter | `limit` (every limit of the failed decision, once per request that got the error; not a failed [`peek`](crate::Limiter::peek), which decides nothing; also breaker-open; for a concurrency limiter, a failed or breaker-refused acquire and a failed renewal) |
 //! | `ratelimit_store_latency_seconds` | histogram | `limit` (the limiter's first limit; a concurrency limiter's acquires) |
 //! | `ratelimit_lease_lost_total` | counter | `limit` (a [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)'s lease the store no longer held at a renewal: it expired while renewals failed, or the store lost it; it is taken back at once, beyond the limit if newcomers filled the key meanwhile) |
 //! | `ratelimit_store_full_total` | counter | none (a new key denied because the in-memory store was full, or a new key's concurrency acquire refused because its lease table was; see `MemoryStore`) |

@@ -19,6 +19,7 @@ use support::{
     http::Caller,
     logs::Captured,
     servers::{app, spawn_axum},
+    slow_reserve::SlowReserve,
 };
 
 /// The value of counter `name` with `limit=<limit>`, 0 if never counted.
@@ -599,4 +600,59 @@ async fn the_concurrency_limiter_counts_leases_refusals_losses_and_store_errors(
         counter(&snapshot, "ratelimit_store_errors_total", "cc-metrics"),
         1
     );
+}
+
+/// A request that timed out waiting for a reservation's flight is counted
+/// once, as a store error: its flight's answer, which lands after it has
+/// gone, is not counted as well. Here two requests share a key with
+/// `n = 1` behind a store whose reserve calls take 150 ms of a 200 ms
+/// timeout: the first is admitted at 150 ms; the second then sends its
+/// own call, which answers at 300 ms, after its timeout. Its unit goes back
+/// to the pool and is counted by the request that spends it. Before, the
+/// flight counted the gone request's decision too: three admissions
+/// counted for two.
+#[tokio::test(start_paused = true)]
+async fn a_request_gone_before_its_flight_answers_is_counted_once() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let l = Limiter::builder(Quota::per_minute(1_000_000))
+        .name("flight-count")
+        .store(SlowReserve::default())
+        .timeout(Duration::from_millis(200))
+        .breaker(Breaker::disabled())
+        .local_reservation(1)
+        .build()
+        .unwrap();
+    let (a, b) = tokio::join!(l.check("k", 1), l.check("k", 1));
+    assert!(a.unwrap().is_allowed());
+    assert!(matches!(b, Err(Error::Timeout(_))), "{b:?}");
+    // The second flight lands, and its unit goes back to the pool.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |name| counter(&snapshot, name, "flight-count");
+    assert_eq!(count("ratelimit_allowed_total"), 2, "admissions");
+    assert_eq!(count("ratelimit_store_errors_total"), 1, "store errors");
+    assert_eq!(count("ratelimit_denied_total"), 0, "denials");
+}
+
+/// A peek decides nothing, so its failure is no store error: a custom store
+/// without `peek` answers it `Unsupported`, which counted as one.
+#[tokio::test]
+async fn a_failed_peek_is_not_counted_as_a_store_error() {
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let l = Limiter::builder(Quota::per_minute(10))
+        .name("peek-unsupported")
+        .store(SlowReserve::default())
+        .build()
+        .unwrap();
+    let peek = l.peek("k", 1).await;
+    assert!(matches!(peek, Err(Error::Unsupported(_))), "{peek:?}");
+    // A check on the same store is counted, as ever.
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |name| counter(&snapshot, name, "peek-unsupported");
+    assert_eq!(count("ratelimit_store_errors_total"), 0);
+    assert_eq!(count("ratelimit_allowed_total"), 1);
 }

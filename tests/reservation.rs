@@ -17,7 +17,7 @@ use redis_ratelimit::{
     Breaker, ConfigError, Error, Limiter, MemoryStore, Quota, RedisStore,
     store::{BoxFuture, LimitCheck, LimitState, Reservation, Store},
 };
-use support::{RedisServer, TEST_TIMEOUT};
+use support::{RedisServer, TEST_TIMEOUT, slow_reserve::SlowReserve};
 use tokio::sync::watch;
 
 const KEY: &str = "all";
@@ -639,41 +639,6 @@ async fn requests_waiting_on_a_denied_flight_share_its_denial() {
     // One call took the 5 units, one was denied: the other waiters share it.
     assert_eq!(server.script_calls().await, 2);
     server.assert_every_key_has_ttl().await;
-}
-
-/// A store whose reserve calls each take 150 ms on Tokio's clock, granting
-/// all they are asked from a window that never runs out here: a slow Redis,
-/// without sockets, so that paused time drives the test. Checks go to the
-/// in-memory store.
-#[derive(Debug, Default)]
-struct SlowReserve {
-    memory: MemoryStore,
-}
-
-impl Store for SlowReserve {
-    fn decide(
-        &self,
-        checks: Vec<LimitCheck>,
-        cost: u64,
-    ) -> BoxFuture<'static, Result<Vec<LimitState>, Error>> {
-        self.memory.decide(checks, cost)
-    }
-
-    fn supports_reservation(&self) -> bool {
-        true
-    }
-
-    fn reserve(
-        &self,
-        _check: LimitCheck,
-        _need: u64,
-        want: u64,
-    ) -> BoxFuture<'static, Result<Reservation, Error>> {
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            Ok(Reservation::new(want, 1_000_000, 60_000))
-        })
-    }
 }
 
 /// A store whose reserve calls take their units from one counter of

@@ -91,8 +91,9 @@ impl Limiter {
     /// `remaining` as it is now and [`retry_after`](Decision::retry_after)
     /// set when it would be denied.
     ///
-    /// A peek never reads or fills the local deny cache, and refunding its
-    /// decision does nothing. On Redis it is one script call (the decide
+    /// A peek never reads or fills the local deny cache, counts in no
+    /// metric but the store's latency (not even as a store error when it
+    /// fails), and refunding its decision does nothing. On Redis it is one script call (the decide
     /// script, keeping no spend) that needs no write: Redis answers it on a
     /// replica or out of memory. It heals a key's TTL (missing, or longer
     /// than its window) as a check would, where Redis takes the write, and

@@ -232,6 +232,24 @@ impl Inner {
         cache_key: Option<Miss>,
         at: Option<Stamp>,
     ) -> Result<Decision, Error> {
+        let counted = at.is_some();
+        let decision = self.conclude_uncounted(states, cost, cache_key, at)?;
+        if counted {
+            count(&decision);
+        }
+        Ok(decision)
+    }
+
+    /// As [`conclude`](Self::conclude), without counting the decision:
+    /// for a caller that answers it only if its request is still there,
+    /// and [`count`]s it then.
+    pub(super) fn conclude_uncounted(
+        &self,
+        states: States,
+        cost: u64,
+        cache_key: Option<Miss>,
+        at: Option<Stamp>,
+    ) -> Result<Decision, Error> {
         let limits = self.limits.len();
         if states.len() != limits {
             let reply = format!("{} states for {limits} limits", states.len());
@@ -254,16 +272,20 @@ impl Inner {
                 false => cache.insert(&key, cost, &decision),
             }
         }
-        metrics::decision(&decision, false);
-        tracing::debug!(
-            limit = decision.policy(),
-            allowed = decision.is_allowed(),
-            remaining = decision.remaining(),
-            shadow_denied = decision.is_shadow_denied(),
-            "rate limit decision"
-        );
         Ok(decision)
     }
+}
+
+/// Counts a decision the store made, in the metrics and the debug log.
+pub(super) fn count(decision: &Decision) {
+    metrics::decision(decision, false);
+    tracing::debug!(
+        limit = decision.policy(),
+        allowed = decision.is_allowed(),
+        remaining = decision.remaining(),
+        shadow_denied = decision.is_shadow_denied(),
+        "rate limit decision"
+    );
 }
 
 /// One store call on its way: records its outcome with the breaker, and if
@@ -295,7 +317,9 @@ impl ProbeGuard {
         let timeout = inner.timeout;
         let counting = inner.clone();
         let answer = Box::pin(async move { answer.await.and_then(|a| counting.counted(a)) });
-        let (states, ends) = self.call_bounded(answer, bounded, timeout, true).await?;
+        // A peek (`spends` false) decides nothing: its failure is not
+        // counted as a store error.
+        let (states, ends) = self.call_bounded(answer, bounded, timeout, spends).await?;
         let at = spends.then(|| Stamp::answered(ends));
         inner.conclude(states, cost, cache_key, at)
     }

@@ -21,6 +21,7 @@ pub mod scenarios;
 #[cfg(feature = "sentinel")]
 pub mod sentinel;
 pub mod servers;
+pub mod slow_reserve;
 pub mod sockets;
 pub mod switch;
 #[cfg(feature = "tls")]

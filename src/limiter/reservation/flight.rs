@@ -14,7 +14,11 @@ use crate::{
     Decision, Error, LimitState,
     decision::Stamp,
     deny_cache::Miss,
-    limiter::{Inner, deciding::ProbeGuard, slots::Flight},
+    limiter::{
+        Inner,
+        deciding::{self, ProbeGuard},
+        slots::Flight,
+    },
     metrics,
     store::{LimitCheck, Store},
 };
@@ -145,7 +149,8 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
                 reset_ms: r.window_left_ms,
                 retry_ms: r.window_left_ms,
             };
-            let result = inner.conclude([state].into(), cost, None, Some(Stamp::Local(sent)));
+            let stamp = Some(Stamp::Local(sent));
+            let result = inner.conclude_uncounted([state].into(), cost, None, stamp);
             let at = Instant::now();
             back.with(|pool| {
                 pool.coming = 0;
@@ -178,20 +183,18 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
             // counts.
             let (state, held) =
                 granted.unwrap_or_else(|| (Pool::default().grant(&r, cost, sent), None));
-            let result = inner.conclude(
-                [state].into(),
-                cost,
-                None,
-                Some(Stamp::Local(Instant::now())),
-            );
+            let stamp = Some(Stamp::Local(Instant::now()));
+            let result = inner.conclude_uncounted([state].into(), cost, None, stamp);
             Flown { result, held }
         }
     };
+    // Counted only once the request has it: one that had gone (or timed
+    // out, and counted its timeout) got nothing, and its units, given back,
+    // are counted by the request that spends them.
+    let decided = flown.result.as_ref().ok().cloned();
     match tx.send(flown) {
-        // The request got the failure: it is counted once, here. One that
-        // had gone (or timed out, and counted its timeout) got nothing.
         Ok(()) if failed => metrics::store_error(std::iter::once(inner.policies.metric_keys(0))),
-        Ok(()) => {}
+        Ok(()) => decided.iter().for_each(deciding::count),
         // The request has gone: its units stay for the next ones.
         Err(Flown {
             held: Some(held), ..
