@@ -81,7 +81,7 @@ use crate::{
     headers::PartitionKeys,
     headers::{self, HeaderSink},
     key::{self, KeyExtractor, RequestInfo},
-    refund::{Refund, ResponseHead},
+    refund::{Refund, RequestHead, ResponseHead, grpc_call},
     respond::{Asked, Call, DefaultResponse, Format, GrpcResponse, problem},
     skip::{ClientAddr, Networks, Skipping},
     tier::{Tiered, Tiers},
@@ -446,6 +446,16 @@ where
     let asked = Asked::negotiate(call, |name| req.header_values(name));
     req.into_response(core.reject::<HttpResponse>(rejection, asked))
         .map_into_right_body()
+}
+
+impl RequestHead for ServiceRequest {
+    fn may_be_grpc(&self) -> bool {
+        let content_type = self
+            .headers()
+            .get(actix_header::CONTENT_TYPE)
+            .map(actix_header::HeaderValue::as_bytes);
+        grpc_call(self.method() == actix_web::http::Method::POST, content_type)
+    }
 }
 
 impl<B> ResponseHead for HttpResponse<B> {

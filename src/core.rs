@@ -15,7 +15,7 @@ use crate::{
     key::{Key, KeyError, KeyExtractor},
     limiter::Deciding,
     per_thread::{self, PerThread},
-    refund::{Charged, Deferred, Outcome, Refund, ResponseHead},
+    refund::{Charged, Deferred, Outcome, Refund, RequestHead, ResponseHead},
     respond::{Asked, answer_as_grpc_web},
 };
 use smallvec::SmallVec;
@@ -325,7 +325,7 @@ impl<K, R> Core<K, R> {
     /// no limit can hold, lets the request through whatever the
     /// store-error policy ([`verdict`](Self::verdict), from
     /// [`Pending::dry`]).
-    pub(crate) fn start<Req: ?Sized>(&self, req: &Req) -> Started<Pending>
+    pub(crate) fn start<Req: ?Sized + RequestHead>(&self, req: &Req) -> Started<Pending>
     where
         K: KeyExtractor<Req>,
     {
@@ -346,7 +346,7 @@ impl<K, R> Core<K, R> {
             let spent = self
                 .refund
                 .as_ref()
-                .map(|_| Charged::new(limiter, smallvec::smallvec![key]));
+                .map(|_| Charged::new(limiter, smallvec::smallvec![key], req.may_be_grpc()));
             return Ok(Start::Check(Pending {
                 deciding,
                 spent,
@@ -367,7 +367,7 @@ impl<K, R> Core<K, R> {
         let spent = self
             .refund
             .as_ref()
-            .map(|_| Charged::new(limiter, SmallVec::from_vec(keys)));
+            .map(|_| Charged::new(limiter, SmallVec::from_vec(keys), req.may_be_grpc()));
         Ok(Start::Check(Pending {
             deciding,
             spent,
@@ -387,7 +387,7 @@ impl<K, R> Core<K, R> {
         let Some(refund) = self.refund.as_ref().filter(|_| decision.spent().is_some()) else {
             return;
         };
-        match Outcome::of(res) {
+        match Outcome::of(res, spent.may_be_grpc()) {
             Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
             Outcome::Grpc(code) if refund.applies_to_grpc(code) => spent.refund(decision),
             Outcome::Known(_) | Outcome::Grpc(_) => {}

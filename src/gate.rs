@@ -26,7 +26,7 @@ use crate::{
     core::{Core, Pending, Verdict},
     headers::HeaderSink,
     key::KeyExtractor,
-    refund::{Charged, ResponseHead},
+    refund::{Charged, RequestHead, ResponseHead},
 };
 
 mod sealed {
@@ -69,7 +69,7 @@ pub(crate) trait Admit: Gate + Clone + Sized {
 
     /// Starts the check of `req`; or skips it, or rejects it at once (a
     /// request without a key).
-    fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
+    fn start<K: KeyExtractor<Req>, R, Req: ?Sized + RequestHead>(
         core: &Core<K, R, Self>,
         req: &Req,
     ) -> Started<Self::Pending>;
@@ -117,7 +117,7 @@ impl Admit for Limiter {
     type Held = (Option<Decision>, Option<Charged>);
     type Kept = ();
 
-    fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
+    fn start<K: KeyExtractor<Req>, R, Req: ?Sized + RequestHead>(
         core: &Core<K, R, Self>,
         req: &Req,
     ) -> Started<Self::Pending> {

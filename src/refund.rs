@@ -24,8 +24,10 @@
 //!   refund does per algorithm.
 //! * The response's rate-limit headers are the decision's, before the
 //!   refund.
-//! * A gRPC response (`content-type: application/grpc...`) is always HTTP
-//!   200; it is judged by its `grpc-status`, mapped to HTTP as
+//! * A gRPC response (`content-type: application/grpc...`) to a gRPC call
+//!   (a `POST` whose `content-type` is gRPC's or gRPC-Web's; any other
+//!   request's response is judged by its HTTP status, whatever it says) is
+//!   always HTTP 200; it is judged by its `grpc-status`, mapped to HTTP as
 //!   `google.rpc.Code` maps it (3 `INVALID_ARGUMENT` is 400, 5 `NOT_FOUND`
 //!   404, 13 `INTERNAL` 500, 14 `UNAVAILABLE` 503, ...), when that status
 //!   is at its head (a trailers-only answer, as tonic answers a failed
@@ -70,7 +72,9 @@ use crate::{Decision, Error, Limiter, core::Throttle, key::Key};
 pub use self::trailers::{Trailers, TrailersBody, TrailersFuture, TrailersLayer};
 pub(crate) use self::{
     deferred::{Deferred, Pending},
-    status::{GRPC_STATUS, Outcome, ResponseHead, grpc_code, http_status_of_code},
+    status::{
+        GRPC_STATUS, Outcome, RequestHead, ResponseHead, grpc_call, grpc_code, http_status_of_code,
+    },
 };
 
 /// Which responses give the request's cost back.
@@ -208,14 +212,23 @@ impl FromStr for Refund {
 pub(crate) struct Charged {
     limiter: Limiter,
     keys: SmallVec<[Key; 1]>,
+    /// The request may be a gRPC call ([`grpc_call`]): only then is its
+    /// response judged by its `grpc-status`.
+    grpc: bool,
 }
 
 impl Charged {
-    pub(crate) fn new(limiter: &Limiter, keys: SmallVec<[Key; 1]>) -> Self {
+    pub(crate) fn new(limiter: &Limiter, keys: SmallVec<[Key; 1]>, grpc: bool) -> Self {
         Self {
             limiter: limiter.clone(),
             keys,
+            grpc,
         }
+    }
+
+    /// Whether the request may be a gRPC call ([`grpc_call`]).
+    pub(crate) fn may_be_grpc(&self) -> bool {
+        self.grpc
     }
 
     /// Gives `decision`'s cost back: in place on the memory store (no

@@ -546,6 +546,44 @@ async fn actix_and_tower_answer_a_limited_grpc_call_alike() {
     );
 }
 
+/// As under tower, only a gRPC or gRPC-Web call (a `POST` of a gRPC
+/// `content-type`) is judged by its `grpc-status`: a `GET` answered with
+/// a gRPC-Web type and `grpc-status: 13` at its head is a 200, charged.
+/// Before, it was refunded as a failed call.
+#[tokio::test]
+async fn actix_judges_only_a_grpc_call_by_its_grpc_status() {
+    use redis_ratelimit::{Limiter, Quota, key::Global};
+
+    let limiter = Limiter::builder(Quota::per_minute(5)).build().unwrap();
+    let middleware =
+        RateLimitMiddleware::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
+    let app = actix_web::test::init_service(App::new().wrap(middleware).default_service(web::to(
+        || async {
+            HttpResponse::Ok()
+                .content_type("application/grpc-web+proto")
+                .insert_header(("grpc-status", "13"))
+                .finish()
+        },
+    )))
+    .await;
+    let web = ("content-type", "application/grpc-web+proto");
+    let requests = [
+        (actix_web::test::TestRequest::get().insert_header(web), 4),
+        (actix_web::test::TestRequest::post(), 3),
+        (actix_web::test::TestRequest::post().insert_header(web), 3),
+    ];
+    for (i, (req, left)) in requests.into_iter().enumerate() {
+        let res = actix_web::test::call_service(&app, req.uri("/").to_request()).await;
+        assert_eq!(res.status(), 200);
+        let _ = actix_web::test::read_body(res).await;
+        assert_eq!(
+            limiter.peek("global", 1).await.unwrap().remaining(),
+            left,
+            "request {i}"
+        );
+    }
+}
+
 /// actix-web has no trailers, so a gRPC or gRPC-Web answer whose
 /// `grpc-status` is not at its head (in the trailers, or gRPC-Web's trailer
 /// frame) is never refunded there: it stays charged, and a warning says so
@@ -570,7 +608,10 @@ async fn actix_never_refunds_a_status_it_cannot_read_and_says_so_once() {
     ))
     .await;
     for _ in 0..3 {
-        let req = actix_web::test::TestRequest::post().uri("/").to_request();
+        let req = actix_web::test::TestRequest::post()
+            .uri("/")
+            .insert_header(("content-type", "application/grpc-web+proto"))
+            .to_request();
         let res = actix_web::test::call_service(&app, req).await;
         assert_eq!(res.status(), 200);
         let _ = actix_web::test::read_body(res).await;

@@ -46,14 +46,37 @@ async fn grpc_app(req: Request<()>) -> Result<Response<Body>, Infallible> {
     Ok(res)
 }
 
-/// `svc`'s response to `GET path`, once it is ready.
+/// `svc`'s response to a gRPC call to `path` (`POST`, `content-type:
+/// application/grpc`), once it is ready.
 async fn send<S, B>(svc: &mut S, path: &str) -> Response<B>
 where
     S: Service<Request<()>, Response = Response<B>>,
     S::Error: std::fmt::Debug,
 {
-    let req = Request::builder().uri(path).body(()).unwrap();
-    svc.ready().await.unwrap().call(req).await.unwrap()
+    send_as(svc, "POST", Some("application/grpc"), path).await
+}
+
+/// `svc`'s response to `method path` with `content_type`, once it is ready.
+async fn send_as<S, B>(
+    svc: &mut S,
+    method: &str,
+    content_type: Option<&str>,
+    path: &str,
+) -> Response<B>
+where
+    S: Service<Request<()>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(content_type) = content_type {
+        req = req.header("content-type", content_type);
+    }
+    svc.ready()
+        .await
+        .unwrap()
+        .call(req.body(()).unwrap())
+        .await
+        .unwrap()
 }
 
 /// The units left of the global key, once nothing changes it for 200 ms
@@ -212,6 +235,9 @@ async fn without_the_trailers_layer_nothing_is_refunded_and_a_warning_says_so() 
     );
 }
 
+/// A gRPC-Web call's `content-type`.
+const WEB: &str = "application/grpc-web+proto";
+
 /// A gRPC-Web frame: the flag byte, the length, the payload.
 fn web_frame(flag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = vec![flag];
@@ -286,7 +312,7 @@ async fn grpc_web_by_its_status(b: Backend) {
         ("/body/0", false, false),
         ("/in-body", true, false),
     ] {
-        let res = send(&mut svc, path).await;
+        let res = send_as(&mut svc, "POST", Some(WEB), path).await;
         left = answered(res, path, to_the_end, refunded, &limiter, left).await;
     }
 }
@@ -299,4 +325,45 @@ async fn grpc_web_answers_are_judged_by_their_grpc_status_not_their_200_memory()
 #[tokio::test]
 async fn grpc_web_answers_are_judged_by_their_grpc_status_not_their_200_redis() {
     grpc_web_by_its_status(Backend::redis().await).await;
+}
+
+/// Only a gRPC or gRPC-Web call is judged by its `grpc-status`: any other
+/// request's response by its HTTP status, whatever its `content-type` and
+/// body say. Content a client chose (a file it uploaded with `content-type:
+/// application/grpc-web` and a trailer frame of `grpc-status: 13`, served
+/// back to a `GET`) read as a failed call, and under `ServerErrors` every
+/// download of it was refunded: downloads without limit.
+async fn only_a_grpc_call_is_judged_by_its_grpc_status(b: Backend) {
+    let limiter = b.limiter("10/1m");
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
+    let mut svc = ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(layer)
+        .service(service_fn(grpc_web_app));
+    let mut left = 10;
+    // (method, the request's content-type, refunded): charged as the 200 it
+    // is, unless the request is a gRPC-Web call.
+    for (method, content_type, refunded) in [
+        ("GET", None, false),
+        ("GET", Some(WEB), false),
+        ("POST", None, false),
+        ("POST", Some("text/plain"), false),
+        ("POST", Some(WEB), true),
+    ] {
+        for path in ["/body/13", "/status/13"] {
+            let res = send_as(&mut svc, method, content_type, path).await;
+            let case = format!("{method} {content_type:?} {path}");
+            left = answered(res, &case, true, refunded, &limiter, left).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn only_a_grpc_call_is_judged_by_its_grpc_status_memory() {
+    only_a_grpc_call_is_judged_by_its_grpc_status(Backend::memory()).await;
+}
+
+#[tokio::test]
+async fn only_a_grpc_call_is_judged_by_its_grpc_status_redis() {
+    only_a_grpc_call_is_judged_by_its_grpc_status(Backend::redis().await).await;
 }

@@ -10,7 +10,7 @@ use crate::{
     gate::{Admit, Gate, Start, Started},
     headers::HeaderSink,
     key::KeyExtractor,
-    refund::ResponseHead,
+    refund::{RequestHead, ResponseHead},
     store::BoxFuture,
 };
 
@@ -29,7 +29,7 @@ impl Admit for ConcurrencyLimiter {
     /// Skips the request if its extractor says so (a
     /// [`Skipping`](crate::skip::Skipping) one), as the rate limit does; else
     /// derives its key and starts its acquire.
-    fn start<K: KeyExtractor<Req>, R, Req: ?Sized>(
+    fn start<K: KeyExtractor<Req>, R, Req: ?Sized + RequestHead>(
         core: &Core<K, R, Self>,
         req: &Req,
     ) -> Started<Self::Pending> {

@@ -146,7 +146,7 @@ mod tests {
         let limiter = Limiter::new(Quota::per_minute(1));
         let decision = limiter.check("k", 1).await.unwrap();
         let deferred = || {
-            let spent = Charged::new(&limiter, smallvec::smallvec![]);
+            let spent = Charged::new(&limiter, smallvec::smallvec![], true);
             Deferred::new(
                 Refund::Successes,
                 spent,

@@ -11,6 +11,33 @@ use crate::respond::{is_grpc_content_type, is_grpc_web_content_type};
 pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 static CONTENT_TYPE_NAME: HeaderName = CONTENT_TYPE;
 
+/// What a refund reads off a request, for both adapters.
+pub(crate) trait RequestHead {
+    /// Whether the request may be a gRPC or gRPC-Web call
+    /// ([`grpc_call`]), whose response is judged by its `grpc-status`.
+    fn may_be_grpc(&self) -> bool;
+}
+
+impl RequestHead for http::request::Parts {
+    fn may_be_grpc(&self) -> bool {
+        let content_type = self
+            .headers
+            .get(CONTENT_TYPE)
+            .map(http::HeaderValue::as_bytes);
+        grpc_call(self.method == http::Method::POST, content_type)
+    }
+}
+
+/// Whether a request may be a gRPC or gRPC-Web call: a POST whose
+/// `content-type` is gRPC's or gRPC-Web's. Only such a request's response
+/// is judged by its `grpc-status`: any other's by its HTTP status, whatever
+/// its response says, so that content a client chose (a file it uploaded,
+/// served with the `content-type` it gave, holding a gRPC-Web trailer frame)
+/// cannot pass an answer for a failed call and have the request refunded.
+pub(crate) fn grpc_call(post: bool, content_type: Option<&[u8]>) -> bool {
+    post && content_type.is_some_and(|ct| is_grpc_content_type(ct) || is_grpc_web_content_type(ct))
+}
+
 /// What a response's head says of it, for both adapters.
 pub(crate) trait ResponseHead {
     /// The HTTP status.
@@ -57,13 +84,18 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// The outcome of the response with head `res`. A gRPC response (its
-    /// `content-type` is `application/grpc...`) or gRPC-Web response
-    /// (`application/grpc-web...`) is HTTP 200 whatever the call's outcome:
-    /// its `grpc-status` decides, mapped to HTTP by [`http_status_of_code`],
-    /// and never the 200.
-    pub(crate) fn of(res: &impl ResponseHead) -> Outcome {
+    /// The outcome of the response with head `res`, to a request that
+    /// may be a gRPC call if `grpc_call` ([`grpc_call`]). A gRPC response
+    /// (its `content-type` is `application/grpc...`) or gRPC-Web response
+    /// (`application/grpc-web...`) to such a request is HTTP 200 whatever
+    /// the call's outcome: its `grpc-status` decides, mapped to HTTP by
+    /// [`http_status_of_code`], and never the 200. Any other response is
+    /// judged by its HTTP status.
+    pub(crate) fn of(res: &impl ResponseHead, grpc_call: bool) -> Outcome {
         let status = res.status();
+        if !grpc_call {
+            return Outcome::Known(status);
+        }
         let content_type = res.header(&CONTENT_TYPE_NAME);
         let grpc = content_type.is_some_and(is_grpc_content_type);
         if status != StatusCode::OK || !(grpc || content_type.is_some_and(is_grpc_web_content_type))
@@ -156,11 +188,18 @@ mod tests {
         }
     }
 
+    impl Outcome {
+        /// [`Outcome::of`] a response to a gRPC call.
+        fn of_call(res: &impl ResponseHead) -> Outcome {
+            Outcome::of(res, true)
+        }
+    }
+
     #[test]
     fn a_grpc_response_is_judged_by_its_grpc_status() {
         let grpc = ("content-type", "application/grpc");
         let found = response(200, &[grpc, ("grpc-status", "5")]);
-        assert_eq!(Outcome::of(&found), Outcome::Grpc(Some(5)));
+        assert_eq!(Outcome::of_call(&found), Outcome::Grpc(Some(5)));
         let ok = response(
             200,
             &[
@@ -168,28 +207,52 @@ mod tests {
                 ("grpc-status", "0"),
             ],
         );
-        assert_eq!(Outcome::of(&ok), Outcome::Grpc(Some(0)));
-        assert_eq!(Outcome::of(&response(200, &[grpc])), Outcome::InTrailers);
+        assert_eq!(Outcome::of_call(&ok), Outcome::Grpc(Some(0)));
+        assert_eq!(
+            Outcome::of_call(&response(200, &[grpc])),
+            Outcome::InTrailers
+        );
         // Not gRPC: the HTTP status, whatever the headers.
         let http = response(200, &[("grpc-status", "13")]);
-        assert_eq!(Outcome::of(&http), Outcome::Known(StatusCode::OK));
+        assert_eq!(Outcome::of_call(&http), Outcome::Known(StatusCode::OK));
         // gRPC-Web: the same at the head; without a status there, the
         // status is in the body, and a 200 is never taken for a success.
         let web = ("content-type", "application/grpc-web+proto");
         let denied = response(200, &[web, ("grpc-status", "16")]);
-        assert_eq!(Outcome::of(&denied), Outcome::Grpc(Some(16)));
-        assert_eq!(Outcome::of(&response(200, &[web])), Outcome::InBody);
+        assert_eq!(Outcome::of_call(&denied), Outcome::Grpc(Some(16)));
+        assert_eq!(Outcome::of_call(&response(200, &[web])), Outcome::InBody);
         let text = ("content-type", "application/grpc-web-text");
-        assert_eq!(Outcome::of(&response(200, &[text])), Outcome::InBody);
+        assert_eq!(Outcome::of_call(&response(200, &[text])), Outcome::InBody);
         for not_web in ["application/grpc-webx", "application/grpc-web-textual"] {
             let other = response(200, &[("content-type", not_web)]);
-            assert_eq!(Outcome::of(&other), Outcome::Known(StatusCode::OK));
+            assert_eq!(Outcome::of_call(&other), Outcome::Known(StatusCode::OK));
         }
         // An HTTP error from a gRPC server (a proxy, a 404 route) is what it says.
         let unavailable = response(503, &[grpc]);
         assert_eq!(
-            Outcome::of(&unavailable),
+            Outcome::of_call(&unavailable),
             Outcome::Known(StatusCode::SERVICE_UNAVAILABLE)
         );
+    }
+
+    #[test]
+    fn only_a_post_of_a_grpc_content_type_is_judged_as_a_call() {
+        let web = b"application/grpc-web+proto".as_slice();
+        assert!(grpc_call(true, Some(web)));
+        assert!(grpc_call(true, Some(b"application/grpc")));
+        assert!(!grpc_call(false, Some(web)), "a GET");
+        assert!(!grpc_call(true, None));
+        assert!(!grpc_call(true, Some(b"text/plain")));
+        // Any other request's response is judged by its HTTP status.
+        let framed = response(
+            200,
+            &[
+                ("content-type", "application/grpc-web"),
+                ("grpc-status", "13"),
+            ],
+        );
+        assert_eq!(Outcome::of(&framed, false), Outcome::Known(StatusCode::OK));
+        let bare = response(200, &[("content-type", "application/grpc-web")]);
+        assert_eq!(Outcome::of(&bare, false), Outcome::Known(StatusCode::OK));
     }
 }
