@@ -324,8 +324,11 @@ async fn no_units_are_reserved_in_a_windows_last_stretch() {
         async move {
             let key = format!("k{i}");
             let d = l.check(&key, 1).await.unwrap();
+            // The decision reports Redis's window's end: the units stopped
+            // about 61 ms before it.
+            let stopped = d.reset_after() - Duration::from_millis(61);
             let after = Duration::from_millis(1 + 10 * i);
-            tokio::time::sleep(d.reset_after() + after).await;
+            tokio::time::sleep(stopped + after).await;
             assert!(l.check(&key, 1).await.unwrap().is_allowed());
             let store_key = l.store_key(&key);
             let (count, pttl): (Option<u64>, i64) = redis::pipe()
@@ -496,6 +499,43 @@ async fn peek_answers_from_the_reservation_when_it_holds_enough() {
     assert!(peek.is_allowed());
     assert_eq!(peek.remaining(), 90);
     assert_eq!(counter(&server, &l).await, 10);
+}
+
+/// A reserved decision reports the store's window's end, as a decision
+/// made by the store does (its PTTL + 1), whether it reserved or spent
+/// units held: it reported when the local units stop, a thousandth of the
+/// window early, so a client that waited its `t` of an hour's window came
+/// back 3.6 s too soon (86 s for a day's). And its refund still finds the
+/// reservation it came from.
+#[tokio::test]
+async fn a_reserved_decision_reports_the_stores_window_end() {
+    let server = RedisServer::start();
+    let l = reserving(server.store().await, "100/1h", 10);
+    let pttl = || async {
+        let ms: i64 = redis::cmd("PTTL")
+            .arg(l.store_key(KEY))
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+        Duration::from_millis(u64::try_from(ms).unwrap())
+    };
+    for i in 0..3 {
+        let d = l.check(KEY, 1).await.unwrap();
+        let (reset, left) = (d.reset_after(), pttl().await);
+        assert!(
+            reset >= left && reset <= left + Duration::from_millis(100),
+            "decision {i}: reset after {reset:?}, the counter's PTTL {left:?}"
+        );
+        if i == 2 {
+            server.reset_stats().await;
+            l.refund(KEY, &d).await.unwrap();
+            assert_eq!(
+                server.script_calls().await,
+                0,
+                "refunded to the reservation"
+            );
+        }
+    }
 }
 
 #[tokio::test]

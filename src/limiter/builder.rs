@@ -278,7 +278,10 @@ impl LimiterBuilder {
     /// - A decision from the reservation reports as `remaining` the units
     ///   this instance still holds plus what the store had left at its last
     ///   reservation (other instances may have spent some since), and as
-    ///   `reset` the time until its local window ends.
+    ///   `reset` the time until the store's window ends, as the store
+    ///   reports it (counted from the reserve call's answer: late by at most
+    ///   its way back, never early but for clock drift), though its units
+    ///   stop a little before that.
     /// - [`peek`](Limiter::peek) answers from the reservation when it holds
     ///   enough, else asks the store; [`refund`](Limiter::refund) of a
     ///   reserved decision gives the units back to the reservation it came

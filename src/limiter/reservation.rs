@@ -107,6 +107,13 @@ struct Pool {
     last: Option<Box<Outcome>>,
     /// A refill is on its way (at most one per key).
     refilling: bool,
+    /// How much later than `end` the store's window ends, by this clock,
+    /// in ms (saturated): the thousandth and the ms `end` leaves for the
+    /// store's clock, and the reserve call's way back. What a decision
+    /// reports as its reset is `end` plus this: the window's end the store
+    /// would report, never early but for clock drift. (Kept beside
+    /// `refilling`, in its padding: the entry stays the same size.)
+    late_ms: u32,
     /// The units the reserve call on its way (the key's single flight)
     /// will add at most, the cost of the request it is for aside: what is
     /// held plus this stays within `n`.
@@ -166,8 +173,9 @@ impl Pool {
     }
 
     /// Takes `cost` (> 0) from the reservation if it holds that much: the
-    /// state to report (its `reset` is the reservation's end, which a
-    /// refund uses to find it again).
+    /// state to report (its `reset` is the store's window's end, within
+    /// half a window of the reservation's, by which a refund finds it
+    /// again).
     fn take(&mut self, cost: u64, now: Instant) -> Option<LimitState> {
         if !self.live(now) || self.units < cost {
             return None;
@@ -202,7 +210,7 @@ impl Pool {
             return LimitState {
                 allowed: true,
                 remaining: r.remaining,
-                reset_ms: end.saturating_duration_since(now).as_millis() as u64,
+                reset_ms: r.window_left_ms,
                 retry_ms: 0,
             };
         }
@@ -219,10 +227,16 @@ impl Pool {
         self.left = r.remaining;
         self.units += r.granted - cost;
         self.end = Some(end);
+        // The store's window ends `wl` after it ran the script, which was
+        // before now: reported from now, it is late by at most the answer's
+        // way, never early (but for clock drift), as the store reports it.
+        let reset = now + Duration::from_millis(wl);
+        let late = reset.saturating_duration_since(end).as_millis();
+        self.late_ms = u32::try_from(late).unwrap_or(u32::MAX);
         let mut state = LimitState {
             allowed: true,
             remaining: self.units.saturating_add(r.remaining),
-            reset_ms: end.saturating_duration_since(now).as_millis() as u64,
+            reset_ms: wl,
             retry_ms: 0,
         };
         if end <= now {
@@ -265,11 +279,11 @@ impl Pool {
     /// The state a request admitted now would report: `remaining` is the
     /// units held here plus what the store had left at the last reservation.
     fn peek(&self, now: Instant) -> Option<LimitState> {
-        let end = self.end?;
+        let reset = self.end? + Duration::from_millis(self.late_ms.into());
         Some(LimitState {
             allowed: true,
             remaining: self.units.saturating_add(self.left),
-            reset_ms: end.saturating_duration_since(now).as_millis() as u64,
+            reset_ms: reset.saturating_duration_since(now).as_millis() as u64,
             retry_ms: 0,
         })
     }
@@ -584,15 +598,20 @@ mod tests {
     /// A grant's units stop a thousandth of the window before Redis's
     /// window ends by this process's clock, measured from before the call
     /// was sent: a Redis host whose clock runs fast by up to 1,000 ppm ends
-    /// the window no sooner.
+    /// the window no sooner. But its decisions report the store's window's
+    /// end, as the store would (counted from the answer): they reported the
+    /// units' end, an hour's window 3.6 s early.
     #[tokio::test(start_paused = true)]
     async fn a_grant_ends_a_thousandth_of_its_window_early() {
         let mut pool = Pool::default();
         let sent = Instant::now();
         tokio::time::advance(Duration::from_millis(2)).await;
         let state = pool.grant(&Reservation::new(10, 5, 3_600_000), 1, sent);
-        assert_eq!(state.reset_ms, 3_599_999 - 3_599 - 2);
         assert_eq!(pool.end, Some(sent + Duration::from_millis(3_596_400)));
+        assert_eq!(state.reset_ms, 3_600_000);
+        tokio::time::advance(Duration::from_millis(600_000)).await;
+        let state = pool.take(1, Instant::now()).unwrap();
+        assert_eq!(state.reset_ms, 3_000_000);
     }
 
     /// A time left of 1 ms is a key in its last millisecond (reserve.lua
@@ -610,7 +629,7 @@ mod tests {
         // Two ms left keep the units for one.
         let mut pool = Pool::default();
         let state = pool.grant(&Reservation::new(10, 0, 2), 1, sent);
-        assert_eq!(state.reset_ms, 1);
+        assert_eq!(state.reset_ms, 2, "the store's window's end");
         assert!(pool.take(1, Instant::now()).is_some());
     }
 
