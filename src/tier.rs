@@ -10,7 +10,9 @@
 //! tier's name: [`Header::new("x-plan")`](crate::key::Header), or
 //! [`from_fn`](crate::key::from_fn) over a JWT claim or a request extension
 //! that an auth layer set. A request whose selector fails (no header), or
-//! names no tier, uses the default. Tier names come from clients: an unknown
+//! names no tier, uses the default (a selector's server error, such as a
+//! [`from_fn`](crate::key::from_fn) that finds no extension, is logged
+//! once, at `warn`). Tier names come from clients: an unknown
 //! name is only looked up, and never creates a limiter or a key space. A
 //! header is the client's to write: `Header::new("x-plan")` picks the tier
 //! only behind a gateway that sets or strips it (replaces it: `Header`
@@ -36,7 +38,14 @@
 //! # Ok(()) }
 //! ```
 
-use std::{collections::HashMap, fmt, sync::Arc};
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use crate::{
     Decision, Error, Limiter,
@@ -166,13 +175,23 @@ pub type Tiered<K, T> = With<K, TierBy<T>>;
 pub struct TierBy<T> {
     select: T,
     tiers: Tiers,
+    /// A selector's server error was logged (once per layer).
+    logged: Arc<AtomicBool>,
 }
 
 impl<K, T> Tiered<K, T> {
     /// Keys with `keys`, and limits each request by the tier `select` names
     /// (its key is the tier's name).
     pub fn new(keys: K, select: T, tiers: Tiers) -> Self {
-        Self::wrap(Arc::new(keys), TierBy { select, tiers })
+        let logged = Arc::default();
+        Self::wrap(
+            Arc::new(keys),
+            TierBy {
+                select,
+                tiers,
+                logged,
+            },
+        )
     }
 
     /// The tiers.
@@ -198,7 +217,16 @@ where
         }
         Some(match self.select.extract(req) {
             Ok(name) => self.tiers.get(name.as_bytes()),
-            Err(_) => self.tiers.default_limiter(),
+            Err(e) => {
+                // A missing header is the client's; a server error (a
+                // selector reading what an auth step inside the limit never
+                // set) puts every such request in the default tier, quietly
+                // but for this line.
+                if e.is_server_error() && !self.logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "rate limit: the tier selector failed with a server error; such requests get the default tier (logged once)");
+                }
+                self.tiers.default_limiter()
+            }
         })
     }
 }

@@ -175,3 +175,47 @@ fn keys_per_limit_must_fit_every_tier_of_a_tiered_extractor() {
     let keys = key::each((Header::new("x-api-key"), Global));
     let _ = RateLimitLayer::new(default, Tiered::new(keys, Header::new("x-plan"), tiers));
 }
+
+/// A selector's server error (here a `from_fn` that finds no plan an auth
+/// step should have set) puts the request in the default tier, and is
+/// logged once, at `warn`: it was not logged at all, so a misordered auth
+/// layer quietly gave every client the default tier. A client's own error
+/// (no `x-plan` header) is not logged.
+#[tokio::test]
+async fn a_selectors_server_error_is_logged_once() {
+    use http::{Request, Response, StatusCode, request::Parts};
+    use redis_ratelimit::key::KeyError;
+    use support::logs::Captured;
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    let b = Backend::memory();
+    let no_plan = key::from_fn(|_: &Parts| {
+        Err(KeyError::Rejected {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            reason: "no plan extension".into(),
+        })
+    });
+    let ok = || {
+        service_fn(|_: Request<()>| async { Ok::<_, std::convert::Infallible>(Response::new(())) })
+    };
+    let mut failing = RateLimitLayer::tiered(tiers(&b), no_plan, Global).layer(ok());
+    let mut by_header =
+        RateLimitLayer::tiered(tiers(&Backend::memory()), Header::new("x-plan"), Global)
+            .layer(ok());
+    let captured = Captured::default();
+    let guard = captured.install();
+    for _ in 0..3 {
+        let req = Request::new(());
+        let res = failing.ready().await.unwrap().call(req).await.unwrap();
+        // The default tier's policy.
+        let policy = res.headers().get("ratelimit-policy").unwrap();
+        assert!(!policy.to_str().unwrap().contains("pro"), "{policy:?}");
+        let req = Request::new(());
+        by_header.ready().await.unwrap().call(req).await.unwrap();
+    }
+    drop(guard);
+    let warnings = captured.warning_lines();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("tier selector"), "{warnings:?}");
+    assert!(warnings[0].contains("no plan extension"), "{warnings:?}");
+}
