@@ -390,7 +390,7 @@ impl<K, R> Core<K, R> {
         match Outcome::of(res, spent.may_be_grpc()) {
             Outcome::Known(status) if refund.applies(status) => spent.refund(decision),
             Outcome::Grpc(code) if refund.applies_to_grpc(code) => spent.refund(decision),
-            Outcome::Known(_) | Outcome::Grpc(_) => {}
+            Outcome::Known(_) | Outcome::Grpc(_) | Outcome::Unjudged => {}
             Outcome::InTrailers | Outcome::InBody => {
                 let logged = self.logs.untaken_logged.clone();
                 res.defer(Deferred::new(

@@ -25,9 +25,9 @@
 //! * The response's rate-limit headers are the decision's, before the
 //!   refund.
 //! * A gRPC response (`content-type: application/grpc...`) to a gRPC call
-//!   (a `POST` whose `content-type` is gRPC's or gRPC-Web's; any other
-//!   request's response is judged by its HTTP status, whatever it says) is
-//!   always HTTP 200; it is judged by its `grpc-status`, mapped to HTTP as
+//!   (a `POST` whose `content-type` is gRPC's or gRPC-Web's; to any other
+//!   request such a 200 says nothing of how it went, and it stays charged)
+//!   is always HTTP 200; it is judged by its `grpc-status`, mapped to HTTP as
 //!   `google.rpc.Code` maps it (3 `INVALID_ARGUMENT` is 400, 5 `NOT_FOUND`
 //!   404, 13 `INTERNAL` 500, 14 `UNAVAILABLE` 503, ...), when that status
 //!   is at its head (a trailers-only answer, as tonic answers a failed

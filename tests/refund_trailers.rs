@@ -327,12 +327,14 @@ async fn grpc_web_answers_are_judged_by_their_grpc_status_not_their_200_redis() 
     grpc_web_by_its_status(Backend::redis().await).await;
 }
 
-/// Only a gRPC or gRPC-Web call is judged by its `grpc-status`: any other
-/// request's response by its HTTP status, whatever its `content-type` and
-/// body say. Content a client chose (a file it uploaded with `content-type:
-/// application/grpc-web` and a trailer frame of `grpc-status: 13`, served
-/// back to a `GET`) read as a failed call, and under `ServerErrors` every
-/// download of it was refunded: downloads without limit.
+/// Only a gRPC or gRPC-Web call is judged by its `grpc-status`; a
+/// gRPC-typed 200 to any other request stays charged. Content a client
+/// chose (a file it uploaded with `content-type: application/grpc-web` and
+/// a trailer frame of `grpc-status: 13`, served back to a `GET`) read as a
+/// failed call, and under `ServerErrors` every download of it was
+/// refunded: downloads without limit. And a failed call sent without its
+/// `content-type` (tonic serves it all the same) must not pass for a
+/// success by its 200 under `Successes`.
 async fn only_a_grpc_call_is_judged_by_its_grpc_status(b: Backend) {
     let limiter = b.limiter("10/1m");
     let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
@@ -355,6 +357,27 @@ async fn only_a_grpc_call_is_judged_by_its_grpc_status(b: Backend) {
             let case = format!("{method} {content_type:?} {path}");
             left = answered(res, &case, true, refunded, &limiter, left).await;
         }
+    }
+
+    // Count only failures: a failed call (16 UNAUTHENTICATED) is charged,
+    // however it is sent; only a success sent as a call is refunded.
+    let limiter = b.builder("10/1m").name("failures").build().unwrap();
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::Successes);
+    let mut svc = ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(layer)
+        .service(service_fn(grpc_web_app));
+    let mut left = 10;
+    for (method, content_type, path, refunded) in [
+        ("POST", None, "/status/16", false),
+        ("POST", Some("text/plain"), "/body/16", false),
+        ("GET", None, "/status/0", false),
+        ("POST", Some(WEB), "/status/16", false),
+        ("POST", Some(WEB), "/status/0", true),
+    ] {
+        let res = send_as(&mut svc, method, content_type, path).await;
+        let case = format!("{method} {content_type:?} {path}");
+        left = answered(res, &case, true, refunded, &limiter, left).await;
     }
 }
 

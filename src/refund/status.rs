@@ -30,10 +30,12 @@ impl RequestHead for http::request::Parts {
 
 /// Whether a request may be a gRPC or gRPC-Web call: a POST whose
 /// `content-type` is gRPC's or gRPC-Web's. Only such a request's response
-/// is judged by its `grpc-status`: any other's by its HTTP status, whatever
-/// its response says, so that content a client chose (a file it uploaded,
-/// served with the `content-type` it gave, holding a gRPC-Web trailer frame)
-/// cannot pass an answer for a failed call and have the request refunded.
+/// is judged by its `grpc-status`, so that content a client chose (a file
+/// it uploaded, served with the `content-type` it gave, holding a gRPC-Web
+/// trailer frame) cannot pass for a failed call and have the request
+/// refunded. A gRPC-typed 200 to any other request stays charged
+/// ([`Outcome::Unjudged`]): a call sent without its `content-type` (tonic
+/// serves it all the same) does not pass for a success by its 200.
 pub(crate) fn grpc_call(post: bool, content_type: Option<&[u8]>) -> bool {
     post && content_type.is_some_and(|ct| is_grpc_content_type(ct) || is_grpc_web_content_type(ct))
 }
@@ -81,26 +83,32 @@ pub(crate) enum Outcome {
     /// sends the trailers as the body's last frame), which a
     /// [`TrailersLayer`](super::TrailersLayer) reads.
     InBody,
+    /// A gRPC or gRPC-Web response (HTTP 200) to a request that is no
+    /// gRPC call ([`grpc_call`]): neither its 200 (a failed call is a 200
+    /// too) nor its `grpc-status` (content a client chose can carry one)
+    /// says how the request went, so it stays charged.
+    Unjudged,
 }
 
 impl Outcome {
     /// The outcome of the response with head `res`, to a request that
     /// may be a gRPC call if `grpc_call` ([`grpc_call`]). A gRPC response
     /// (its `content-type` is `application/grpc...`) or gRPC-Web response
-    /// (`application/grpc-web...`) to such a request is HTTP 200 whatever
-    /// the call's outcome: its `grpc-status` decides, mapped to HTTP by
-    /// [`http_status_of_code`], and never the 200. Any other response is
-    /// judged by its HTTP status.
+    /// (`application/grpc-web...`) is HTTP 200 whatever the call's outcome:
+    /// to a gRPC call its `grpc-status` decides, mapped to HTTP by
+    /// [`http_status_of_code`], and never the 200; to any other request
+    /// nothing does ([`Outcome::Unjudged`]). Any other response is judged
+    /// by its HTTP status.
     pub(crate) fn of(res: &impl ResponseHead, grpc_call: bool) -> Outcome {
         let status = res.status();
-        if !grpc_call {
-            return Outcome::Known(status);
-        }
         let content_type = res.header(&CONTENT_TYPE_NAME);
         let grpc = content_type.is_some_and(is_grpc_content_type);
         if status != StatusCode::OK || !(grpc || content_type.is_some_and(is_grpc_web_content_type))
         {
             return Outcome::Known(status);
+        }
+        if !grpc_call {
+            return Outcome::Unjudged;
         }
         match res.header(&GRPC_STATUS) {
             Some(code) => Outcome::Grpc(grpc_code(code)),
@@ -243,16 +251,18 @@ mod tests {
         assert!(!grpc_call(false, Some(web)), "a GET");
         assert!(!grpc_call(true, None));
         assert!(!grpc_call(true, Some(b"text/plain")));
-        // Any other request's response is judged by its HTTP status.
-        let framed = response(
-            200,
-            &[
-                ("content-type", "application/grpc-web"),
-                ("grpc-status", "13"),
-            ],
-        );
-        assert_eq!(Outcome::of(&framed, false), Outcome::Known(StatusCode::OK));
-        let bare = response(200, &[("content-type", "application/grpc-web")]);
-        assert_eq!(Outcome::of(&bare, false), Outcome::Known(StatusCode::OK));
+        // A gRPC-typed 200 to any other request is judged by neither its
+        // 200 nor its grpc-status; any other response by its HTTP status.
+        for grpc_type in ["application/grpc-web", "application/grpc"] {
+            let framed = response(200, &[("content-type", grpc_type), ("grpc-status", "13")]);
+            assert_eq!(Outcome::of(&framed, false), Outcome::Unjudged);
+            let bare = response(200, &[("content-type", grpc_type)]);
+            assert_eq!(Outcome::of(&bare, false), Outcome::Unjudged);
+            let failed = response(503, &[("content-type", grpc_type)]);
+            let unavailable = Outcome::Known(StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(Outcome::of(&failed, false), unavailable);
+        }
+        let http = response(200, &[("content-type", "text/plain")]);
+        assert_eq!(Outcome::of(&http, false), Outcome::Known(StatusCode::OK));
     }
 }
