@@ -636,6 +636,36 @@ async fn a_request_gone_before_its_flight_answers_is_counted_once() {
     assert_eq!(count("ratelimit_denied_total"), 0, "denials");
 }
 
+/// A request dropped after its flight answered but before it took the
+/// answer (its client went away between the two) is not counted: its unit
+/// goes back to the pool, and is counted by the request that spends it.
+/// The flight counted it as soon as it could hand the answer over.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_before_it_takes_its_flights_answer_is_not_counted() {
+    use futures_util::FutureExt;
+
+    let (recorder, snapshotter) = local_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let l = Limiter::builder(Quota::per_minute(1_000_000))
+        .name("flight-dropped")
+        .store(SlowReserve::default())
+        .timeout(Duration::from_millis(200))
+        .breaker(Breaker::disabled())
+        .local_reservation(1)
+        .build()
+        .unwrap();
+    let mut gone = Box::pin(l.check("k", 1));
+    assert!((&mut gone).now_or_never().is_none(), "its flight is out");
+    // The flight answers at 150 ms; the request is not polled again.
+    tokio::time::sleep(Duration::from_millis(160)).await;
+    drop(gone);
+    assert!(l.check("k", 1).await.unwrap().is_allowed());
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |name| counter(&snapshot, name, "flight-dropped");
+    assert_eq!(count("ratelimit_allowed_total"), 1, "admissions");
+    assert_eq!(count("ratelimit_store_errors_total"), 0, "store errors");
+}
+
 /// A peek decides nothing, so its failure is no store error: a custom store
 /// without `peek` answers it `Unsupported`, which counted as one.
 #[tokio::test]

@@ -529,17 +529,16 @@ pub(super) async fn reserving(
         Err(_) => flying.await,
     }
     match tokio::time::timeout(inner.time_left(asked), &mut awaiting.rx).await {
-        Ok(Ok(flown)) => flown.result,
+        Ok(Ok(flown)) => flown.taken(&inner),
         // The task was dropped unanswered (a runtime shutting down).
         Ok(Err(_)) => Err(timed_out(&inner)),
         // Timed out. Closed first, so that the flight either answered
-        // already (and its answer, counted by the flight if a failure, is
-        // this request's) or finds the request gone and counts nothing:
-        // a failure is counted once.
+        // already (and its answer is this request's) or finds the request
+        // gone: the request is counted once, by what it gets.
         Err(_) => {
             awaiting.rx.close();
             match awaiting.rx.try_recv() {
-                Ok(flown) => flown.result,
+                Ok(flown) => flown.taken(&inner),
                 Err(_) => Err(timed_out(&inner)),
             }
         }

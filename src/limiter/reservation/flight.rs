@@ -72,6 +72,18 @@ pub(super) struct Flown {
     held: Option<Held>,
 }
 
+impl Flown {
+    /// The answer, taken by the request that sent the flight: counted
+    /// here, once, as a decision or a store error.
+    pub(super) fn taken(self, inner: &Inner) -> Result<Decision, Error> {
+        match &self.result {
+            Ok(decision) => deciding::count(decision),
+            Err(_) => metrics::store_error(std::iter::once(inner.policies.metric_keys(0))),
+        }
+        self.result
+    }
+}
+
 /// A request's units in a grant the pool kept, of the window that ends
 /// (locally) at `end`.
 #[derive(Clone, Copy)]
@@ -127,7 +139,6 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
     // was after this instant: counting from here ends the local units first.
     let sent = Instant::now();
     let reply = probe.call(store.reserve(check, cost, want), sent).await;
-    let failed = reply.is_err();
     let flown = match reply {
         Err(e) => {
             back.with(|pool| {
@@ -188,13 +199,12 @@ pub(super) async fn fly(call: ReserveCall, tx: oneshot::Sender<Flown>) {
             Flown { result, held }
         }
     };
-    // Counted only once the request has it: one that had gone (or timed
-    // out, and counted its timeout) got nothing, and its units, given back,
-    // are counted by the request that spends them.
-    let decided = flown.result.as_ref().ok().cloned();
+    // Counted by the request once it takes the answer ([`Flown::taken`]):
+    // one that had gone (or timed out, and counted its timeout) took
+    // nothing, and its units, given back, are counted by the request that
+    // spends them.
     match tx.send(flown) {
-        Ok(()) if failed => metrics::store_error(std::iter::once(inner.policies.metric_keys(0))),
-        Ok(()) => decided.iter().for_each(deciding::count),
+        Ok(()) => {}
         // The request has gone: its units stay for the next ones.
         Err(Flown {
             held: Some(held), ..
