@@ -7,7 +7,8 @@
 //! by their store-error policy without waiting for a timeout, and the store
 //! gets no traffic. Then one check at a time is let through as a **probe**:
 //! if it succeeds the breaker closes, if it fails it opens for another
-//! cooldown. A success resets the count.
+//! cooldown. A success resets the count. An opening is logged at `warn`, a
+//! closing at `info` (each at most once a second, with how many were not).
 //!
 //! A limiter keeps one breaker for each **fault domain** of its store
 //! ([`Store::fault_domain`](crate::Store::fault_domain)): one for a
@@ -134,6 +135,8 @@ pub(crate) struct State {
     domains: Box<[Domain]>,
     /// Openings are logged at most once a second, whichever domain opens.
     logs: crate::core::Throttle,
+    /// And so are closings.
+    closings: crate::core::Throttle,
 }
 
 /// One fault domain's breaker.
@@ -169,6 +172,7 @@ impl State {
             config,
             domains: (0..DOMAINS).map(|_| Domain::default()).collect(),
             logs: crate::core::Throttle::new(),
+            closings: crate::core::Throttle::new(),
         }
     }
 
@@ -216,9 +220,16 @@ impl State {
         if ok {
             d.failures.store(0, Ordering::Release);
             if pass == Pass::Probe || d.is_open() {
-                d.open_until_ms.store(0, Ordering::Release);
+                let was_open = d.open_until_ms.swap(0, Ordering::AcqRel) != 0;
                 d.probing.store(false, Ordering::Release);
                 self.probe_the_others_now();
+                if was_open && let Some(unlogged) = self.closings.admit() {
+                    tracing::info!(
+                        domain,
+                        unlogged,
+                        "rate limit store answering again: circuit breaker closed"
+                    );
+                }
             }
             return false;
         }

@@ -11,6 +11,7 @@ use support::{
     RedisServer,
     http::Caller,
     inproc::{call, service},
+    logs::Captured,
     scenarios::by_key,
     servers::{app, spawn_axum},
 };
@@ -33,8 +34,11 @@ fn breaker_limiter(store: redis_ratelimit::RedisStore) -> Limiter {
 
 /// With Redis down the breaker opens after 3 failures; then 1000 requests
 /// per policy are answered at once (allow: 200, deny: 503) without a store
-/// call; after Redis is back, limiting resumes within seconds.
+/// call; after Redis is back, limiting resumes within seconds. The opening
+/// and the closing are each logged once (the closing was not logged).
 async fn breaker_scenario(frozen: bool) {
+    let captured = Captured::default();
+    let _logs = captured.install_at(tracing::Level::INFO);
     let mut server = RedisServer::start();
     let limiter = breaker_limiter(server.store().await);
     let (allow, deny) = (
@@ -85,6 +89,18 @@ async fn breaker_scenario(frozen: bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(limiter.check("any", 1).await.is_ok());
+    let opened = captured.lines_at("WARN");
+    let opened: Vec<_> = opened
+        .iter()
+        .filter(|l| l.contains("breaker open;"))
+        .collect();
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    let closed = captured.lines_at("INFO");
+    let closed: Vec<_> = closed
+        .iter()
+        .filter(|l| l.contains("breaker closed"))
+        .collect();
+    assert_eq!(closed.len(), 1, "{closed:?}");
 }
 
 #[tokio::test]

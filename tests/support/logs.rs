@@ -24,10 +24,15 @@ impl Captured {
     /// until the guard drops (a `#[tokio::test]`'s runtime runs its tasks
     /// on the test's thread).
     pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        self.install_at(tracing::Level::WARN)
+    }
+
+    /// As [`install`](Self::install), for `level` and above.
+    pub fn install_at(&self, level: tracing::Level) -> tracing::subscriber::DefaultGuard {
         let out = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
+            .with_max_level(level)
             .with_writer(move || out.clone())
             .finish();
         tracing::subscriber::set_default(subscriber)
@@ -43,9 +48,14 @@ impl Captured {
 
     /// The WARN lines printed so far.
     pub fn warning_lines(&self) -> Vec<String> {
+        self.lines_at("WARN")
+    }
+
+    /// The lines of `level` (`"INFO"`, `"WARN"`, ...) printed so far.
+    pub fn lines_at(&self, level: &str) -> Vec<String> {
         let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
         text.lines()
-            .filter(|l| l.contains("WARN"))
+            .filter(|l| l.contains(level))
             .map(str::to_owned)
             .collect()
     }
