@@ -7,7 +7,12 @@
 //! by their store-error policy without waiting for a timeout, and the store
 //! gets no traffic. Then one check at a time is let through as a **probe**:
 //! if it succeeds the breaker closes, if it fails it opens for another
-//! cooldown. A success resets the count. An opening is logged at `warn`, a
+//! cooldown. A success resets the count. Failures of one domain in the same
+//! millisecond count as one: the requests of one failed call (a batch of up
+//! to 64 on Redis, all answered its error together, say when a connection
+//! resets) are one failure of the store, not one each, so a single blip
+//! does not open the breaker and put every request on the store-error
+//! policy for a cooldown. An opening is logged at `warn`, a
 //! closing at `info` (each at most once a second, with how many were not).
 //!
 //! A limiter keeps one breaker for each **fault domain** of its store
@@ -84,7 +89,9 @@ impl Breaker {
         }
     }
 
-    /// Failures in a row that open the breaker (at least 1; default 5).
+    /// Failures in a row that open the breaker (at least 1; default 5),
+    /// those of one millisecond counting as one (see the
+    /// [module docs](self)).
     #[must_use]
     pub fn failures(self, failures: u32) -> Self {
         Self {
@@ -219,6 +226,7 @@ impl State {
         let d = self.domain(domain);
         if ok {
             d.failures.store(0, Ordering::Release);
+            d.last_failure_ms.store(0, Ordering::Release);
             if pass == Pass::Probe || d.is_open() {
                 let was_open = d.open_until_ms.swap(0, Ordering::AcqRel) != 0;
                 d.probing.store(false, Ordering::Release);
@@ -242,6 +250,11 @@ impl State {
             return true;
         }
         let last = d.last_failure_ms.swap(now, Ordering::AcqRel);
+        if last == now {
+            // Counted with the last: the requests of one failed call fail
+            // together.
+            return false;
+        }
         let in_a_row = now.saturating_sub(last) <= self.config.span.as_millis() as u64;
         let count = if in_a_row {
             d.failures.fetch_add(1, Ordering::AcqRel) + 1
@@ -299,6 +312,35 @@ impl Domain {
 mod tests {
     use super::*;
 
+    /// Past the millisecond of the last failure, which later ones in it
+    /// count with.
+    fn next_ms() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+
+    #[test]
+    fn failures_in_one_millisecond_count_as_one() {
+        let s = State::new(Breaker::new().failures(3));
+        // One failed call's 64 requests, answered together.
+        let opened = (0..64).filter(|_| s.record(0, Pass::Call, false)).count();
+        assert_eq!(opened, 0, "one call's failure opened the breaker");
+        assert_eq!(s.pass(0), Pass::Call);
+        next_ms();
+        assert!(!s.record(0, Pass::Call, false));
+        next_ms();
+        assert!(
+            s.record(0, Pass::Call, false),
+            "the third failed call opens"
+        );
+        // A success in between starts the count afresh, its ms included.
+        let s = State::new(Breaker::new().failures(2));
+        assert!(!s.record(1, Pass::Call, false));
+        s.record(1, Pass::Call, true);
+        assert!(!s.record(1, Pass::Call, false));
+        next_ms();
+        assert!(s.record(1, Pass::Call, false));
+    }
+
     #[test]
     fn opens_after_failures_in_a_row_then_probes_one_at_a_time() {
         let s = State::new(
@@ -309,6 +351,7 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(s.pass(0), Pass::Call);
             assert!(!s.record(0, Pass::Call, false));
+            next_ms();
         }
         assert!(s.record(0, Pass::Call, false), "the third failure opens");
         assert_eq!(s.pass(0), Pass::Open);
@@ -341,6 +384,7 @@ mod tests {
         let s = State::new(Breaker::new().failures(2));
         s.record(0, Pass::Call, false);
         s.record(0, Pass::Call, true);
+        next_ms();
         assert!(!s.record(0, Pass::Call, false));
         let off = State::new(Breaker::disabled().failures(1));
         assert!(!off.record(0, Pass::Call, false));
@@ -351,6 +395,7 @@ mod tests {
     fn a_domain_opens_alone() {
         let s = State::new(Breaker::new().failures(2));
         assert!(!s.record(3, Pass::Call, false));
+        next_ms();
         assert!(
             s.record(3, Pass::Call, false),
             "the second failure opens domain 3"

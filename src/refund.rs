@@ -69,12 +69,12 @@ use smallvec::SmallVec;
 
 use crate::{Decision, Error, Limiter, core::Throttle, key::Key};
 
+#[cfg(feature = "actix")]
+pub(crate) use self::status::grpc_call;
 pub use self::trailers::{Trailers, TrailersBody, TrailersFuture, TrailersLayer};
 pub(crate) use self::{
     deferred::{Deferred, Pending},
-    status::{
-        GRPC_STATUS, Outcome, RequestHead, ResponseHead, grpc_call, grpc_code, http_status_of_code,
-    },
+    status::{GRPC_STATUS, Outcome, RequestHead, ResponseHead, grpc_code, http_status_of_code},
 };
 
 /// Which responses give the request's cost back.
@@ -212,7 +212,7 @@ impl FromStr for Refund {
 pub(crate) struct Charged {
     limiter: Limiter,
     keys: SmallVec<[Key; 1]>,
-    /// The request may be a gRPC call ([`grpc_call`]): only then is its
+    /// The request may be a gRPC call ([`grpc_call`](status::grpc_call)): only then is its
     /// response judged by its `grpc-status`.
     grpc: bool,
 }
@@ -226,7 +226,7 @@ impl Charged {
         }
     }
 
-    /// Whether the request may be a gRPC call ([`grpc_call`]).
+    /// Whether the request may be a gRPC call ([`grpc_call`](status::grpc_call)).
     pub(crate) fn may_be_grpc(&self) -> bool {
         self.grpc
     }

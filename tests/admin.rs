@@ -365,7 +365,8 @@ impl redis_ratelimit::Store for StatelessStore {
 }
 
 /// A reply without one state per limit is a failing store, for the
-/// breaker as for the caller: it opens after its failures.
+/// breaker as for the caller: it opens after its failures (each in a
+/// millisecond of its own: those of one millisecond count as one).
 #[tokio::test]
 async fn a_reply_of_the_wrong_shape_counts_as_a_failure() {
     use redis_ratelimit::{Breaker, Error};
@@ -377,6 +378,7 @@ async fn a_reply_of_the_wrong_shape_counts_as_a_failure() {
     for _ in 0..2 {
         let r = l.check("k", 1).await;
         assert!(matches!(r, Err(Error::UnexpectedReply(_))), "{r:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     let r = l.check("k", 1).await;
     assert!(matches!(r, Err(Error::CircuitOpen)), "{r:?}");

@@ -254,3 +254,56 @@ async fn the_concurrency_breaker_opens_when_redis_hangs_and_closes_after() {
     drop(held);
     server.assert_every_key_has_ttl().await;
 }
+
+/// One failed call is one failure of the store, however many requests it
+/// carried: 20 checks queued on a frozen Redis, whose connection is then
+/// reset (the server killed and started again), fail together, and the
+/// breaker stays closed: the next checks go to Redis. Before, each of the
+/// 20 requests counted as a failure of its own, and one blip opened the
+/// breaker for a whole cooldown (here 30 s), every request on the
+/// store-error policy meanwhile.
+#[tokio::test]
+async fn one_failed_call_of_many_requests_does_not_open_the_breaker() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::builder("1000/1m".parse().unwrap())
+        .store(server.store().await)
+        .timeout(Duration::from_secs(2))
+        .breaker(
+            Breaker::new()
+                .failures(10)
+                .cooldown(Duration::from_secs(30)),
+        )
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    server.freeze(true);
+    let checks: Vec<_> = (0..20)
+        .map(|i| {
+            let l = limiter.clone();
+            tokio::spawn(async move { l.check(&format!("k{i}"), 1).await })
+        })
+        .collect();
+    // Sent, and held by the frozen server.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.kill();
+    for check in checks {
+        let result = check.await.unwrap();
+        assert!(
+            matches!(result, Err(Error::Redis(_))),
+            "a failed call's request: {result:?}"
+        );
+    }
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.check("after", 1).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                break;
+            }
+            Err(Error::CircuitOpen) => panic!("one failed call opened the breaker"),
+            Err(e) => assert!(Instant::now() < deadline, "Redis not back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
