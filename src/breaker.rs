@@ -255,7 +255,8 @@ impl State {
             // together.
             return false;
         }
-        let in_a_row = now.saturating_sub(last) <= self.config.span.as_millis() as u64;
+        let span = u64::try_from(self.config.span.as_millis()).unwrap_or(u64::MAX);
+        let in_a_row = now.saturating_sub(last) <= span;
         let count = if in_a_row {
             d.failures.fetch_add(1, Ordering::AcqRel) + 1
         } else {
@@ -376,6 +377,19 @@ mod tests {
             assert!(s.record(0, Pass::Call, false));
             std::thread::sleep(Duration::from_millis(2));
             assert_eq!(s.pass(0), Pass::Open, "{cooldown:?}");
+        }
+    }
+
+    /// A span too long for a u64 of ms counts every failure in a row: it
+    /// was cut to its low 64 bits, and 2^61 s became 0 ms, so no two
+    /// failures were ever in a row and the breaker never opened.
+    #[test]
+    fn a_span_of_any_length_counts_failures_in_a_row() {
+        for span in [Duration::MAX, Duration::from_secs(1 << 61)] {
+            let s = State::new(Breaker::new().failures(2).span(span));
+            assert!(!s.record(0, Pass::Call, false));
+            next_ms();
+            assert!(s.record(0, Pass::Call, false), "{span:?}");
         }
     }
 
