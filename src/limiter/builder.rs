@@ -385,6 +385,11 @@ impl LimiterBuilder {
     /// [reset](Limiter::reset) whose reply was lost may be sent again while
     /// its caller waits, and takes effect once only when that is within 10 s
     /// of its first run (`lua/once.lua`'s marker lives 10 s).
+    ///
+    /// Keep it below your callers' own deadlines (a `grpc-timeout`, a
+    /// timeout layer outside the limit): a check dropped before its timeout
+    /// is not counted by the [`Breaker`](crate::Breaker), which so never
+    /// opens on a frozen Redis if every check is dropped first.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
