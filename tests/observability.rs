@@ -602,6 +602,19 @@ async fn the_concurrency_limiter_counts_leases_refusals_losses_and_store_errors(
     );
 }
 
+/// A limiter named `name` reserving 1 unit at a time from a store whose
+/// reserve calls take 150 ms of its 200 ms timeout, without a breaker.
+fn slow_flights(name: &str) -> Limiter {
+    Limiter::builder(Quota::per_minute(1_000_000))
+        .name(name)
+        .store(SlowReserve::default())
+        .timeout(Duration::from_millis(200))
+        .breaker(Breaker::disabled())
+        .local_reservation(1)
+        .build()
+        .unwrap()
+}
+
 /// A request that timed out waiting for a reservation's flight is counted
 /// once, as a store error: its flight's answer, which lands after it has
 /// gone, is not counted as well. Here two requests share a key with
@@ -615,14 +628,7 @@ async fn the_concurrency_limiter_counts_leases_refusals_losses_and_store_errors(
 async fn a_request_gone_before_its_flight_answers_is_counted_once() {
     let (recorder, snapshotter) = local_recorder();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let l = Limiter::builder(Quota::per_minute(1_000_000))
-        .name("flight-count")
-        .store(SlowReserve::default())
-        .timeout(Duration::from_millis(200))
-        .breaker(Breaker::disabled())
-        .local_reservation(1)
-        .build()
-        .unwrap();
+    let l = slow_flights("flight-count");
     let (a, b) = tokio::join!(l.check("k", 1), l.check("k", 1));
     assert!(a.unwrap().is_allowed());
     assert!(matches!(b, Err(Error::Timeout(_))), "{b:?}");
@@ -646,14 +652,7 @@ async fn a_request_dropped_before_it_takes_its_flights_answer_is_not_counted() {
 
     let (recorder, snapshotter) = local_recorder();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let l = Limiter::builder(Quota::per_minute(1_000_000))
-        .name("flight-dropped")
-        .store(SlowReserve::default())
-        .timeout(Duration::from_millis(200))
-        .breaker(Breaker::disabled())
-        .local_reservation(1)
-        .build()
-        .unwrap();
+    let l = slow_flights("flight-dropped");
     let mut gone = Box::pin(l.check("k", 1));
     assert!((&mut gone).now_or_never().is_none(), "its flight is out");
     // The flight answers at 150 ms; the request is not polled again.

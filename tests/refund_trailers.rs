@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
 use redis_ratelimit::{
     Limiter, RateLimitLayer,
     key::Global,
-    refund::{Refund, TrailersLayer},
+    refund::{Refund, TrailersBody, TrailersLayer},
 };
 use support::{Backend, logs::Captured};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
@@ -286,6 +286,19 @@ async fn grpc_web_app(req: Request<()>) -> Result<Response<Body>, Infallible> {
     Ok(res.body(body).unwrap())
 }
 
+/// [`grpc_web_app`] behind `limiter` (keyed by `Global`, refunding by
+/// `refund`), inside a `TrailersLayer`.
+fn grpc_web_service(
+    limiter: &Limiter,
+    refund: Refund,
+) -> impl Service<Request<()>, Response = Response<TrailersBody<Body>>, Error = Infallible> {
+    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(refund);
+    ServiceBuilder::new()
+        .layer(TrailersLayer::new())
+        .layer(layer)
+        .service(service_fn(grpc_web_app))
+}
+
 /// A gRPC-Web answer is HTTP 200 whatever the call's outcome, as a gRPC
 /// one is: "count only failures" (`Successes`) must not refund a failed
 /// call for its 200. Its `grpc-status` decides: at the head, or in the
@@ -294,11 +307,7 @@ async fn grpc_web_app(req: Request<()>) -> Result<Response<Body>, Infallible> {
 /// dropped first, stays charged.
 async fn grpc_web_by_its_status(b: Backend) {
     let limiter = b.limiter("10/1m");
-    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::Successes);
-    let mut svc = ServiceBuilder::new()
-        .layer(TrailersLayer::new())
-        .layer(layer)
-        .service(service_fn(grpc_web_app));
+    let mut svc = grpc_web_service(&limiter, Refund::Successes);
     let mut left = 10;
     // (path, read the body to its end, refunded): a failure at the head (16
     // UNAUTHENTICATED), a success at the head, then in the body.
@@ -337,11 +346,7 @@ async fn grpc_web_answers_are_judged_by_their_grpc_status_not_their_200_redis() 
 /// success by its 200 under `Successes`.
 async fn only_a_grpc_call_is_judged_by_its_grpc_status(b: Backend) {
     let limiter = b.limiter("10/1m");
-    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::ServerErrors);
-    let mut svc = ServiceBuilder::new()
-        .layer(TrailersLayer::new())
-        .layer(layer)
-        .service(service_fn(grpc_web_app));
+    let mut svc = grpc_web_service(&limiter, Refund::ServerErrors);
     let mut left = 10;
     // (method, the request's content-type, refunded): charged as the 200 it
     // is, unless the request is a gRPC-Web call.
@@ -362,11 +367,7 @@ async fn only_a_grpc_call_is_judged_by_its_grpc_status(b: Backend) {
     // Count only failures: a failed call (16 UNAUTHENTICATED) is charged,
     // however it is sent; only a success sent as a call is refunded.
     let limiter = b.builder("10/1m").name("failures").build().unwrap();
-    let layer = RateLimitLayer::new(limiter.clone(), Global).refund_when(Refund::Successes);
-    let mut svc = ServiceBuilder::new()
-        .layer(TrailersLayer::new())
-        .layer(layer)
-        .service(service_fn(grpc_web_app));
+    let mut svc = grpc_web_service(&limiter, Refund::Successes);
     let mut left = 10;
     for (method, content_type, path, refunded) in [
         ("POST", None, "/status/16", false),
