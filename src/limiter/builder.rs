@@ -140,6 +140,13 @@ impl LimiterBuilder {
     ///   different quotas (a 5/min login route and a 100/min search route on
     ///   one store) never share a counter; its headers still say `default`.
     ///
+    /// In a limiter of several limits, every limit's key also carries the
+    /// first limit's store name, as the Redis Cluster hash tag its keys
+    /// share ([`Limiter::store_keys`]). Name the first limit too: a change
+    /// of an unnamed first limit's quota, or going from one limit to
+    /// several or back, moves every limit (named ones included) to new
+    /// counters, each starting a fresh window.
+    ///
     /// In one process, building a limiter whose counters a **live** limiter
     /// on the same store already uses (the same prefix, algorithm and store
     /// name; clones of one [`MemoryStore`] or
