@@ -225,8 +225,15 @@ impl State {
     pub(crate) fn record(&self, domain: u8, pass: Pass, ok: bool) -> bool {
         let d = self.domain(domain);
         if ok {
-            d.failures.store(0, Ordering::Release);
-            d.last_failure_ms.store(0, Ordering::Release);
+            // Written only when there is something to forget: every
+            // decision of every worker succeeds here, and a store to the
+            // domain's line would pass it between their caches each time.
+            if d.failures.load(Ordering::Relaxed) != 0 {
+                d.failures.store(0, Ordering::Release);
+            }
+            if d.last_failure_ms.load(Ordering::Relaxed) != 0 {
+                d.last_failure_ms.store(0, Ordering::Release);
+            }
             if pass == Pass::Probe || d.is_open() {
                 let was_open = d.open_until_ms.swap(0, Ordering::AcqRel) != 0;
                 d.probing.store(false, Ordering::Release);
