@@ -212,7 +212,7 @@ impl FromStr for Refund {
 pub(crate) struct Charged {
     limiter: Limiter,
     keys: SmallVec<[Key; 1]>,
-    /// The request may be a gRPC call ([`grpc_call`](status::grpc_call)): only then is its
+    /// The request may be a gRPC call ([`status::grpc_call`]): only then is its
     /// response judged by its `grpc-status`.
     grpc: bool,
 }
@@ -226,7 +226,7 @@ impl Charged {
         }
     }
 
-    /// Whether the request may be a gRPC call ([`grpc_call`](status::grpc_call)).
+    /// Whether the request may be a gRPC call ([`status::grpc_call`]).
     pub(crate) fn may_be_grpc(&self) -> bool {
         self.grpc
     }

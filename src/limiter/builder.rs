@@ -395,7 +395,7 @@ impl LimiterBuilder {
     ///
     /// Keep it below your callers' own deadlines (a `grpc-timeout`, a
     /// timeout layer outside the limit): a check dropped before its timeout
-    /// is not counted by the [`Breaker`](crate::Breaker), which so never
+    /// is not counted by the [`Breaker`], which so never
     /// opens on a frozen Redis if every check is dropped first.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
