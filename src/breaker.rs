@@ -212,8 +212,8 @@ impl State {
         }
     }
 
-    /// A store call that ended without an outcome (its request went away):
-    /// a probe's slot is freed for the next check.
+    /// A store call that ended without an outcome (dropped unawaited, or a
+    /// method the store lacks): a probe's slot is freed for the next check.
     pub(crate) fn abandon(&self, domain: u8, pass: Pass) {
         if pass == Pass::Probe {
             self.domain(domain).probing.store(false, Ordering::Release);

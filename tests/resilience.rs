@@ -307,3 +307,92 @@ async fn one_failed_call_of_many_requests_does_not_open_the_breaker() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A check its caller gives up on before the limiter's timeout (a timeout
+/// layer outside the limit, a `grpc-timeout`, a client that hangs up) still
+/// counts for the breaker once its call times out. With Redis frozen and
+/// every check given up at 50 ms, below the limiter's 300 ms, the breaker
+/// opens and the checks after it fail at once (`CircuitOpen`). Before, a
+/// dropped check freed its pass uncounted, the breaker never opened, and
+/// every request waited until its caller's deadline.
+#[tokio::test]
+async fn checks_their_callers_give_up_on_still_open_the_breaker() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder("1000/1m".parse().unwrap())
+        .store(server.store().await)
+        .timeout(Duration::from_millis(300))
+        .breaker(Breaker::new().failures(3).cooldown(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    server.freeze(true);
+    let give_up = Duration::from_millis(50);
+    for i in 0..4 {
+        let given_up = tokio::time::timeout(give_up, limiter.check(&format!("k{i}"), 1)).await;
+        assert!(
+            given_up.is_err(),
+            "answered on a frozen Redis: {given_up:?}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout(give_up, limiter.check("after", 1)).await {
+            Ok(Err(Error::CircuitOpen)) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "breaker not open 5 s after the first check was given up: {other:?}"
+            ),
+        }
+    }
+    server.freeze(false);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), limiter.check("open", 1))
+            .await
+            .is_ok_and(|r| matches!(r, Err(Error::CircuitOpen))),
+        "the breaker's cooldown is 30 s"
+    );
+}
+
+/// The same for the concurrency limiter: acquires given up at 50 ms on a
+/// frozen Redis, below the limiter's 300 ms, still count for its breaker
+/// once their calls time out, so it opens; once Redis thaws and the
+/// cooldown passes, leases are granted again and no key is left without a
+/// TTL (the given-up acquires' tokens are released in the background).
+#[tokio::test]
+async fn acquires_their_callers_give_up_on_still_open_the_concurrency_breaker() {
+    use redis_ratelimit::concurrency::{Acquired, ConcurrencyLimiter};
+    let server = RedisServer::start();
+    let limiter = ConcurrencyLimiter::builder(2)
+        .store(server.store().await)
+        .timeout(Duration::from_millis(300))
+        .breaker(breaker())
+        .build()
+        .unwrap();
+    assert!(limiter.acquire("warm").await.unwrap().is_acquired());
+    server.freeze(true);
+    let give_up = Duration::from_millis(50);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout(give_up, limiter.acquire("k")).await {
+            Ok(Err(Error::CircuitOpen)) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "breaker not open 5 s after the first acquire was given up: {other:?}"
+            ),
+        }
+    }
+    server.freeze(false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.acquire("k").await {
+            Ok(Acquired::Lease(_)) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "no lease 5 s after Redis thawed: {other:?}\n{}",
+                server.log()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.assert_every_key_has_ttl().await;
+}

@@ -3,7 +3,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use tokio::runtime::Handle;
+use tokio::{runtime::Handle, time::Instant};
 
 use super::{
     headers::Policy,
@@ -139,10 +139,13 @@ impl ConcurrencyLimiter {
     /// time, whichever comes first). The release is owner-checked, hence
     /// harmless if nothing was granted. An attempt the client retried on
     /// its own (a cluster connection's retries) may land after that
-    /// release; its lease, never renewed, expires after one lease time. Dropping the future before it finishes (a client that went
-    /// away, a `select!` that took another branch) leaks nothing either: its
-    /// token is released the same way. The store is first called when the
-    /// future is first polled, so one dropped unpolled asks it nothing.
+    /// release; its lease, never renewed, expires after one lease time.
+    /// Dropping the future before it finishes (a client that went away, a
+    /// `select!` that took another branch) leaks nothing either: its token
+    /// is released the same way, and its outcome (a timeout, if Redis does
+    /// not answer within the timeout) still counts for the breaker. The
+    /// store is first called when the future is first polled, so one
+    /// dropped unpolled asks it nothing.
     ///
     /// While the [circuit breaker](crate::Breaker) is open, the store is not
     /// called: [`Error::CircuitOpen`] at once.
@@ -167,6 +170,7 @@ impl ConcurrencyLimiter {
             key,
             token: next_token(inner.lease_ms()),
             call: None,
+            due: None,
             domain,
             pass,
             settled: false,
@@ -198,6 +202,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
         .store
         .acquire(&pending.key, &pending.token, limit, lease_ms);
     let call = pending.call.insert(call);
+    pending.due = Some(Instant::now() + timeout);
     let started = metrics::clock();
     let outcome = tokio::time::timeout(timeout, call).await;
     metrics::store_latency(&inner.metrics, started);
@@ -232,7 +237,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
             limiter.record(domain, pass, Some(&e));
             metrics::store_error(std::iter::once(&limiter.inner.metrics));
             // The reply may have been lost after the script ran.
-            limiter.release_later(key, token, None);
+            limiter.release_later(key, token, None, None);
             Err(e)
         }
         Err(_) => {
@@ -240,7 +245,7 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
             limiter.record(domain, pass, Some(&e));
             metrics::store_error(std::iter::once(&limiter.inner.metrics));
             let limiter = limiter.clone();
-            limiter.release_later(key, token, pending.call.take());
+            limiter.release_later(key, token, pending.call.take(), None);
             Err(e)
         }
     }
@@ -249,25 +254,52 @@ async fn finish(mut pending: Pending) -> Result<Acquired, Error> {
 impl ConcurrencyLimiter {
     /// Releases `token` in the background, after `pending` (a timed-out or
     /// abandoned acquire) has finished, unless it is known to have granted
-    /// nothing. Outside a Tokio runtime nothing can run: the lease expires
-    /// on its own.
+    /// nothing. An abandoned acquire's outcome is `unsettled`: recorded with
+    /// the breaker as it comes, a timeout at its due time, as if its caller
+    /// had waited for it. Outside a Tokio runtime nothing can run: the lease
+    /// expires on its own, and the breaker's pass is given back.
     fn release_later(
         &self,
         key: Arc<str>,
         token: Arc<str>,
         pending: Option<BoxFuture<'static, Result<LeaseState, Error>>>,
+        unsettled: Option<Unsettled>,
     ) {
         let Ok(rt) = Handle::try_current() else {
             tracing::debug!(key = %key, "concurrency acquire abandoned outside a Tokio runtime; its lease expires on its own");
+            if let Some(u) = unsettled {
+                self.inner.breaker.abandon(u.domain, u.pass);
+            }
             return;
         };
-        let inner = self.inner.clone();
+        let limiter = self.clone();
         rt.spawn(async move {
-            if let Some(call) = pending {
+            let inner = &limiter.inner;
+            let until = Instant::now() + inner.lease;
+            if let Some(mut call) = pending {
+                if let Some(u) = unsettled {
+                    match tokio::time::timeout_at(u.due, &mut call).await {
+                        Ok(outcome) => {
+                            limiter.record(u.domain, u.pass, outcome.as_ref().err());
+                            if let Ok(LeaseState {
+                                acquired: false, ..
+                            }) = outcome
+                            {
+                                return;
+                            }
+                            release_quietly(inner, &key, &token).await;
+                            return;
+                        }
+                        Err(_) => {
+                            let e = Error::Timeout(inner.timeout);
+                            limiter.record(u.domain, u.pass, Some(&e));
+                        }
+                    }
+                }
                 // Wait for the real outcome, but at most one lease time; an
                 // acquire that only runs after that holds its slot for one
                 // lease at most.
-                let outcome = tokio::time::timeout(inner.lease, call).await;
+                let outcome = tokio::time::timeout_at(until, call).await;
                 if let Ok(Ok(LeaseState {
                     acquired: false, ..
                 })) = outcome
@@ -275,7 +307,7 @@ impl ConcurrencyLimiter {
                     return;
                 }
             }
-            release_quietly(&inner, &key, &token).await;
+            release_quietly(inner, &key, &token).await;
         });
     }
 
@@ -320,6 +352,8 @@ struct Pending {
     token: Arc<str>,
     /// The store's acquire, made at the first poll.
     call: Option<BoxFuture<'static, Result<LeaseState, Error>>>,
+    /// When the acquire times out: the timeout after its first poll.
+    due: Option<Instant>,
     /// The breaker's fault domain of the key, and what the breaker let the
     /// acquire do.
     domain: u8,
@@ -328,14 +362,32 @@ struct Pending {
     settled: bool,
 }
 
+/// An acquire its caller gave up on, whose outcome the breaker still
+/// awaits: the breaker's domain and pass, and when it times out.
+struct Unsettled {
+    domain: u8,
+    pass: Pass,
+    due: Instant,
+}
+
 impl Drop for Pending {
+    /// An acquire dropped after its call was made is still awaited, in
+    /// the background, and its outcome counted by the breaker: with Redis
+    /// frozen and every caller giving up before the timeout, the breaker
+    /// otherwise never opened. One dropped unpolled frees its pass.
     fn drop(&mut self) {
-        if !self.settled {
-            if let Some(call) = self.call.take() {
+        if self.settled {
+            return;
+        }
+        match (self.call.take(), self.due) {
+            (Some(call), Some(due)) => {
                 let (key, token) = (self.key.clone(), self.token.clone());
-                self.limiter.release_later(key, token, Some(call));
+                let (domain, pass) = (self.domain, self.pass);
+                let unsettled = Unsettled { domain, pass, due };
+                self.limiter
+                    .release_later(key, token, Some(call), Some(unsettled));
             }
-            self.limiter.inner.breaker.abandon(self.domain, self.pass);
+            _ => self.limiter.inner.breaker.abandon(self.domain, self.pass),
         }
     }
 }

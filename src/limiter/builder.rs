@@ -393,10 +393,10 @@ impl LimiterBuilder {
     /// its caller waits, and takes effect once only when that is within 10 s
     /// of its first run (`lua/once.lua`'s marker lives 10 s).
     ///
-    /// Keep it below your callers' own deadlines (a `grpc-timeout`, a
-    /// timeout layer outside the limit): a check dropped before its timeout
-    /// is not counted by the [`Breaker`], which so never
-    /// opens on a frozen Redis if every check is dropped first.
+    /// A check its caller drops first (a `grpc-timeout`, a timeout layer
+    /// outside the limit) is still awaited in a task of its own, within
+    /// this timeout, and its outcome counted by the [`Breaker`]: a frozen
+    /// Redis opens it even if every caller gives up before the timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -54,9 +54,9 @@ impl Deciding {
             Deciding::Ready(result) => {
                 Deciding::Ready(result.map(|r| r.map(|d| d.with_partition(partition))))
             }
-            Deciding::Settling(Settling { reply, mut then }) => {
-                then.rare.get_or_insert_default().partition = Some(partition);
-                Deciding::Settling(Settling { reply, then })
+            Deciding::Settling(mut settling) => {
+                settling.then.rare.get_or_insert_default().partition = Some(partition);
+                Deciding::Settling(settling)
             }
             Deciding::Waiting(fut) => Deciding::Waiting(Box::pin(async move {
                 fut.await.map(|d| d.with_partition(partition))
@@ -119,6 +119,47 @@ impl Future for Settling {
             ready!(reply.poll_within(then.probe.inner.timeout, cx))
         };
         Poll::Ready(then.finish(result))
+    }
+}
+
+impl Drop for Settling {
+    /// A decision its caller gave up on before the store answered (a
+    /// timeout layer outside the limit, a `grpc-timeout`, a client that
+    /// hung up): its call is awaited in a task of its own, within the
+    /// limiter's timeout from when it was sent, and its outcome recorded
+    /// with the breaker. Freeing the pass uncounted instead, a frozen Redis
+    /// whose every check was given up before the timeout never opened the
+    /// breaker, and every request waited until its caller's deadline. Not a
+    /// decision counted in the metrics, nor a store error: no request gets
+    /// it. Outside a Tokio runtime the pass is freed, as before.
+    fn drop(&mut self) {
+        if self.then.probe.settled {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let placeholder = Timed {
+            reply: StoreReply::Alone(Box::pin(std::future::pending())),
+            timer: None,
+        };
+        let mut reply = std::mem::replace(&mut self.reply, placeholder);
+        let probe = &mut self.then.probe;
+        probe.settled = true;
+        let mut probe = ProbeGuard {
+            inner: probe.inner.clone(),
+            domain: probe.domain,
+            pass: probe.pass,
+            settled: false,
+            epoch: 0,
+        };
+        let started = self.then.started;
+        runtime.spawn(async move {
+            let timeout = probe.inner.timeout;
+            let result = std::future::poll_fn(|cx| reply.poll_within(timeout, cx)).await;
+            let result = result.and_then(|answered| probe.inner.counted(answered));
+            let _ = probe.record(result, started, false);
+        });
     }
 }
 
@@ -289,8 +330,9 @@ pub(super) fn count(decision: &Decision) {
 }
 
 /// One store call on its way: records its outcome with the breaker, and if
-/// it is dropped unfinished (the request went away), frees the breaker's
-/// probe slot so the next check can probe.
+/// it is dropped unfinished, frees the breaker's probe slot so the next
+/// check can probe. A decision its caller gave up on hands its guard to a
+/// task that awaits the call instead ([`Settling`]'s `Drop`).
 pub(super) struct ProbeGuard {
     pub(super) inner: Arc<Inner>,
     /// The fault domain of the call's keys, whose breaker it answers to
