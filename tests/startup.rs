@@ -208,9 +208,24 @@ async fn a_redis_loading_past_the_deadline_fails_connect_naming_it() {
 /// (`-@write`, as a read-only key selector gives) connected and then
 /// failed every check into the `OnStoreError` policy: under `Allow`, no
 /// limit at all. The probes write nothing (the keyspace stays empty).
+/// A user denied only a write a counter's spend makes (`INCRBY`, `SET`,
+/// `HSET`, ...) connected too; the probe script now makes each of them on
+/// a key it deletes in the same script.
 #[tokio::test]
 async fn a_user_denied_the_scripts_writes_fails_connect_naming_its_acl() {
-    for (denied, command) in [("@write", "DEL"), ("del", "DEL"), ("pexpire", "PEXPIRE")] {
+    let denials = [
+        ("@write", "DEL"),
+        ("del", "DEL"),
+        ("pexpire", "PEXPIRE"),
+        ("incrby", "INCRBY"),
+        ("decrby", "DECRBY"),
+        ("set", "SET"),
+        ("hset", "HSET"),
+        ("zadd", "ZADD"),
+        ("zrem", "ZREM"),
+        ("zremrangebyscore", "ZREMRANGEBYSCORE"),
+    ];
+    for (denied, command) in denials {
         let server = RedisServer::start();
         let url = server.acl_user_without("limiter", "secret", denied).await;
         let message = startup_error(&url, Some(&server)).await;
@@ -225,6 +240,19 @@ async fn a_user_denied_the_scripts_writes_fails_connect_naming_its_acl() {
             .unwrap();
         assert_eq!(size, 0, "-{denied}: the startup check wrote keys");
     }
+}
+
+/// A Redis out of memory (`maxmemory` reached under `noeviction`) still
+/// connects: its checks follow the store-error policy until memory frees,
+/// and startup does not hold that against it. The write probes that a full
+/// Redis refuses (`OOM`) are not counted as a refusal of the user's.
+#[tokio::test]
+async fn a_redis_out_of_memory_still_connects() {
+    let server = RedisServer::start();
+    server.refuse_writes(true).await;
+    let store = RedisStore::connect(server.url()).await;
+    assert!(store.is_ok(), "{store:?}\n{}", server.log());
+    server.refuse_writes(false).await;
 }
 
 /// Fails unless `server`'s ACL log holds a refusal of the command `what`.

@@ -35,8 +35,11 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_L
 /// `lua/concurrency_release.lua`.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 
+/// `lua/probe_writes.lua`, run once by the startup check.
+pub(crate) static PROBE_WRITES: LazyLock<Script> = LazyLock::new(|| Script::new(PROBE_WRITES_LUA));
+
 /// Every script the Redis store runs, with its source, for loading them all.
-pub(crate) fn all() -> [(&'static Script, &'static str); 9] {
+pub(crate) fn all() -> [(&'static Script, &'static str); 10] {
     [
         (&RESERVE, RESERVE_LUA),
         (&DECIDE, DECIDE_LUA),
@@ -47,6 +50,7 @@ pub(crate) fn all() -> [(&'static Script, &'static str); 9] {
         (&ACQUIRE, ACQUIRE_LUA),
         (&RENEW, RENEW_LUA),
         (&RELEASE, RELEASE_LUA),
+        (&PROBE_WRITES, PROBE_WRITES_LUA),
     ]
 }
 
@@ -152,3 +156,6 @@ pub const RENEW_LUA: &str = concat!(
 
 /// `lua/concurrency_release.lua`.
 pub const RELEASE_LUA: &str = include_str!("../../lua/concurrency_release.lua");
+
+/// `lua/probe_writes.lua`: see its header.
+const PROBE_WRITES_LUA: &str = include_str!("../../lua/probe_writes.lua");

@@ -36,12 +36,14 @@ impl RedisStore {
     /// once at startup, so that a Redis that is unreachable, refuses the
     /// password, cannot run the scripts (scripting disabled or renamed, a
     /// Redis-protocol server without Lua's `cmsgpack`) or refuses writes (a
-    /// read-only replica, `MISCONF`, a user whose ACL denies the scripts'
-    /// `DEL` or `PEXPIRE`; it deletes and expires a key that is never set,
-    /// `redis-ratelimit:self-test:{self-test}:write`, to see, which writes
-    /// nothing) stops the
-    /// service with a message, instead of failing every request into the
-    /// [`OnStoreError`](crate::OnStoreError) policy.
+    /// read-only replica, `MISCONF`, a user whose ACL denies any write the
+    /// scripts make; it deletes and expires a key that is never set,
+    /// `redis-ratelimit:self-test:{self-test}:write`, which writes nothing,
+    /// then makes the scripts' other writes on that key and deletes it in
+    /// the same script, `lua/probe_writes.lua`, which leaves nothing) stops
+    /// the service with a message, instead of failing every request into
+    /// the [`OnStoreError`](crate::OnStoreError) policy. A Redis out of
+    /// memory (`noeviction`) is not held against it.
     ///
     /// A Redis still loading its dataset from disk (a restart, `LOADING`)
     /// is waited for, within the same deadline.
@@ -118,19 +120,7 @@ impl RedisStore {
         // markers). The decisions below cost 0 and only read, which a
         // replica and a read-only user allow.
         for probe in write_probes() {
-            match self.run::<Value>(Call::command(probe)).await {
-                Err(Error::Redis(e)) if e.code() == Some("NOPERM") => {
-                    return Err(Error::Startup(format!(
-                        "this user may not make the writes the limiter's scripts make \
-                         (DEL, PEXPIRE, SET, INCRBY, DECRBY, and for the concurrency \
-                         limiter ZADD and ZREM): allow them on the limiter's keys in its \
-                         ACL: {e}"
-                    )));
-                }
-                result => {
-                    result?;
-                }
-            }
+            refused_by_acl(self.run::<Value>(Call::command(probe)).await)?;
         }
         for (script, source) in scripts::all() {
             let mut load = redis::cmd("SCRIPT");
@@ -162,7 +152,29 @@ impl RedisStore {
                 )));
             }
         }
-        Ok(())
+        // Every other write the scripts make, each on a key the probe
+        // deletes before it returns (`lua/probe_writes.lua`). A Redis out
+        // of memory refuses them (`OOM`), which startup does not hold
+        // against it, as above.
+        let probe = Call::new(&scripts::PROBE_WRITES, &[WRITE_PROBE]);
+        match self.run::<Value>(probe).await {
+            Err(Error::Redis(e)) if e.code() == Some("OOM") => Ok(()),
+            result => refused_by_acl(result).map(drop),
+        }
+    }
+}
+
+/// `result`, or if Redis refused it by the user's ACL (`NOPERM`), a startup
+/// error that says so.
+fn refused_by_acl(result: Result<Value, Error>) -> Result<Value, Error> {
+    match result {
+        Err(Error::Redis(e)) if e.code() == Some("NOPERM") => Err(Error::Startup(format!(
+            "this user may not make the writes the limiter's scripts make \
+             (DEL, PEXPIRE, SET, INCRBY, DECRBY, HSET, and for the concurrency \
+             limiter ZADD, ZREM and ZREMRANGEBYSCORE): allow them on the \
+             limiter's keys in its ACL: {e}"
+        ))),
+        result => result,
     }
 }
 
@@ -170,8 +182,8 @@ impl RedisStore {
 /// [`WRITE_PROBE`], a key that is never set: `DEL` it, `PEXPIRE` it. Neither
 /// is refused by a Redis out of memory (`noeviction`), which startup does
 /// not hold against a store: its checks follow the policy until memory
-/// frees. `INCRBY`, `DECRBY` and `SET` have no form that writes nothing and
-/// that a full Redis takes, so a user denied only those is not caught here.
+/// frees. The other writes are probed by `lua/probe_writes.lua`, after the
+/// scripts are loaded.
 fn write_probes() -> [redis::Cmd; 2] {
     let mut del = redis::cmd("DEL");
     del.arg(WRITE_PROBE);
