@@ -293,17 +293,19 @@ async fn actix_skip(b: Backend) {
     assert_eq!(spoofed, [200, 429]);
 }
 
+/// Server errors are refunded, each its whole cost (2 units here, of 4).
 async fn actix_refunds(b: Backend) {
-    let limiter = b.limiter("2/60s");
+    let limiter = b.limiter("4/60s");
     let layer = RateLimitMiddleware::new(limiter.clone(), key::Header::new("x-api-key"))
-        .refund_when(Refund::ServerErrors);
+        .refund_when(Refund::ServerErrors)
+        .cost(|_| 2);
     let url = spawn_status_app(layer);
     let caller = Caller::with_key(Some("k"));
     for _ in 0..4 {
         let r = caller.get(&format!("{url}/status/500")).await;
         assert_eq!(r.status, 500, "{r:?}");
         let wait = async {
-            while limiter.peek("k", 1).await.unwrap().remaining() != 2 {
+            while limiter.peek("k", 1).await.unwrap().remaining() != 4 {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
         };

@@ -270,3 +270,34 @@ async fn builder_takes_unannotated_closures_and_a_non_clone_extractor() {
     assert!(res.int("retry-after") >= 1, "{res:?}");
     assert_eq!(seen.0.load(Ordering::Relaxed), 8, "every request was keyed");
 }
+
+/// A request whose cost is above the whole quota could never be admitted:
+/// over HTTP it is a 429 at once, without `Retry-After` (no wait would
+/// help), with a body naming its cost and the limit, and nothing spent:
+/// the next request of cost 1 sees the whole quota. On both stores.
+#[tokio::test]
+async fn a_cost_above_the_quota_is_a_429_without_retry_after_and_spends_nothing() {
+    for b in [Backend::memory(), Backend::redis().await] {
+        let limiter = b.builder("5/1m").name("over").build().unwrap();
+        let layer = RateLimitLayer::new(limiter, Global)
+            .legacy_headers(true)
+            .cost(|p| if p.uri.path() == "/heavy" { 9 } else { 1 });
+        let routes = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route("/heavy", get(|| async { "ok" }));
+        let url = spawn_axum(routes.layer(layer), false).await;
+        let caller = Caller::with_key(None);
+        for _ in 0..2 {
+            let res = caller.get(&format!("{url}/heavy")).await;
+            let res = res.expect(429, &log(&b));
+            assert_eq!(res.header("retry-after"), None, "{res:?}");
+            assert!(
+                res.body
+                    .contains("request cost 9 exceeds the rate limit of 5"),
+                "{res:?}"
+            );
+        }
+        let res = caller.get(&url).await.expect(200, &log(&b));
+        assert_eq!(res.header("x-ratelimit-remaining"), Some("4"), "{res:?}");
+    }
+}
