@@ -396,3 +396,64 @@ async fn acquires_their_callers_give_up_on_still_open_the_concurrency_breaker() 
     }
     server.assert_every_key_has_ttl().await;
 }
+
+/// A probe acquire its caller gives up on, whose runtime then ends before
+/// the acquire is due, gives its probe back: the breaker probes again, and
+/// closes once Redis answers. Before, the task that awaited the abandoned
+/// probe was dropped with its runtime holding the breaker's pass, the
+/// probe slot stayed taken, and every acquire after was `CircuitOpen` for
+/// the life of the process.
+#[test]
+fn a_given_up_probe_whose_runtime_ends_gives_its_probe_back() {
+    use redis_ratelimit::concurrency::ConcurrencyLimiter;
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let main = runtime();
+    let server = RedisServer::start();
+    let limiter = main.block_on(async {
+        ConcurrencyLimiter::builder(4)
+            .store(server.store().await)
+            .timeout(Duration::from_millis(200))
+            .breaker(
+                Breaker::new()
+                    .failures(1)
+                    .cooldown(Duration::from_millis(100)),
+            )
+            .build()
+            .unwrap()
+    });
+    server.freeze(true);
+    let err = main.block_on(limiter.acquire("k")).unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    std::thread::sleep(Duration::from_millis(150));
+    {
+        let other = runtime();
+        let given_up = other.block_on(async {
+            tokio::time::timeout(Duration::from_millis(10), limiter.acquire("k")).await
+        });
+        assert!(
+            given_up.is_err(),
+            "answered on a frozen Redis: {given_up:?}"
+        );
+    }
+    server.freeze(false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match main.block_on(limiter.acquire("k")) {
+            Ok(acquired) => {
+                assert!(acquired.is_acquired(), "{acquired:?}");
+                break;
+            }
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no lease 5 s after Redis thawed: {e}\n{}",
+                server.log()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -257,7 +257,8 @@ impl ConcurrencyLimiter {
     /// nothing. An abandoned acquire's outcome is `unsettled`: recorded with
     /// the breaker as it comes, a timeout at its due time, as if its caller
     /// had waited for it. Outside a Tokio runtime nothing can run: the lease
-    /// expires on its own, and the breaker's pass is given back.
+    /// expires on its own, and the breaker's pass is given back (as it is
+    /// if the task is dropped first, its runtime gone: [`Unsettled`]).
     fn release_later(
         &self,
         key: Arc<str>,
@@ -267,9 +268,8 @@ impl ConcurrencyLimiter {
     ) {
         let Ok(rt) = Handle::try_current() else {
             tracing::debug!(key = %key, "concurrency acquire abandoned outside a Tokio runtime; its lease expires on its own");
-            if let Some(u) = unsettled {
-                self.inner.breaker.abandon(u.domain, u.pass);
-            }
+            // Dropped: the pass is given back.
+            drop(unsettled);
             return;
         };
         let limiter = self.clone();
@@ -280,7 +280,7 @@ impl ConcurrencyLimiter {
                 if let Some(u) = unsettled {
                     match tokio::time::timeout_at(u.due, &mut call).await {
                         Ok(outcome) => {
-                            limiter.record(u.domain, u.pass, outcome.as_ref().err());
+                            u.record(outcome.as_ref().err());
                             if let Ok(LeaseState {
                                 acquired: false, ..
                             }) = outcome
@@ -290,10 +290,7 @@ impl ConcurrencyLimiter {
                             release_quietly(inner, &key, &token).await;
                             return;
                         }
-                        Err(_) => {
-                            let e = Error::Timeout(inner.timeout);
-                            limiter.record(u.domain, u.pass, Some(&e));
-                        }
+                        Err(_) => u.record(Some(&Error::Timeout(inner.timeout))),
                     }
                 }
                 // Wait for the real outcome, but at most one lease time; an
@@ -363,11 +360,31 @@ struct Pending {
 }
 
 /// An acquire its caller gave up on, whose outcome the breaker still
-/// awaits: the breaker's domain and pass, and when it times out.
+/// awaits: the breaker's domain and pass, and when it times out. Dropped
+/// unrecorded (its task dropped with its runtime, or never spawned), it
+/// gives the pass back, so that a probe's slot is never held for good.
 struct Unsettled {
+    limiter: ConcurrencyLimiter,
     domain: u8,
     pass: Pass,
     due: Instant,
+    recorded: bool,
+}
+
+impl Unsettled {
+    /// Records the acquire's outcome with the breaker: `failed` or not.
+    fn record(mut self, failed: Option<&Error>) {
+        self.recorded = true;
+        self.limiter.record(self.domain, self.pass, failed);
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.limiter.inner.breaker.abandon(self.domain, self.pass);
+        }
+    }
 }
 
 impl Drop for Pending {
@@ -383,7 +400,13 @@ impl Drop for Pending {
             (Some(call), Some(due)) => {
                 let (key, token) = (self.key.clone(), self.token.clone());
                 let (domain, pass) = (self.domain, self.pass);
-                let unsettled = Unsettled { domain, pass, due };
+                let unsettled = Unsettled {
+                    limiter: self.limiter.clone(),
+                    domain,
+                    pass,
+                    due,
+                    recorded: false,
+                };
                 self.limiter
                     .release_later(key, token, Some(call), Some(unsettled));
             }
