@@ -54,7 +54,13 @@ if refused then
   -- subcommand"): it is given `NOPERM`, as outside a script. Any other
   -- refusal a write can meet here (`READONLY`, `MISCONF`) was met first by
   -- the check's plain `DEL`, so only `OOM` keeps a code of its own.
-  if not (refused:find('^OOM') or refused:find('^NOPERM')) then
+  -- (Redis 6 put the script's line before an error's code: an `OOM` is
+  -- found by its text too.)
+  if refused:find('OOM command not allowed', 1, true) then
+    if not refused:find('^OOM') then
+      refused = 'OOM ' .. refused
+    end
+  elseif not refused:find('^NOPERM') then
     refused = 'NOPERM ' .. refused
   end
   return redis.error_reply(refused)
