@@ -479,7 +479,9 @@ async fn run<C: Batched>(
             .flatten();
         let doubtful = doubt == Doubt::TimedOut as u8;
         let router = (routing.current(&conn, reread, doubtful, shortest.cut(until))).await;
-        // Callers that gave up (timed out, went away) cost Redis nothing.
+        // Requests past their deadline, and those nobody awaits any more,
+        // cost Redis nothing. (A limiter's check its caller gave up on is
+        // still awaited, for the breaker: `Settling`'s `Drop`.)
         drop_finished(&mut jobs, Instant::now());
         if jobs.is_empty() {
             continue;
