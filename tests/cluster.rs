@@ -930,3 +930,58 @@ async fn a_node_that_may_evict_the_counters_is_warned_of_at_startup() {
         "{warnings:#?}"
     );
 }
+
+/// A `Store::decide` request whose keys are on two masters fails alone
+/// (the cluster refuses it, `CROSSSLOT`), and the limiter's checks sent
+/// at the same time on the first key's master are decided. It was batched
+/// with them by its first key, the script aborted at its second key on
+/// another node, and every request of that call got the error: from 7 to
+/// all 60 of the limiter's checks a round failed, some after their units
+/// were spent, and the failures could open the limiter's breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_keys_span_masters_fails_alone() {
+    use redis_ratelimit::store::LimitCheck;
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let limiter = Limiter::builder("1000/1m".parse().unwrap())
+        .store(store.clone())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    let masters = cluster.masters();
+    let on = |m: u16| {
+        (0..10_000)
+            .map(|i| format!("k{i}"))
+            .find(|k| cluster.master_of(k) == m)
+            .unwrap()
+    };
+    let spanning: Vec<LimitCheck> = [on(masters[0]), on(masters[1])]
+        .into_iter()
+        .map(|key| LimitCheck {
+            key,
+            quota: Quota::per_minute(10),
+            shadow: false,
+        })
+        .collect();
+    let clients: Vec<String> = (0..1000)
+        .map(|i| format!("c{i}"))
+        .filter(|c| cluster.master_of(&limiter.store_key(c)) == masters[0])
+        .take(60)
+        .collect();
+    for round in 0..5 {
+        let checks = join_all(clients.iter().map(|c| limiter.check(c, 1)));
+        let (decided, refused) = tokio::join!(checks, async {
+            tokio::task::yield_now().await;
+            store.decide(spanning.clone(), 1).await
+        });
+        assert!(refused.is_err(), "round {round}: {refused:?}");
+        for (client, decision) in clients.iter().zip(&decided) {
+            let d = decision.as_ref().unwrap_or_else(|e| {
+                panic!("round {round}: {client} failed beside the spanning request: {e}")
+            });
+            assert!(d.is_allowed() && d.remaining() == 999 - round, "{d:?}");
+        }
+    }
+    cluster.assert_every_key_has_ttl();
+}

@@ -456,6 +456,21 @@ impl Future for StoreReply {
     }
 }
 
+impl RedisStore {
+    /// Whether `checks`' keys are in more than one Redis Cluster hash slot
+    /// (never, off a cluster).
+    fn spans_slots(&self, checks: &[LimitCheck]) -> bool {
+        match (&self.backend, checks) {
+            #[cfg(feature = "cluster")]
+            (Backend::Cluster(_), [first, rest @ ..]) => {
+                let slot = cluster::slot(&first.key);
+                rest.iter().any(|c| cluster::slot(&c.key) != slot)
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Store for RedisStore {
     fn instance(&self) -> Option<usize> {
         Some(self.batcher.instance())
@@ -517,10 +532,12 @@ impl Store for RedisStore {
                 limit,
             })));
         }
-        // A request the scripts refuse (no checks) goes alone: in a batch,
-        // the script's refusal would fail every request of the call. A
-        // `Limiter` never sends one.
-        if checks.is_empty() {
+        // A request the scripts refuse (no checks), or on a cluster one
+        // whose keys are in several hash slots (Redis refuses it, or a
+        // script aborts at a key of another node), goes alone: in a batch,
+        // that refusal would fail every request of the call, after some had
+        // spent. A `Limiter` never sends one.
+        if checks.is_empty() || self.spans_slots(&checks) {
             let reply = self.decide_one(checks, cost);
             return Box::pin(async move { reply.await.map(|(states, _)| states.into_vec()) });
         }
