@@ -6,7 +6,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use redis_ratelimit::{Breaker, Error, Limiter, OnStoreError};
+use redis_ratelimit::{
+    Breaker, Error, Limiter, OnStoreError,
+    concurrency::{Acquired, ConcurrencyLimiter},
+};
 use support::{
     RedisServer,
     http::Caller,
@@ -214,7 +217,6 @@ async fn over_http_a_cached_denial_has_the_status_and_headers_redis_would_give()
 /// again within seconds, and no key is left without a TTL.
 #[tokio::test]
 async fn the_concurrency_breaker_opens_when_redis_hangs_and_closes_after() {
-    use redis_ratelimit::concurrency::{Acquired, ConcurrencyLimiter};
     let server = RedisServer::start();
     let limiter = ConcurrencyLimiter::builder(2)
         .store(server.store().await)
@@ -239,18 +241,7 @@ async fn the_concurrency_breaker_opens_when_redis_hangs_and_closes_after() {
     assert!(took < Duration::from_secs(1), "1000 acquires took {took:?}");
 
     server.freeze(false);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match limiter.acquire("k").await {
-            Ok(Acquired::Lease(_)) => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "no lease 5 s after Redis thawed: {other:?}\n{}",
-                server.log()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leased_again(&limiter, &server).await;
     drop(held);
     server.assert_every_key_has_ttl().await;
 }
@@ -360,7 +351,6 @@ async fn checks_their_callers_give_up_on_still_open_the_breaker() {
 /// TTL (the given-up acquires' tokens are released in the background).
 #[tokio::test]
 async fn acquires_their_callers_give_up_on_still_open_the_concurrency_breaker() {
-    use redis_ratelimit::concurrency::{Acquired, ConcurrencyLimiter};
     let server = RedisServer::start();
     let limiter = ConcurrencyLimiter::builder(2)
         .store(server.store().await)
@@ -382,18 +372,7 @@ async fn acquires_their_callers_give_up_on_still_open_the_concurrency_breaker() 
         }
     }
     server.freeze(false);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match limiter.acquire("k").await {
-            Ok(Acquired::Lease(_)) => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "no lease 5 s after Redis thawed: {other:?}\n{}",
-                server.log()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leased_again(&limiter, &server).await;
     server.assert_every_key_has_ttl().await;
 }
 
@@ -405,7 +384,6 @@ async fn acquires_their_callers_give_up_on_still_open_the_concurrency_breaker() 
 /// the life of the process.
 #[test]
 fn a_given_up_probe_whose_runtime_ends_gives_its_probe_back() {
-    use redis_ratelimit::concurrency::ConcurrencyLimiter;
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -441,19 +419,22 @@ fn a_given_up_probe_whose_runtime_ends_gives_its_probe_back() {
         );
     }
     server.freeze(false);
+    main.block_on(leased_again(&limiter, &server));
+}
+
+/// Waits up to 5 s for `limiter` to grant a lease of `k` again, once
+/// `server` has thawed.
+async fn leased_again(limiter: &ConcurrencyLimiter, server: &RedisServer) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match main.block_on(limiter.acquire("k")) {
-            Ok(acquired) => {
-                assert!(acquired.is_acquired(), "{acquired:?}");
-                break;
-            }
-            Err(e) => assert!(
+        match limiter.acquire("k").await {
+            Ok(Acquired::Lease(_)) => return,
+            other => assert!(
                 Instant::now() < deadline,
-                "no lease 5 s after Redis thawed: {e}\n{}",
+                "no lease 5 s after Redis thawed: {other:?}\n{}",
                 server.log()
             ),
         }
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
