@@ -506,3 +506,32 @@ async fn calls_to_an_unknown_method_are_not_refunded_as_server_errors() {
         assert_ttls(&b).await;
     }
 }
+
+/// A call the key extractor refuses is answered in gRPC's terms, as the
+/// README's table maps it: a missing key header (400) `INVALID_ARGUMENT`,
+/// a server error of the extractor's (500) `INTERNAL`, neither with a
+/// retry hint, and the message a fixed text, not the extractor's reason.
+#[tokio::test]
+async fn a_call_without_a_key_is_invalid_argument_and_a_key_server_error_internal() {
+    let header = RateLimitLayer::new(
+        Limiter::new(Quota::per_minute(100)),
+        redis_ratelimit::key::Header::new("x-api-key"),
+    );
+    let mut calls = client(&spawn(header).await).await;
+    let status = check(&mut calls).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_none());
+
+    let failing = redis_ratelimit::key::from_fn(|_: &Parts| {
+        Err::<redis_ratelimit::Key, _>(redis_ratelimit::key::KeyError::Rejected {
+            status: http::StatusCode::INTERNAL_SERVER_ERROR,
+            reason: "the auth step set no tenant".into(),
+        })
+    });
+    let layer = RateLimitLayer::new(Limiter::new(Quota::per_minute(100)), failing);
+    let mut calls = client(&spawn(layer).await).await;
+    let status = check(&mut calls).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(!status.message().contains("tenant"), "{status:?}");
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_none());
+}
