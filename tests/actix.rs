@@ -432,7 +432,64 @@ async fn actix_an_inner_error_built_once_reaches_the_client_whole() {
     assert_eq!(&body[..], b"who are you");
 }
 
+/// `RateLimitMiddleware::each` keys each limit by its own extractor: 2 a
+/// minute per API key, 3 a minute for everyone (`Global`). A third call
+/// of one key is denied by its own limit, and a fourth key's first call by
+/// the shared one, each 429 naming its limit.
+async fn actix_each(b: Backend) {
+    let limiter = b
+        .builder("2/60s")
+        .name("per-key")
+        .limit("everyone", redis_ratelimit::Quota::per_minute(3))
+        .build()
+        .unwrap();
+    let layer = RateLimitMiddleware::each(limiter, (key::Header::new("x-api-key"), key::Global));
+    let url = format!("{}/", spawn_status_app(layer));
+    let a = Caller::with_key(Some("a"));
+    assert_eq!(a.statuses(&url, 2).await, [200, 200]);
+    let denied = a.get(&url).await.expect(429, &log(&b));
+    assert!(
+        denied
+            .header("ratelimit")
+            .unwrap()
+            .starts_with(r#""per-key";r=0"#),
+        "{denied:?}"
+    );
+    Caller::with_key(Some("b"))
+        .get(&url)
+        .await
+        .expect(200, &log(&b));
+    let denied = Caller::with_key(Some("c"))
+        .get(&url)
+        .await
+        .expect(429, &log(&b));
+    assert!(
+        denied
+            .header("ratelimit")
+            .unwrap()
+            .starts_with(r#""everyone";r=0"#),
+        "{denied:?}"
+    );
+}
+
+/// With every limit in shadow, the actix middleware denies nothing: a
+/// request without its key and one over the limit both pass, the second
+/// carrying the headers of the denial it would have been.
+async fn actix_shadow(b: Backend) {
+    let limiter = b.builder("1/60s").shadow(true).build().unwrap();
+    let layer = RateLimitMiddleware::new(limiter, key::Header::new("x-api-key"));
+    let url = format!("{}/", spawn_status_app(layer));
+    let keyless = Caller::with_key(None).get(&url).await.expect(200, &log(&b));
+    assert!(!keyless.has_ratelimit_headers(), "{keyless:?}");
+    let a = Caller::with_key(Some("a"));
+    a.get(&url).await.expect(200, &log(&b));
+    let over = a.get(&url).await.expect(200, &log(&b));
+    assert_eq!(over.ratelimit("r"), 0, "{over:?}");
+}
+
 support::for_every_store!(
+    actix_shadow,
+    actix_each,
     actix_tiers,
     actix_skip,
     actix_refunds,
