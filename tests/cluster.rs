@@ -985,3 +985,75 @@ async fn a_request_whose_keys_span_masters_fails_alone() {
     }
     cluster.assert_every_key_has_ttl();
 }
+
+/// While a frozen master's keys keep coming, a check of another master's
+/// key waits for no call to the frozen one: each takes well under the
+/// limiter's 2 s timeout. Calls go out in rounds (one call per node, two
+/// rounds in flight), and a round's permit was held until its slowest
+/// call ended: with a check of the frozen master in every round, the
+/// other masters' checks waited for a round about as long as the frozen
+/// calls took (their timeout, or redis-rs's own). A call outstanding past
+/// a grace now gives its round's permit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_masters_calls_hold_no_round_from_the_other_masters() {
+    let cluster = RedisCluster::start();
+    let limiter = Limiter::builder("100000000/1m".parse().unwrap())
+        .store(cluster.store().await)
+        .timeout(Duration::from_secs(2))
+        .breaker(Breaker::disabled())
+        .build()
+        .unwrap();
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    for port in cluster.masters() {
+        let set = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .clone();
+        let () = cluster.query(port, &set);
+    }
+    let frozen = cluster.masters()[0];
+    let on_frozen = |c: &String| cluster.master_of(&limiter.store_key(c)) == frozen;
+    let all: Vec<String> = (0..2000).map(|i| format!("h{i}")).collect();
+    let others: Vec<String> = all
+        .iter()
+        .filter(|c| !on_frozen(c))
+        .take(100)
+        .cloned()
+        .collect();
+    let stuck: Vec<String> = all
+        .iter()
+        .filter(|c| on_frozen(c))
+        .take(100)
+        .cloned()
+        .collect();
+    cluster.freeze(frozen, true);
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut checks = Vec::new();
+    let mut i = 0;
+    while Instant::now() < until {
+        let (l, key) = (limiter.clone(), stuck[i % stuck.len()].clone());
+        tokio::spawn(async move { l.check(&key, 1).await });
+        let (l, key) = (limiter.clone(), others[i % others.len()].clone());
+        checks.push(tokio::spawn(async move {
+            let asked = Instant::now();
+            (l.check(&key, 1).await, asked.elapsed())
+        }));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut slowest = Duration::ZERO;
+    for check in checks {
+        let (result, took) = check.await.unwrap();
+        if let Err(e) = result {
+            cluster.freeze(frozen, false);
+            panic!("a live master's check failed: {e}");
+        }
+        slowest = slowest.max(took);
+    }
+    cluster.freeze(frozen, false);
+    assert!(
+        slowest < Duration::from_millis(700),
+        "a live master's check took {slowest:?} beside a frozen master"
+    );
+}

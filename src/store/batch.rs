@@ -26,7 +26,10 @@
 //! cost about 650 instructions a request; a call has one, and the queue
 //! is swept on one while every round is out. A call whose requests have all
 //! timed out is dropped, so a Redis that never answers holds no round's
-//! permit past their deadlines. A request without a deadline (through
+//! permit past their deadlines; on a cluster, whose rounds are a call per
+//! node, a call gives its round's permit back once it has waited
+//! [`Batched::DETACH`], so that a node that never answers holds up no
+//! other node's requests. A request without a deadline (through
 //! [`Store::decide`](crate::Store::decide), whose caller keeps its own
 //! timer) counts as waiting until its caller goes away: a call is dropped
 //! once every caller of it has gone too.
@@ -66,7 +69,7 @@ use smallvec::{SmallVec, smallvec};
 use tokio::{
     runtime::{Handle, RuntimeFlavor},
     sync::{
-        Semaphore,
+        OwnedSemaphorePermit, Semaphore,
         mpsc::{self, error::TrySendError},
         oneshot,
     },
@@ -94,7 +97,8 @@ mod routing;
 pub(crate) use self::deadline::Deadline;
 use self::{
     deadline::{
-        Held, Shortest, Sweep, Timer, Waiter, Waiting, drop_finished, read_until, within_deadlines,
+        Held, Hold, Shortest, Sweep, Timer, Waiter, Waiting, drop_finished, read_until,
+        within_deadlines,
     },
     fill::Fill,
     lanes::Lanes,
@@ -145,6 +149,12 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
     fn spread(_group: &Self::Group) -> bool {
         false
     }
+
+    /// How long a call holds its round's permit at most, if not until it
+    /// ends: where a round is several calls (one per cluster node), so that
+    /// a node that does not answer holds up no round, and with it no other
+    /// node's requests, past this. The call goes on awaiting its answer.
+    const DETACH: Option<Duration> = None;
 }
 
 /// How long a router is used before it is read again.
@@ -564,7 +574,17 @@ enum Doubt {
 
 /// Sends one group of requests as one call and answers each request, or
 /// a timeout at its deadline.
-async fn send<C: Batched>(mut jobs: Vec<Job>, conn: &mut C, call: Sent, timer: Pin<&mut Timer>) {
+///
+/// `permit` is the round's, held until the call ends or, on a store whose
+/// rounds are several calls, [`Batched::DETACH`] after it was sent; given
+/// back if still held, for the lane to drop once idle.
+async fn send<C: Batched>(
+    mut jobs: Vec<Job>,
+    conn: &mut C,
+    call: Sent,
+    timer: Pin<&mut Timer>,
+    permit: Arc<OwnedSemaphorePermit>,
+) -> Option<Arc<OwnedSemaphorePermit>> {
     // Inline for the batches of nearly every call (about 8 requests under
     // load), as the call's own vectors are.
     let mut waiters: SmallVec<[Waiter; 16]> = jobs
@@ -587,7 +607,12 @@ async fn send<C: Batched>(mut jobs: Vec<Job>, conn: &mut C, call: Sent, timer: P
             false => decide(conn, &requests).await,
         }
     };
-    let result = within_deadlines(decided, &mut waiters, timer).await;
+    let mut held = Some(permit);
+    let hold = Hold {
+        permit: &mut held,
+        until: C::DETACH.map(|detach| Instant::now() + detach),
+    };
+    let result = within_deadlines(decided, &mut waiters, timer, hold).await;
     drop(requests);
     match result {
         Some(Ok(answers)) => {
@@ -607,4 +632,5 @@ async fn send<C: Batched>(mut jobs: Vec<Job>, conn: &mut C, call: Sent, timer: P
             (call.stale).fetch_max(Doubt::TimedOut as u8, Ordering::Relaxed);
         }
     }
+    held
 }

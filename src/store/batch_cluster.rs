@@ -15,7 +15,7 @@
 //! while no slot map could be read, are still grouped by slot, with every
 //! key declared.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, time::Duration};
 
 use redis::{
     Cmd, Value,
@@ -61,6 +61,16 @@ impl Batched for ClusterConnection {
     /// they took script calls from 0.24 to 0.29 a request, for no more
     /// requests a second.
     const FILLS: bool = false;
+
+    /// A call to a node that does not answer (frozen, cut off) gives its
+    /// round's permit back after this, and goes on awaiting its requests'
+    /// deadlines: with the permit held until it ended, every round with a
+    /// request for that node held the others' requests for as long, up to
+    /// the limiter's timeout. So at most two rounds' calls to live nodes
+    /// wait on a permit for 50 ms each, and a frozen node has at most two
+    /// such calls sent every 50 ms, each of at most `MAX_BATCH` requests,
+    /// until the breaker of its keys opens.
+    const DETACH: Option<Duration> = Some(Duration::from_millis(50));
 
     fn router(&self) -> BoxFuture<'static, SlotMap> {
         let mut conn = self.clone();

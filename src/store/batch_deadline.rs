@@ -362,12 +362,21 @@ impl Timer {
     }
 }
 
+/// A call's hold on its round's permit: given back (`permit` set to
+/// `None`) at `until`, if the call is still out then.
+pub(super) struct Hold<'a> {
+    pub(super) permit: &'a mut Option<Arc<OwnedSemaphorePermit>>,
+    pub(super) until: Option<Instant>,
+}
+
 /// Awaits `call`, answering each waiter whose deadline comes first with a
-/// timeout (on `timer`); `None` (the call dropped) once nobody waits for it.
+/// timeout (on `timer`), and giving back `hold`'s permit at its time;
+/// `None` (the call dropped) once nobody waits for it.
 pub(super) async fn within_deadlines<F: Future>(
     call: F,
     waiters: &mut [Waiter],
     mut timer: Pin<&mut Timer>,
+    hold: Hold<'_>,
 ) -> Option<F::Output> {
     let mut call = pin!(call);
     std::future::poll_fn(|cx| {
@@ -375,21 +384,25 @@ pub(super) async fn within_deadlines<F: Future>(
             return Poll::Ready(Some(output));
         }
         loop {
-            let earliest = waiters.iter().filter_map(Waiter::due).min();
-            let Some(at) = earliest else {
-                // Callers that bound their wait themselves (`Store::decide`,
-                // the limiter's timer): woken when one goes away, and the
-                // call dropped once all have. Otherwise a call a node never
-                // answers held its round after its callers had timed out.
-                return match waiters.iter_mut().all(|w| w.poll_gone(cx)) {
-                    true => Poll::Ready(None),
-                    false => Poll::Pending,
-                };
+            let due = waiters.iter().filter_map(Waiter::due).min();
+            let release = hold.until.filter(|_| hold.permit.is_some());
+            // Callers that bound their wait themselves (`Store::decide`,
+            // the limiter's timer): woken when one goes away, and the call
+            // dropped once all have. Otherwise a call a node never answers
+            // held its round after its callers had timed out.
+            if due.is_none() && waiters.iter_mut().all(|w| w.poll_gone(cx)) {
+                return Poll::Ready(None);
+            }
+            let Some(at) = earliest(due, release) else {
+                return Poll::Pending;
             };
             if !timer.as_mut().poll_at(Some(at), cx) {
                 return Poll::Pending;
             }
             let now = Instant::now();
+            if release.is_some_and(|release| release <= now) {
+                *hold.permit = None;
+            }
             for waiter in waiters.iter_mut() {
                 waiter.expire(now);
             }

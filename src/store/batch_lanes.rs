@@ -13,7 +13,10 @@
 //!
 //! A lane is idle from when it has answered its call's requests until it
 //! is handed the next one. It releases its round's permit only once idle,
-//! so a round that got a permit from a lane's call finds that lane idle.
+//! so a round that got a permit from a lane's call finds that lane idle;
+//! but for a cluster call outstanding past [`Batched::DETACH`], which gives
+//! the permit back first (the next round's call may then find no idle lane,
+//! and get a task of its own).
 
 use std::{
     pin::pin,
@@ -59,7 +62,7 @@ impl<C: Batched> Lanes<C> {
                     let mut conn = conn;
                     let mut timer = pin!(Timer::new());
                     while let Some((jobs, call, permit)) = calls.recv().await {
-                        send(jobs, &mut conn, call, timer.as_mut()).await;
+                        let permit = send(jobs, &mut conn, call, timer.as_mut(), permit).await;
                         done.store(true, Ordering::Release);
                         drop(permit);
                         fill.answered();
@@ -91,7 +94,7 @@ impl<C: Batched> Lanes<C> {
         let (jobs, call, permit) = work;
         let (mut conn, fill) = (self.conn.clone(), self.fill.clone());
         tokio::spawn(async move {
-            send(jobs, &mut conn, call, pin!(Timer::new())).await;
+            let permit = send(jobs, &mut conn, call, pin!(Timer::new()), permit).await;
             drop(permit);
             fill.answered();
         });
