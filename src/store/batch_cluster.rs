@@ -66,9 +66,10 @@ impl Batched for ClusterConnection {
     /// round's permit back after this, and goes on awaiting its requests'
     /// deadlines: with the permit held until it ended, every round with a
     /// request for that node held the others' requests for as long, up to
-    /// the limiter's timeout. So at most two rounds' calls to live nodes
-    /// wait on a permit for 50 ms each, and a frozen node has at most two
-    /// such calls sent every 50 ms, each of at most `MAX_BATCH` requests,
+    /// the limiter's timeout. So a round waits for a permit 50 ms at most
+    /// (while rounds come no faster than two every 50 ms), and a node
+    /// slower than that (frozen, say) can be sent two rounds' worth of
+    /// requests (up to `ROUND` each) every 50 ms until their deadlines, or
     /// until the breaker of its keys opens.
     const DETACH: Option<Duration> = Some(Duration::from_millis(50));
 
