@@ -363,6 +363,13 @@ async fn limiter_for_a_frozen_master(
         .build()
         .unwrap();
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    serve_without_full_coverage(cluster);
+    limiter
+}
+
+/// Has every master of `cluster` go on serving its slots while another
+/// master is down (`cluster-require-full-coverage no`).
+fn serve_without_full_coverage(cluster: &RedisCluster) {
     for port in cluster.masters() {
         let set = redis::cmd("CONFIG")
             .arg("SET")
@@ -371,7 +378,6 @@ async fn limiter_for_a_frozen_master(
             .clone();
         let () = cluster.query(port, &set);
     }
-    limiter
 }
 
 /// Thaws `frozen` and fails the test if any of round `round`'s `results`
@@ -1004,14 +1010,7 @@ async fn a_frozen_masters_calls_hold_no_round_from_the_other_masters() {
         .build()
         .unwrap();
     assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
-    for port in cluster.masters() {
-        let set = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .clone();
-        let () = cluster.query(port, &set);
-    }
+    serve_without_full_coverage(&cluster);
     let frozen = cluster.masters()[0];
     let on_frozen = |c: &String| cluster.master_of(&limiter.store_key(c)) == frozen;
     let all: Vec<String> = (0..2000).map(|i| format!("h{i}")).collect();
