@@ -26,8 +26,8 @@
 //! cost about 650 instructions a request; a call has one, and the queue
 //! is swept on one while every round is out. A call whose requests have all
 //! timed out is dropped, so a Redis that never answers holds no round's
-//! permit past their deadlines; on a cluster, whose rounds are a call per
-//! node, a call gives its round's permit back once it has waited
+//! permit past their deadlines; on a cluster, whose rounds are calls to
+//! several nodes, a call gives its round's permit back once it has waited
 //! [`Batched::DETACH`], so that a node that never answers holds up no
 //! other node's requests. A request without a deadline (through
 //! [`Store::decide`](crate::Store::decide), whose caller keeps its own
@@ -151,7 +151,7 @@ pub(super) trait Batched: ConnectionLike + Clone + Send + Sync + 'static {
     }
 
     /// How long a call holds its round's permit at most, if not until it
-    /// ends: where a round is several calls (one per cluster node), so that
+    /// ends: where a round is several calls (to several cluster nodes), so that
     /// a node that does not answer holds up no round, and with it no other
     /// node's requests, past this. The call goes on awaiting its answer.
     const DETACH: Option<Duration> = None;
