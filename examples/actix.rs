@@ -54,10 +54,12 @@ async fn serve() -> Result<(), support::Error> {
     let server = match layer.map(RateLimitMiddleware::from) {
         Some(layer) => HttpServer::new(move || App::new().wrap(layer.clone()).configure(routes))
             .disable_signals()
+            .shutdown_timeout(support::DRAIN.as_secs())
             .listen(listener)?
             .run(),
         None => HttpServer::new(|| App::new().configure(routes))
             .disable_signals()
+            .shutdown_timeout(support::DRAIN.as_secs())
             .listen(listener)?
             .run(),
     };

@@ -59,8 +59,7 @@ where
     S::Future: Send,
 {
     let app = ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone());
+    support::drained(serving, shutdown).await?;
     Ok(())
 }

@@ -102,11 +102,6 @@ async fn serve() -> Result<(), support::Error> {
     // New clients are refused from here, as axum, actix and tonic refuse
     // them: not taken into the backlog and left there through the drain.
     drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after 10s; exiting anyway");
-    }
+    support::within_drain(graceful.shutdown()).await;
     Ok(())
 }

@@ -38,11 +38,12 @@ async fn serve() -> Result<(), support::Error> {
     let (_reporter, health) = tonic_health::server::health_reporter();
     // Outside the limit: refunds by a served call's `grpc-status`, which
     // comes in its trailers (RATE_LIMIT_REFUND); otherwise it only forwards.
-    Server::builder()
+    let serving = Server::builder()
         .layer(TrailersLayer::new())
         .layer(option_layer(layer))
         .add_service(health)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown.clone());
+    support::drained(serving, shutdown)
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(())

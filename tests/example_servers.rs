@@ -730,21 +730,29 @@ async fn every_example_exits_cleanly_on_sigterm_and_ctrl_c() {
             let pid = ex.child.id().to_string();
             let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
             assert!(sent.success(), "kill {signal} {pid}");
-            let until = std::time::Instant::now() + Duration::from_secs(10);
-            let status = loop {
-                if let Some(status) = ex.child.try_wait().unwrap() {
-                    break status;
-                }
-                assert!(
-                    std::time::Instant::now() < until,
-                    "{name} {signal}: still running"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
+            let status = exit_within(&mut ex.child, Duration::from_secs(10), name).await;
             assert_eq!(status.code(), Some(0), "{name} {signal}: {status}");
         }
     }
 }
+
+/// Waits up to `within` for `child` to exit, and returns its status.
+async fn exit_within(child: &mut Child, within: Duration, name: &str) -> std::process::ExitStatus {
+    let until = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{name}: still running after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The examples' drain once signalled (`DRAIN` in `examples/support`).
+const DRAIN: Duration = Duration::from_secs(10);
 
 /// Once signalled, every HTTP example stops taking connections while it
 /// drains the ones it holds: a new connection is refused (or closed, or
@@ -754,9 +762,13 @@ async fn every_example_exits_cleanly_on_sigterm_and_ctrl_c() {
 /// exited; axum and actix drop theirs at the signal. (The tonic example
 /// speaks gRPC only, over HTTP/2, so this HTTP/1 connection cannot hold
 /// its drain; tonic drops its listener at the signal too.)
+///
+/// And the drain is bounded: a connection whose answers are never read
+/// cannot keep an example from exiting. axum waited for it for ever, and
+/// actix-web for its default 30 s.
 #[cfg(unix)]
-#[test]
-fn every_example_refuses_new_connections_once_signalled() {
+#[tokio::test(flavor = "multi_thread")]
+async fn every_example_refuses_new_connections_once_signalled() {
     use std::{
         io::{ErrorKind, Read, Write},
         net::{SocketAddr, TcpStream},
@@ -813,20 +825,61 @@ fn every_example_refuses_new_connections_once_signalled() {
             ex.child.try_wait().unwrap().is_none(),
             "{name} exited at once: the busy connection did not hold its drain, so nothing is tested"
         );
-        let Ok(mut client) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-            continue; // refused: the listener is closed
-        };
-        client
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        // A write may fail on a connection already closed: that is fine.
-        let _ = client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-        let mut answer = [0u8; 64];
-        match client.read(&mut answer) {
-            // Closed, reset or answered.
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
-            Err(e) => panic!("{name}: a connection made during the drain: {e}"),
+        // Refused means the listener is closed.
+        if let Ok(mut client) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            client
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            // A write may fail on a connection already closed: that is fine.
+            let _ = client.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+            let mut answer = [0u8; 64];
+            match client.read(&mut answer) {
+                // Closed, reset or answered.
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+                Err(e) => panic!("{name}: a connection made during the drain: {e}"),
+            }
         }
+        let status = exit_within(&mut ex.child, DRAIN + Duration::from_secs(10), name).await;
+        assert_eq!(status.code(), Some(0), "{name}: {status}");
     }
+}
+
+/// The tonic example's drain is bounded too: a `Health/Watch` stream, which
+/// never ends, does not keep it from exiting once signalled (it waited for
+/// the stream for ever).
+#[cfg(all(unix, feature = "tonic"))]
+#[tokio::test]
+async fn the_tonic_example_exits_within_its_drain_while_a_stream_is_open() {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let mut ex = start("tonic", &[("RATE_LIMIT", "off")]);
+    let channel = tonic::transport::Channel::from_shared(ex.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    // The stream is open and served: its first message came.
+    assert!(watch.message().await.unwrap().is_some());
+    let pid = ex.child.id().to_string();
+    let signalled = std::time::Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = exit_within(&mut ex.child, DRAIN + Duration::from_secs(10), "tonic").await;
+    assert_eq!(status.code(), Some(0), "tonic: {status}");
+    assert!(
+        signalled.elapsed() > DRAIN / 2,
+        "tonic exited after {:?}: the stream did not hold its drain, so nothing is tested",
+        signalled.elapsed()
+    );
 }

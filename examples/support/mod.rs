@@ -39,7 +39,16 @@
 //! A bad value stops the server with a message naming the variable (exit
 //! status 2); a Redis that cannot be reached at startup exits with status 1.
 
-use std::{env, fmt, net::SocketAddr, process::ExitCode};
+use std::{
+    env, fmt,
+    future::{Future, IntoFuture},
+    net::SocketAddr,
+    pin::Pin,
+    process::ExitCode,
+    time::Duration,
+};
+
+use futures_util::future::{FutureExt, Shared};
 
 use ipnet::IpNet;
 
@@ -73,8 +82,43 @@ pub struct Setup {
     pub shutdown: Shutdown,
 }
 
-/// [`Setup::shutdown`].
-pub type Shutdown = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+/// [`Setup::shutdown`]: a future every clone of which resolves once the
+/// signal has come.
+pub type Shutdown = Shared<Pin<Box<dyn Future<Output = ()> + Send>>>;
+
+/// How long an example, once signalled, goes on finishing its open
+/// requests. Then it exits, closing what is still open: a client that
+/// never reads its answers, or a gRPC stream that never ends, cannot keep
+/// the process from stopping.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
+/// Awaits `serving`, a server that stops gracefully on `shutdown` too,
+/// giving it at most [`DRAIN`] from the signal to finish its open
+/// requests.
+#[allow(dead_code)] // not by hyper, which drains its own connections
+pub async fn drained<E>(
+    serving: impl IntoFuture<Output = Result<(), E>>,
+    shutdown: Shutdown,
+) -> Result<(), E> {
+    let serving = serving.into_future();
+    tokio::pin!(serving);
+    tokio::select! {
+        served = &mut serving => return served,
+        () = shutdown => {}
+    }
+    within_drain(serving).await.unwrap_or(Ok(()))
+}
+
+/// Awaits `draining` for at most [`DRAIN`]: `None`, and a warning, if it
+/// has not ended by then.
+#[allow(dead_code)] // not by actix-web, which has its own timeout
+pub async fn within_drain<F: Future>(draining: F) -> Option<F::Output> {
+    let drained = tokio::time::timeout(DRAIN, draining).await.ok();
+    if drained.is_none() {
+        tracing::warn!("requests still open after {DRAIN:?}: exiting anyway");
+    }
+    drained
+}
 
 /// Reads the environment, connects the store, binds the listener and logs
 /// the startup line.
@@ -148,7 +192,7 @@ pub fn init_tracing() {
 
 /// Resolves on ctrl-c or, on Unix, SIGTERM (a signal that cannot be
 /// watched is never received): every example then finishes its open
-/// requests and exits with status 0, actix-web's too (`actix.rs` turns
+/// requests, for up to [`DRAIN`], and exits with status 0, actix-web's too (`actix.rs` turns
 /// actix-web's own signal handling off, which stopped at once on ctrl-c).
 /// The signals are watched from this call on, not from the first poll.
 fn shutdown_signal() -> Shutdown {
@@ -159,7 +203,7 @@ fn shutdown_signal() -> Shutdown {
             signal(SignalKind::interrupt()),
             signal(SignalKind::terminate()),
         );
-        Box::pin(async move {
+        let signalled: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
             let which = match (int, term) {
                 (Ok(mut int), Ok(mut term)) => tokio::select! {
                     _ = int.recv() => "ctrl-c",
@@ -175,16 +219,20 @@ fn shutdown_signal() -> Shutdown {
                 }
                 (Err(_), Err(_)) => std::future::pending().await,
             };
-            tracing::info!("{which}: finishing open requests, then exiting");
-        })
+            tracing::info!("{which}: finishing open requests, then exiting (within {DRAIN:?})");
+        });
+        signalled.shared()
     }
     #[cfg(not(unix))]
-    Box::pin(async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        tracing::info!("ctrl-c: finishing open requests, then exiting");
-    })
+    {
+        let signalled: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tracing::info!("ctrl-c: finishing open requests, then exiting (within {DRAIN:?})");
+        });
+        signalled.shared()
+    }
 }
 
 /// Turns the server's result into the process exit status, printing the
