@@ -317,6 +317,51 @@ async fn actix_refunds(b: Backend) {
     assert_eq!(after, [404, 404, 429]);
 }
 
+/// With tiers, a refund goes back to the limiter of the tier that spent
+/// (a pro request's to `pro`, not to the default), as under tower.
+async fn actix_a_tier_is_refunded_in_its_own_limiter(b: Backend) {
+    let pro = b.builder("2/60s").name("pro").build().unwrap();
+    let default = b.limiter("1/60s");
+    let tiers = Tiers::new(default.clone()).tier(pro.clone());
+    let layer = RateLimitMiddleware::tiered(
+        tiers,
+        key::Header::new("x-plan"),
+        key::Header::new("x-api-key"),
+    )
+    .refund_when(Refund::ServerErrors);
+    let url = spawn_status_app(layer);
+    let client = Caller::with_key(None).client();
+    let headers = [("x-api-key", "k"), ("x-plan", "pro")];
+    for _ in 0..4 {
+        let r = get_with(&client, &format!("{url}/status/500"), &headers).await;
+        assert_eq!(r.status, 500, "{r:?}");
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(r#""pro";q=2;w=60"#),
+            "{r:?}"
+        );
+        let wait = async {
+            while pro.peek("k", 1).await.unwrap().remaining() != 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("the refund landed in pro's limiter");
+    }
+    // The default tier was neither charged nor credited.
+    assert_eq!(default.peek("k", 1).await.unwrap().remaining(), 1);
+    let after: Vec<u16> = [
+        get_with(&client, &format!("{url}/status/404"), &headers).await,
+        get_with(&client, &format!("{url}/status/404"), &headers).await,
+        get_with(&client, &format!("{url}/status/404"), &headers).await,
+    ]
+    .iter()
+    .map(|r| r.status.as_u16())
+    .collect();
+    assert_eq!(after, [404, 404, 429]);
+}
+
 /// An inner service's `Err` (here a `wrap_fn`'s, as actix-web-httpauth's
 /// 401 or actix-cors's refusal are) is the answer the client gets: a 503,
 /// refunded as a 503 response is and carrying the rate-limit headers, as
@@ -493,6 +538,7 @@ support::for_every_store!(
     actix_tiers,
     actix_skip,
     actix_refunds,
+    actix_a_tier_is_refunded_in_its_own_limiter,
     actix_inner_errors_are_settled_as_their_answers
 );
 
