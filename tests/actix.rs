@@ -293,6 +293,19 @@ async fn actix_skip(b: Backend) {
     assert_eq!(spoofed, [200, 429]);
 }
 
+/// Waits (10 s at most) until `key` has `remaining` units left in
+/// `limiter`: a refund, which lands after the response, has landed.
+async fn refunded(limiter: &redis_ratelimit::Limiter, key: &str, remaining: u64) {
+    let wait = async {
+        while limiter.peek(key, 1).await.unwrap().remaining() != remaining {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("no refund landed: {key} never had {remaining} left"));
+}
+
 /// Server errors are refunded, each its whole cost (2 units here, of 4).
 async fn actix_refunds(b: Backend) {
     let limiter = b.limiter("4/60s");
@@ -304,14 +317,7 @@ async fn actix_refunds(b: Backend) {
     for _ in 0..4 {
         let r = caller.get(&format!("{url}/status/500")).await;
         assert_eq!(r.status, 500, "{r:?}");
-        let wait = async {
-            while limiter.peek("k", 1).await.unwrap().remaining() != 4 {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
-            .await
-            .expect("the refund landed");
+        refunded(&limiter, "k", 4).await;
     }
     let after = caller.statuses(&format!("{url}/status/404"), 3).await;
     assert_eq!(after, [404, 404, 429]);
@@ -340,14 +346,7 @@ async fn actix_a_tier_is_refunded_in_its_own_limiter(b: Backend) {
             Some(r#""pro";q=2;w=60"#),
             "{r:?}"
         );
-        let wait = async {
-            while pro.peek("k", 1).await.unwrap().remaining() != 2 {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
-            .await
-            .expect("the refund landed in pro's limiter");
+        refunded(&pro, "k", 2).await;
     }
     // The default tier was neither charged nor credited.
     assert_eq!(default.peek("k", 1).await.unwrap().remaining(), 1);

@@ -727,13 +727,18 @@ async fn every_example_exits_cleanly_on_sigterm_and_ctrl_c() {
     for signal in ["-TERM", "-INT"] {
         for name in &names {
             let mut ex = start(name, &[]);
-            let pid = ex.child.id().to_string();
-            let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
-            assert!(sent.success(), "kill {signal} {pid}");
+            kill(&ex.child, signal);
             let status = exit_within(&mut ex.child, Duration::from_secs(10), name).await;
             assert_eq!(status.code(), Some(0), "{name} {signal}: {status}");
         }
     }
+}
+
+/// Sends `signal` (`-TERM`, `-INT`) to `child`.
+fn kill(child: &Child, signal: &str) {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
+    assert!(sent.success(), "kill {signal} {pid}");
 }
 
 /// Waits up to `within` for `child` to exit, and returns its status.
@@ -810,14 +815,7 @@ async fn every_example_refuses_new_connections_once_signalled() {
             seen = now;
             std::thread::sleep(Duration::from_millis(200));
         }
-        let pid = ex.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        kill(&ex.child, "-TERM");
         ex.stopping
             .recv_timeout(Duration::from_secs(10))
             .unwrap_or_else(|_| panic!("{name} never logged the stop signal"));
@@ -866,15 +864,8 @@ async fn the_tonic_example_exits_within_its_drain_while_a_stream_is_open() {
         .into_inner();
     // The stream is open and served: its first message came.
     assert!(watch.message().await.unwrap().is_some());
-    let pid = ex.child.id().to_string();
     let signalled = std::time::Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    kill(&ex.child, "-TERM");
     let status = exit_within(&mut ex.child, DRAIN + Duration::from_secs(10), "tonic").await;
     assert_eq!(status.code(), Some(0), "tonic: {status}");
     assert!(
