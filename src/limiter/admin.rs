@@ -200,9 +200,9 @@ impl Limiter {
     ///   the cost, by no more than is still outstanding of that spend, and
     ///   never before now.
     /// - How exactly the spent window is told from a later one depends on
-    ///   the store. The [`MemoryStore`] knows every window's end to the ms
-    ///   on its own clock: a window begun after a [reset](Self::reset) is
-    ///   never credited, unless it began in the very ms the spent one did
+    ///   the store. The [`MemoryStore`] knows every fixed or sliding window's
+    ///   end to the ms on its own clock: a window begun after a
+    ///   [reset](Self::reset) is never credited, unless it began in the very ms the spent one did
     ///   (a reset and the next request in the ms of the spend), which no
     ///   end told to the ms can tell apart. Redis knows a GCRA spend's end to the µs on its
     ///   clock (its reply says it), so no round trip, however slow, makes a
@@ -218,6 +218,16 @@ impl Limiter {
     ///   next window began within half a window of the spent one's start.
     ///   A custom [`Store`] learns the end the same way, in whole ms
     ///   ([`Refund::window_end_in_ms`](crate::store::Refund)).
+    /// - **GCRA across a reset**, on either store: a GCRA key has no
+    ///   windows to tell apart, and a reset leaves nothing to tell a bucket
+    ///   begun after it from the one spent in. So a decision made before a
+    ///   [reset](Self::reset) and refunded after it moves the new bucket's
+    ///   arrival time back as it would have the old one's (by at most its
+    ///   cost, and only while the old spend would still be outstanding):
+    ///   the key may admit up to that cost more, once per such refund. The
+    ///   middleware can do this by itself, with refunds on, for a request
+    ///   in flight when its key is reset. Where that matters, reset a GCRA
+    ///   key when none of its requests is in flight.
     /// - Counts never drop below zero, and keys keep their expiry.
     /// - A decision that spent nothing (denied, a cost of 0, a
     ///   [`peek`](Self::peek), a cached denial) refunds nothing, without a
