@@ -1058,6 +1058,40 @@ async fn a_larger_map_keeps_reservations_for_more_keys() {
     }
 }
 
+/// A flood of new keys each hit twice (so each reserves, and a full
+/// shard's pass keeps it for its units) does not cost hot keys, each hit
+/// between every two of them, their reservations: each under-admits by at
+/// most n in its window. A pass once dropped a hot key among the flood's
+/// keys, with its unspent units, again and again (where a key sat in its
+/// shard's table decided which, so there are eight).
+#[tokio::test]
+async fn a_flood_of_keys_hit_twice_does_not_drop_hot_keys_units() {
+    let server = RedisServer::start();
+    let l = Limiter::builder("1000/60s".parse().unwrap())
+        .name("global")
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .local_reservation(100)
+        .local_reservation_keys(64)
+        .build()
+        .unwrap();
+    let mut admitted = [0u64; 8];
+    for i in 0..1000 {
+        let key = format!("flood{i}");
+        for _ in 0..2 {
+            assert!(l.check(&key, 1).await.unwrap().is_allowed(), "{key}");
+        }
+        for (hot, count) in admitted.iter_mut().enumerate() {
+            *count += u64::from(l.check(&format!("hot{hot}"), 1).await.unwrap().is_allowed());
+        }
+    }
+    assert!(
+        admitted.iter().all(|&a| a >= 900),
+        "the hot keys admitted {admitted:?} of 1000 each"
+    );
+    server.assert_every_key_has_ttl().await;
+}
+
 /// Checks keys `k0 .. k{keys - 1}` once each, 500 at a time: all allowed.
 async fn check_keys(l: &Limiter, keys: usize) {
     for chunk in (0..keys).collect::<Vec<_>>().chunks(500) {
