@@ -78,7 +78,9 @@ pub enum ConfigError {
     Quota(#[from] QuotaError),
     /// Another live limiter on the same store instance already counts under
     /// these store keys (prefix, algorithm and name; see
-    /// [`LimiterBuilder::name`](crate::LimiterBuilder::name)).
+    /// [`LimiterBuilder::name`](crate::LimiterBuilder::name)), or another
+    /// live concurrency limiter holds its slots there (prefix and name; see
+    /// [`ConcurrencyLimiterBuilder::name`](crate::concurrency::ConcurrencyLimiterBuilder::name)).
     #[error(
         "another live limiter on this store already counts under {0:?}: give this limit its own `.name(..)`, clone the existing limiter to share its counters, or opt in with `.share_counters()`"
     )]

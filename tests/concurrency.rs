@@ -134,13 +134,13 @@ async fn renewal_keeps_a_long_holders_slot_with_memory_store() {
 /// still runs. Each lease is cut only to its own length (the token says
 /// it), as a clock that stepped back needs.
 async fn a_shorter_lease_never_cuts_a_longer_holders(b: Backend) {
+    let short = b.short_lease(1);
     let long = b
         .concurrency_replica(1)
         .await
         .lease(LEASE * 30)
         .build()
         .unwrap();
-    let short = b.short_lease(1);
     // Its first renewal is 10 s away.
     let held = long.acquire("k").await.unwrap().lease().unwrap();
     assert!(!short.acquire("k").await.unwrap().is_acquired());

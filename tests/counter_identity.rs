@@ -1,7 +1,8 @@
 //! Counters are never shared by accident: unnamed limits of different
-//! quotas count apart, a second live limiter on the same counters is a
-//! build error unless it opts in, dropping a limiter frees its names, and a
-//! named limit keeps its counter across a quota change (a rolling deploy).
+//! quotas count apart, a second live limiter on the same counters (or
+//! concurrency limiter on the same slots) is a build error unless it opts
+//! in, dropping a limiter frees its names, and a named limit keeps its
+//! counter across a quota change (a rolling deploy).
 
 mod support;
 
@@ -77,6 +78,38 @@ async fn a_second_live_limiter_on_the_same_counters_is_refused(b: Backend) {
     }
 }
 
+/// The README's stacked in-flight limits, one per key and one for
+/// everyone, unnamed on one store: they shared the slots
+/// `rl:cc:concurrency:{..}`, so a client sending the everyone-layer's key
+/// as its own took that layer's slots. The second is now refused unless
+/// named apart or shared on purpose, as rate limiters are.
+async fn a_second_live_concurrency_limiter_on_the_same_slots_is_refused(b: Backend) {
+    let per_key = b.concurrency(5).build().unwrap();
+    let everyone = b.concurrency(100).build();
+    let Err(ConfigError::SharedCounters(prefix)) = everyone else {
+        panic!("{everyone:?}")
+    };
+    assert!(per_key.store_key("x").starts_with(&prefix), "{prefix}");
+    // Named apart: their own slots.
+    let everyone = b.concurrency(1).name("everyone").build().unwrap();
+    assert_ne!(everyone.store_key("k"), per_key.store_key("k"));
+    let held = everyone.acquire("k").await.unwrap().lease().unwrap();
+    assert!(per_key.acquire("k").await.unwrap().is_acquired());
+    // On purpose: opted in, holding slots together.
+    let shared = b.concurrency(1).name("everyone").share_counters();
+    let shared = shared.build().unwrap();
+    assert!(!shared.acquire("k").await.unwrap().is_acquired());
+    assert!(held.release().await.unwrap());
+    // Dropped (every clone: the released lease's renewal task holds one
+    // until it has seen the release), the name is free again.
+    drop((everyone, shared));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while let Err(e) = b.concurrency(1).name("everyone").build() {
+        assert!(std::time::Instant::now() < until, "{e}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 async fn a_named_limit_keeps_its_counter_when_its_quota_changes(b: Backend) {
     // Version 1 of the service, then version 2 with a raised quota: the
     // same counter (in one process here, so v2 opts in, as a replica
@@ -98,6 +131,7 @@ async fn a_named_limit_keeps_its_counter_when_its_quota_changes(b: Backend) {
 for_every_store!(
     fifty_searches_do_not_lock_out_the_login,
     a_second_live_limiter_on_the_same_counters_is_refused,
+    a_second_live_concurrency_limiter_on_the_same_slots_is_refused,
     a_named_limit_keeps_its_counter_when_its_quota_changes,
 );
 

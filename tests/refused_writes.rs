@@ -470,9 +470,12 @@ async fn oom_gcra_over_http_follows_the_policy() {
 /// A concurrency limit of 2 on `store`, with leases long enough to outlive
 /// the test unrenewed.
 /// A limiter that sends every acquire to `store`: no breaker.
+/// Several of these run on one store in a test, on purpose: the same slots
+/// seen before and after Redis fills, so they share counters.
 fn concurrency(store: RedisStore) -> ConcurrencyLimiter {
     ConcurrencyLimiter::builder(2)
         .store(store)
+        .share_counters()
         .timeout(TEST_TIMEOUT)
         .lease(Duration::from_secs(60))
         .breaker(Breaker::disabled())

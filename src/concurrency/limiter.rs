@@ -127,6 +127,7 @@ impl ConcurrencyLimiter {
             timeout: DEFAULT_TIMEOUT,
             retry_after: DEFAULT_RETRY_AFTER,
             breaker: Breaker::default(),
+            share_counters: false,
         }
     }
 
@@ -427,6 +428,7 @@ pub struct ConcurrencyLimiterBuilder {
     timeout: Duration,
     retry_after: Duration,
     breaker: Breaker,
+    share_counters: bool,
 }
 
 impl ConcurrencyLimiterBuilder {
@@ -439,9 +441,45 @@ impl ConcurrencyLimiterBuilder {
 
     /// The policy name, used in `RateLimit` headers and in store keys
     /// (default `"concurrency"`). Limiters with the same prefix and name
-    /// share slots.
+    /// share slots: replicas (other processes) do so by using the same
+    /// names, as they should.
+    ///
+    /// In one process, building a concurrency limiter whose slots a
+    /// **live** one on the same store already uses (the same prefix and
+    /// name; clones of one [`MemoryStore`] or
+    /// [`RedisStore`](crate::RedisStore) are the same store) fails with
+    /// [`ConfigError::SharedCounters`]: two layers stacked unnamed (one per
+    /// key, one for everyone) would otherwise share slots, and a client
+    /// could send the other layer's key as its own. Clone the limiter to
+    /// share on purpose, or opt in with
+    /// [`share_counters`](Self::share_counters). Dropping every clone of a
+    /// limiter frees its name.
+    ///
+    /// ```
+    /// use redis_ratelimit::{ConfigError, MemoryStore, concurrency::ConcurrencyLimiter};
+    ///
+    /// let store = MemoryStore::new();
+    /// let exports = ConcurrencyLimiter::builder(5).name("exports").store(store.clone()).build()?;
+    /// let again = ConcurrencyLimiter::builder(2).name("exports").store(store.clone()).build();
+    /// assert!(matches!(again, Err(ConfigError::SharedCounters(_))));
+    /// let shared = ConcurrencyLimiter::builder(5)
+    ///     .name("exports")
+    ///     .store(store)
+    ///     .share_counters()
+    ///     .build()?;
+    /// assert_eq!(shared.store_key("k"), exports.store_key("k"));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// Lets this limiter use slots that another live concurrency limiter on
+    /// the same store already uses, on purpose (see [`name`](Self::name));
+    /// without it, that is [`ConfigError::SharedCounters`].
+    pub fn share_counters(mut self) -> Self {
+        self.share_counters = true;
         self
     }
 
@@ -514,18 +552,24 @@ impl ConcurrencyLimiterBuilder {
                 min,
             });
         }
-        Ok(ConcurrencyLimiter {
-            inner: Arc::new(Inner {
-                policy: Arc::new(Policy::new(&self.name, self.limit)),
-                key_prefix: format!("{}:cc:{}:", self.prefix, self.name),
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                lease: self.lease,
-                timeout: self.timeout,
-                retry_after: self.retry_after,
-                breaker: breaker::State::new(self.breaker),
-                metrics: metrics::Keys::new(&self.name),
-            }),
-        })
+        let key_prefix = format!("{}:cc:{}:", self.prefix, self.name);
+        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let instance = store.instance();
+        let inner = Arc::new(Inner {
+            policy: Arc::new(Policy::new(&self.name, self.limit)),
+            key_prefix: key_prefix.clone(),
+            store,
+            lease: self.lease,
+            timeout: self.timeout,
+            retry_after: self.retry_after,
+            breaker: breaker::State::new(self.breaker),
+            metrics: metrics::Keys::new(&self.name),
+        });
+        if let Some(instance) = instance {
+            let prefixes = [key_prefix];
+            crate::limiter::registry::register(instance, &prefixes, self.share_counters, &inner)?;
+        }
+        Ok(ConcurrencyLimiter { inner })
     }
 }
 

@@ -20,7 +20,7 @@ pub use self::builder::{DEFAULT_DENY_CACHE, LimiterBuilder};
 mod admin;
 pub(crate) mod builder;
 mod deciding;
-mod registry;
+pub(crate) mod registry;
 mod reservation;
 mod slots;
 mod wait;

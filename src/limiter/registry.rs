@@ -1,27 +1,31 @@
 //! The in-process guard against two limiters counting on the same counters
 //! by accident: every live limiter's counter prefixes, per store instance.
+//! Rate limiters ([`Limiter`](crate::Limiter)) and concurrency limiters
+//! ([`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)) both
+//! register here; their prefixes never meet (`{prefix}:cc:{name}:` for
+//! the latter, an algorithm's code for the former).
 
 use std::{
+    any::Any,
     collections::HashMap,
     sync::{Arc, Mutex, PoisonError, Weak},
 };
 
-use super::Inner;
 use crate::ConfigError;
 
 /// (store instance, counter prefix) → the live limiters counting there.
-type Registry = HashMap<(usize, String), Vec<Weak<Inner>>>;
+type Registry = HashMap<(usize, String), Vec<Weak<dyn Any + Send + Sync>>>;
 
 static LIVE: Mutex<Option<Registry>> = Mutex::new(None);
 
 /// Registers `inner`'s counter prefixes on store `instance`. Fails, naming
 /// the first prefix, if a live limiter already counts under one of them,
 /// unless `share` (this limiter opted in to sharing).
-pub(super) fn register(
+pub(crate) fn register<T: Any + Send + Sync>(
     instance: usize,
     prefixes: &[String],
     share: bool,
-    inner: &Arc<Inner>,
+    inner: &Arc<T>,
 ) -> Result<(), ConfigError> {
     let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
     let live = live.get_or_insert_with(HashMap::new);
@@ -39,7 +43,8 @@ pub(super) fn register(
     }
     for prefix in prefixes {
         let entry = live.entry((instance, prefix.clone())).or_default();
-        entry.push(Arc::downgrade(inner));
+        let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(inner) as Weak<T>;
+        entry.push(weak);
     }
     Ok(())
 }

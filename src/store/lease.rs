@@ -82,4 +82,15 @@ pub trait LeaseStore: fmt::Debug + Send + Sync + 'static {
         let _ = key;
         0
     }
+
+    /// An identity shared by this store and its clones, as
+    /// [`Store::instance`](crate::Store::instance) gives it: a
+    /// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) uses
+    /// it to refuse, at build time, slots that a live concurrency limiter on
+    /// the same store already uses (see
+    /// [`ConcurrencyLimiterBuilder::share_counters`](crate::concurrency::ConcurrencyLimiterBuilder::share_counters)).
+    /// The default, `None`, skips that check.
+    fn instance(&self) -> Option<usize> {
+        None
+    }
 }

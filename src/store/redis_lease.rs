@@ -21,6 +21,10 @@ fn flag(script: &str, n: i64) -> Result<bool, Error> {
 }
 
 impl LeaseStore for RedisStore {
+    fn instance(&self) -> Option<usize> {
+        crate::Store::instance(self)
+    }
+
     fn acquire(
         &self,
         key: &str,

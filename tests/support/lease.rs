@@ -46,9 +46,10 @@ impl Backend {
     }
 
     /// A builder sharing this backend's leases through a separate
-    /// connection, as another replica would.
+    /// connection, as another replica would (on the memory store, the same
+    /// store, shared on purpose).
     pub async fn concurrency_replica(&self, limit: u64) -> ConcurrencyLimiterBuilder {
-        let builder = ConcurrencyLimiter::builder(limit);
+        let builder = ConcurrencyLimiter::builder(limit).share_counters();
         match self {
             Backend::Memory(m) => builder.store(m.clone()),
             Backend::Redis(server, _) => builder.store(server.store().await),

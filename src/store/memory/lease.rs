@@ -269,6 +269,10 @@ fn refused(script: &str, what: &str) -> Error {
 }
 
 impl LeaseStore for MemoryStore {
+    fn instance(&self) -> Option<usize> {
+        crate::Store::instance(self)
+    }
+
     fn acquire(
         &self,
         key: &str,
