@@ -16,6 +16,7 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use redis_ratelimit::{
     Limiter, Quota, RAW_KEY_MAX,
+    concurrency::ConcurrencyLimiter,
     key::{ClientIp, ForwardedHeader, Header, KeyError, KeyExtractor, RequestInfo},
 };
 
@@ -330,6 +331,54 @@ proptest! {
         }
         // Business keys go straight to the limiter, whatever their length.
         assert_store_key_sound(&limiter, &value)?;
+    }
+
+    /// A concurrency limiter's keys are made as a single limit's are:
+    /// bounded, one hash tag around the client part, and apart for
+    /// different client bytes.
+    #[test]
+    fn concurrency_keys_are_bounded_with_the_tag_intact_and_apart(
+        a in client_bytes(),
+        b in client_bytes(),
+    ) {
+        let limiter = ConcurrencyLimiter::new(1);
+        let key = limiter.store_key(&a);
+        let fixed = "rl:cc:concurrency:".len();
+        prop_assert!(key.len() <= fixed + RAW_KEY_MAX + 2, "{}", key);
+        prop_assert_eq!(key.find('{'), Some(fixed), "{}", key);
+        prop_assert_eq!(key.matches('{').count(), 1, "{}", key);
+        prop_assert_eq!(key.matches('}').count(), 1, "{}", key);
+        prop_assert!(key.ends_with('}'), "{}", key);
+        prop_assume!(a != b);
+        prop_assert_ne!(key, limiter.store_key(&b));
+    }
+
+    /// Several limits' keys share the limiter's hash tag, and the client
+    /// part after it can neither open nor close one (a client's braces
+    /// would move the keys to another slot, or apart): bounded, and apart
+    /// for different client bytes.
+    #[test]
+    fn several_limits_keys_share_one_tag_that_clients_cannot_touch(
+        a in client_bytes(),
+        b in client_bytes(),
+    ) {
+        let limiter = Limiter::builder(Quota::per_second(1))
+            .name("second")
+            .limit("day", Quota::per_day(9))
+            .build()
+            .unwrap();
+        let keys = limiter.store_keys(&a);
+        prop_assert_eq!(keys.len(), 2);
+        let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
+        for key in &keys {
+            prop_assert_eq!(key.matches('{').count(), 1, "{}", key);
+            prop_assert_eq!(key.matches('}').count(), 1, "{}", key);
+            prop_assert_eq!(tag(key), tag(&keys[0]), "{:?}", keys);
+            let client = &key[key.find('}').unwrap() + 1..];
+            prop_assert!(client.len() <= RAW_KEY_MAX + 1, "{}", key);
+        }
+        prop_assume!(a != b);
+        prop_assert_ne!(&keys, &limiter.store_keys(&b));
     }
 
     #[test]
