@@ -3,30 +3,33 @@
 //! A hot key's requests all come here, from every worker thread, so a hit
 //! takes one lock and writes nothing else that is shared: no reference
 //! count, no cache's own lock. Each key's entry holds its value inline, a
-//! second-chance bit, and the key's single flight (a Tokio mutex behind an
-//! `Arc`, cloned only by the requests that call the store).
+//! second-chance count of its hits since the last pass (saturating at
+//! 255), and the key's single flight (a Tokio mutex behind an `Arc`,
+//! cloned only by the requests that call the store).
 //!
 //! The map holds at most its capacity ([`RESERVED_KEYS`] unless
 //! [`LimiterBuilder::local_reservation_keys`](super::LimiterBuilder::local_reservation_keys)
 //! says otherwise), in shards of at most [`SHARD_KEYS`] keys (at least
 //! [`SHARDS`] of them) picked by a hash seeded at random per map
-//! (foldhash's quality variant, the hash quick_cache uses), so a client cannot aim at one shard, and a shard
-//! holds so few keys that even a chosen collision costs a bounded scan. A
-//! shard that is full when a key is new drops, in one pass, every entry
-//! neither hit since the last pass, nor in a flight, nor holding live units,
-//! and if that leaves it above 7/8 full, idle entries until it is not: those
-//! not hit since the last pass first, then those hit that hold no units,
-//! then any. A pass frees at least an eighth of the shard, so it costs a
-//! few slots per new key, and a key that is hit between passes (a hot key)
-//! is kept unless more than 7/8 of its shard was hit since the last pass
-//! too. Dropping an entry only drops its unspent units: an
-//! under-admission, never an over-admission. Every entry that holds no
-//! units and was not hit goes before any that holds units, so a flood of
-//! new keys (which hold none: see below) cannot make a tenant's
-//! reservation go to waste between its requests; nor can a flood of keys
-//! each hit twice, which reserve and so hold units, drop a key hit since
-//! the last pass (they once did, and a hot key lost its units again and
-//! again).
+//! (foldhash's quality variant, the hash quick_cache uses), so a client
+//! cannot aim at one shard, and a shard holds so few keys that even a
+//! chosen collision costs a bounded scan. A shard that is full when a key
+//! is new drops, in one pass, every entry neither hit since the last pass,
+//! nor in a flight, nor holding live units, and if that leaves it above 7/8
+//! full, idle entries until it is not: those not hit since the last pass
+//! first, then those hit that hold no units, then any, the fewest hit
+//! first in each. A pass frees at least an eighth of the shard, so it
+//! costs a few slots per new key, and a key that is hit between passes (a
+//! hot key) is kept unless more than 7/8 of its shard was hit since the
+//! last pass too, at least as often. Dropping an entry only drops its
+//! unspent units: an under-admission, never an over-admission. Every entry
+//! that holds no units and was not hit goes before any that holds units,
+//! so a flood of new keys (which hold none: see below) cannot make a
+//! tenant's reservation go to waste between its requests; nor can a flood
+//! of keys each hit twice, which reserve and so hold units, drop a key hit
+//! more often since the last pass, even on the shard's first pass, when
+//! every key in it was hit (they once did, and a hot key lost its units
+//! again and again).
 //!
 //! Once a pass has dropped a key, the map is *crowded*: more keys are in
 //! use than it holds. From then on a key it does not hold is only noted
@@ -73,8 +76,9 @@ struct Entry<V> {
     hash: u64,
     value: V,
     flight: Flight,
-    /// Hit since the last pass (second chance).
-    used: bool,
+    /// Hits since the last pass (second chance; saturating): a pass that
+    /// must drop keys hit since the last one drops the fewest hit first.
+    hits: u8,
 }
 
 impl<V> Entry<V> {
@@ -201,7 +205,7 @@ impl<V: Default + Holds> Slots<V> {
             hash,
             value: V::default(),
             flight: Flight::default(),
-            used: false,
+            hits: 0,
         };
         shard.insert_unique(hash, entry, |e| e.hash).into_mut()
     }
@@ -229,7 +233,7 @@ fn hit<'s, V>(
     hash: u64,
 ) -> Option<&'s mut Entry<V>> {
     let entry = shard.find_mut(hash, |e| *e.key == *key)?;
-    entry.used = true;
+    entry.hits = entry.hits.saturating_add(1);
     Some(entry)
 }
 
@@ -239,30 +243,61 @@ fn hit<'s, V>(
 /// flights running, which end within the store's timeout).
 fn make_room<V: Holds>(shard: &mut HashTable<Entry<V>>, cap: usize) {
     let now = Instant::now();
-    shard.retain(|e| e.busy() || e.used || e.value.holds(now));
+    shard.retain(|e| e.busy() || e.hits > 0 || e.value.holds(now));
     let keep = cap - cap / 8;
     let mut excess = shard.len().saturating_sub(keep);
     // Still above 7/8: idle entries not hit since the last pass (they hold
     // units, or the retain above dropped them), then those hit that hold
-    // nothing, then any idle ones. Keys hit since the last pass go last:
-    // keys that hold units could once fill a shard (a flood of keys hit
-    // twice, each reserving), and a pass dropped a hot key among them.
+    // nothing, then any idle ones, the fewest hit first in each. Keys hit
+    // since the last pass go last: keys that hold units could once fill a
+    // shard (a flood of keys hit twice, each reserving), and a pass dropped
+    // a hot key among them; and when the whole shard was hit (its first
+    // pass, in such a flood), a key hit between every two new ones
+    // outnumbers their hits.
     for (hit_too, units_too) in [(false, true), (true, false), (true, true)] {
         if excess == 0 {
             break;
         }
-        shard.retain(|e| {
-            let drop = excess > 0
-                && !e.busy()
-                && (hit_too || !e.used)
-                && (units_too || !e.value.holds(now));
-            excess -= usize::from(drop);
-            !drop
-        });
+        let idle = |e: &Entry<V>| {
+            !e.busy() && (hit_too || e.hits == 0) && (units_too || !e.value.holds(now))
+        };
+        excess -= drop_fewest_hit(shard, excess, idle);
     }
     for e in shard.iter_mut() {
-        e.used = false;
+        e.hits = 0;
     }
+}
+
+/// Drops up to `n` entries for which `idle` holds, those with the fewest
+/// hits first (in the table's order among equals); returns how many.
+fn drop_fewest_hit<V>(
+    shard: &mut HashTable<Entry<V>>,
+    n: usize,
+    idle: impl Fn(&Entry<V>) -> bool,
+) -> usize {
+    let mut by_hits = [0usize; 256];
+    for e in shard.iter().filter(|e| idle(e)) {
+        by_hits[usize::from(e.hits)] += 1;
+    }
+    // Every entry with fewer hits than `cut` goes (`below` of them, fewer
+    // than `n`), and `n - below` of those with `cut` hits.
+    let (mut cut, mut below) = (0, 0);
+    while cut < 255 && below + by_hits[cut] < n {
+        below += by_hits[cut];
+        cut += 1;
+    }
+    let mut at_cut = n - below;
+    let mut dropped = 0;
+    shard.retain(|e| {
+        let hits = usize::from(e.hits);
+        let drop = hits <= cut && idle(e) && (hits < cut || at_cut > 0);
+        if drop && hits == cut {
+            at_cut -= 1;
+        }
+        dropped += usize::from(drop);
+        !drop
+    });
+    dropped
 }
 
 #[cfg(test)]
@@ -297,17 +332,48 @@ mod tests {
     /// client's keys hit twice, each reserving) fills a shard with entries a
     /// pass keeps for their units: the hot key, hit between every two new
     /// keys, was dropped among them (after 116 keys, in a review's run).
+    /// Then, on a shard's first pass, where every key was hit, it went one
+    /// time in five (the hash is seeded per map, so 32 maps are tried).
     #[test]
     fn a_flood_of_keys_holding_units_drops_no_key_hit_since_the_last_pass() {
-        let slots: Slots<u64> = Slots::with_capacity(SHARDS * 16);
-        slots.entry(b"tenant", |v| *v = 7);
-        for i in 0..10_000u32 {
-            let key = format!("u{i}");
-            slots.entry(key.as_bytes(), |v| *v = 1);
-            slots.with(key.as_bytes(), |_| ());
-            assert_eq!(slots.with(b"tenant", |v| *v), Some(7), "after {i} keys");
+        for map in 0..32 {
+            let slots: Slots<u64> = Slots::with_capacity(SHARDS * 16);
+            slots.entry(b"tenant", |v| *v = 7);
+            for i in 0..2_000u32 {
+                let key = format!("u{i}");
+                slots.entry(key.as_bytes(), |v| *v = 1);
+                slots.with(key.as_bytes(), |_| ());
+                let tenant = slots.with(b"tenant", |v| *v);
+                assert_eq!(tenant, Some(7), "map {map}, after {i} keys");
+            }
+            assert!(slots.len() <= SHARDS * 16, "{} keys held", slots.len());
         }
-        assert!(slots.len() <= SHARDS * 16, "{} keys held", slots.len());
+    }
+
+    /// When more keys must go than were not hit, the fewest hit go first.
+    #[test]
+    fn a_pass_drops_the_fewest_hit_first() {
+        let hasher = RandomState::default();
+        let mut shard = HashTable::new();
+        for (i, hits) in [5u8, 1, 255, 0, 3, 1, 2].into_iter().enumerate() {
+            let key = [i as u8];
+            let hash = hasher.hash_one(key);
+            let entry = Entry {
+                key: key.into(),
+                hash,
+                value: 1u64,
+                flight: Flight::default(),
+                hits,
+            };
+            shard.insert_unique(hash, entry, |e| e.hash);
+        }
+        assert_eq!(drop_fewest_hit(&mut shard, 4, |_| true), 4);
+        let mut left: Vec<u8> = shard.iter().map(|e| e.hits).collect();
+        left.sort_unstable();
+        assert_eq!(left, [3, 5, 255]);
+        // More asked than there are: every one goes, and the count says so.
+        assert_eq!(drop_fewest_hit(&mut shard, 9, |e| e.hits < 100), 2);
+        assert_eq!(shard.len(), 1);
     }
 
     #[test]
