@@ -344,6 +344,69 @@ async fn checks_their_callers_give_up_on_still_open_the_breaker() {
     );
 }
 
+/// Peeks until the breaker lets one through (its cooldown over, 5 s at
+/// most), and returns that peek's answer: the breaker's probe.
+async fn first_peek_past_the_breaker(
+    limiter: &Limiter,
+) -> Result<redis_ratelimit::Decision, Error> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.peek("k", 1).await {
+            Err(Error::CircuitOpen) => {
+                assert!(Instant::now() < deadline, "the breaker never probed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A peek takes the breaker's pass as a check does: refused at once while
+/// the breaker is open, and the one probe once its cooldown ends. A probe
+/// peek that fails opens it for another cooldown (the check after it is
+/// refused at once, not a probe of its own); one that succeeds closes it,
+/// so the breaker takes its three failures to open again (not one, as a
+/// half-open breaker's probe would).
+#[tokio::test]
+async fn a_peek_is_the_breakers_probe_as_a_check_is() {
+    let server = RedisServer::start();
+    let limiter = breaker_limiter(server.store().await);
+    assert!(limiter.check("warm", 1).await.unwrap().is_allowed());
+    server.freeze(true);
+    for _ in 0..3 {
+        let r = limiter.check("k", 1).await;
+        assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    }
+    let r = limiter.peek("k", 1).await;
+    assert!(
+        matches!(r, Err(Error::CircuitOpen)),
+        "an open breaker let a peek through: {r:?}"
+    );
+
+    let probe = first_peek_past_the_breaker(&limiter).await;
+    assert!(matches!(probe, Err(Error::Timeout(_))), "{probe:?}");
+    let r = limiter.check("k", 1).await;
+    assert!(
+        matches!(r, Err(Error::CircuitOpen)),
+        "a failed probe peek left it closed: {r:?}"
+    );
+
+    server.freeze(false);
+    let probe = first_peek_past_the_breaker(&limiter).await;
+    assert!(probe.is_ok_and(|d| d.is_allowed()));
+    server.freeze(true);
+    for i in 0..3 {
+        let r = limiter.check("k", 1).await;
+        assert!(
+            matches!(r, Err(Error::Timeout(_))),
+            "failure {i} after a probe peek: {r:?}"
+        );
+    }
+    let r = limiter.check("k", 1).await;
+    assert!(matches!(r, Err(Error::CircuitOpen)), "{r:?}");
+    server.freeze(false);
+}
+
 /// The same for the concurrency limiter: acquires given up at 50 ms on a
 /// frozen Redis, below the limiter's 300 ms, still count for its breaker
 /// once their calls time out, so it opens; once Redis thaws and the
