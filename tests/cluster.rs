@@ -127,6 +127,58 @@ async fn multi_limit_keys_share_one_slot_and_decide_all_or_nothing() {
     cluster.assert_every_key_has_ttl();
 }
 
+/// A refund's and a reset's markers (`<key>#rf:<id>`, `<key>#rs:<id>`:
+/// `lua/once.lua`) sit in their counters' slot, for a client key long
+/// enough to be hashed and for a limiter of several limits (whose keys
+/// share one tag): each call is one script on one node, with no
+/// `CROSSSLOT`, takes effect, and leaves its marker beside the counters,
+/// with a TTL.
+#[tokio::test]
+async fn refund_and_reset_markers_sit_in_their_counters_slot() {
+    let cluster = RedisCluster::start();
+    let long = "x".repeat(redis_ratelimit::RAW_KEY_MAX * 2);
+    let single = cluster
+        .builder("3/1m")
+        .await
+        .name("single")
+        .build()
+        .unwrap();
+    let multi = cluster.builder("3/1m").await.name("user");
+    let multi = multi.limit("global", Quota::per_minute(9)).build().unwrap();
+    let cases = [
+        (&single, vec![long.clone()]),
+        (&multi, vec![long.clone(), "global".to_owned()]),
+    ];
+    for (limiter, keys) in cases {
+        let remaining = || async { limiter.peek_each(&keys, 1).await.unwrap().remaining() };
+        let d = limiter.check_each(&keys, 2).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(remaining().await, 1);
+        limiter.refund_each(&keys, &d).await.unwrap();
+        assert_eq!(remaining().await, 3, "not refunded");
+        assert!(limiter.check_each(&keys, 1).await.unwrap().is_allowed());
+        limiter.reset_each(&keys).await.unwrap();
+        assert_eq!(remaining().await, 3, "not reset");
+
+        let counter = &limiter.store_keys(&keys[0])[0];
+        let slot = cluster.slot_of(counter);
+        let all: Vec<(String, i64)> = cluster.keys_with_ttl().into_values().flatten().collect();
+        for kind in ["#rf:", "#rs:"] {
+            let marker = all
+                .iter()
+                .find(|(k, _)| k.starts_with(counter.as_str()) && k.contains(kind));
+            let (marker, ttl) = marker.unwrap_or_else(|| panic!("no {kind} marker: {all:?}"));
+            assert_eq!(
+                cluster.slot_of(marker),
+                slot,
+                "{marker} apart from {counter}"
+            );
+            assert!(*ttl > 0, "{marker} has TTL {ttl}");
+        }
+    }
+    cluster.assert_every_key_has_ttl();
+}
+
 /// 200 clients, one check each: a key per client, on every master.
 #[tokio::test]
 async fn keys_of_many_clients_spread_over_every_master() {
