@@ -2,7 +2,7 @@
 
 use std::{
     io,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
 };
 
 /// A `tracing` subscriber's output, kept in memory.
@@ -29,6 +29,7 @@ impl Captured {
 
     /// As [`install`](Self::install), for `level` and above.
     pub fn install_at(&self, level: tracing::Level) -> tracing::subscriber::DefaultGuard {
+        never_just_one_dispatcher();
         let out = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
@@ -59,4 +60,19 @@ impl Captured {
             .map(str::to_owned)
             .collect()
     }
+}
+
+/// Keeps a second `tracing` dispatcher registered for the life of the test
+/// binary. While only one is registered, tracing-core decides a callsite's
+/// interest, when it is first reached, from the reaching thread's default
+/// alone, and caches it: a log line first reached on a thread without a
+/// capture (another test, running at the same time) was cached as never
+/// wanted, and a capture on another thread missed it for good (the
+/// breaker's "closed" line, first reached by a test without a capture,
+/// failed `breaker_opens_when_redis_hangs_so_nobody_waits_for_timeouts`).
+/// With two registered, it asks every dispatcher, and a line some capture
+/// wants is checked at each event.
+fn never_just_one_dispatcher() {
+    static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
 }
