@@ -2,8 +2,10 @@
 //! by accident: every live limiter's counter prefixes, per store instance.
 //! Rate limiters ([`Limiter`](crate::Limiter)) and concurrency limiters
 //! ([`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter)) both
-//! register here; their prefixes never meet (`{prefix}:cc:{name}:` for
-//! the latter, an algorithm's code for the former).
+//! register here, in one map, so a prefix either kind already uses is
+//! refused to the other too (`{prefix}:cc:{name}:` for the latter,
+//! `{prefix}:{fw|sw|gcra}:{name}:` for the former: they meet only where a
+//! prefix or a name spells the other's form).
 
 use std::{
     any::Any,
