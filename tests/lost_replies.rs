@@ -3,9 +3,8 @@
 //! on the new one. A decision is then charged twice (a limit is reached
 //! early, never passed). A refund takes effect once: run twice, it would
 //! give its cost back twice and lift the limit, so its first run leaves a
-//! marker that the second finds (`lua/once.lua`). A reset whose reply is
-//! lost is sent again without an error (that its second run deletes
-//! nothing spent in between is tested on the script, in `admin.rs`).
+//! marker that the second finds (`lua/once.lua`). So does a reset: run
+//! twice, it would forget what another replica charged between its runs.
 
 mod support;
 
@@ -13,17 +12,23 @@ use redis_ratelimit::{Limiter, RedisStore};
 use support::{RedisServer, TEST_TIMEOUT, limits::admitted, lossy::LossyProxy};
 
 /// On `store`, whose connections go through `proxy`: a decision, a refund
-/// and a reset, each losing its reply and sent again.
+/// and a reset, each losing its reply and sent again. `direct` is a store
+/// on the same Redis, not through the proxy: another replica's.
 async fn lost_replies_are_sent_again_and_take_effect_once(
     store: RedisStore,
+    direct: RedisStore,
     proxy: &LossyProxy,
     log: impl Fn() -> String,
 ) {
-    let l = Limiter::builder("4/1h".parse().unwrap())
-        .store(store)
-        .timeout(TEST_TIMEOUT)
-        .build()
-        .unwrap();
+    let limiter = |store| {
+        Limiter::builder("4/1h".parse().unwrap())
+            .store(store)
+            .timeout(TEST_TIMEOUT)
+            .build()
+            .unwrap()
+    };
+    let l = limiter(store);
+    let other = limiter(direct);
 
     // Sent again on a new connection: charged twice.
     proxy.lose_next_reply();
@@ -49,12 +54,40 @@ async fn lost_replies_are_sent_again_and_take_effect_once(
     );
     assert_eq!(admitted(&l, "k", 4).await, 3);
 
-    proxy.lose_next_reply();
-    l.reset("k")
+    // The reset's first run deletes the counter; another replica then
+    // charges a unit, before the reset's reply (held, then lost) makes this
+    // one send it again. The second run finds the first's marker and
+    // deletes nothing: run again, it would forget that unit.
+    proxy.lose_and_hold_next_reply();
+    let reset = tokio::spawn({
+        let l = l.clone();
+        async move { l.reset("k").await }
+    });
+    let ran = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while proxy.lost() < 3 {
+        assert!(
+            tokio::time::Instant::now() < ran,
+            "the reset did not run\n{}",
+            log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let between = other.check("k", 1).await.unwrap();
+    assert_eq!(
+        between.remaining(),
+        3,
+        "the reset's first run did not delete"
+    );
+    proxy.let_go();
+    reset
         .await
+        .unwrap()
         .unwrap_or_else(|e| panic!("a reset sent again: {e}\n{}", log()));
-    assert_eq!(proxy.lost(), 3, "no reply was lost\n{}", log());
-    assert_eq!(l.peek("k", 1).await.unwrap().remaining(), 4);
+    assert_eq!(
+        l.peek("k", 1).await.unwrap().remaining(),
+        3,
+        "the reset's second run forgot the unit charged between its runs"
+    );
 }
 
 #[tokio::test]
@@ -63,7 +96,8 @@ async fn a_pool_sends_a_lost_refund_again_and_credits_it_once() {
     let proxy = LossyProxy::start(server.port()).await;
     let store = support::pool_store(&proxy.url(), 2, || server.log()).await;
     store.self_test().await.unwrap();
-    lost_replies_are_sent_again_and_take_effect_once(store, &proxy, || server.log()).await;
+    let direct = server.store().await;
+    lost_replies_are_sent_again_and_take_effect_once(store, direct, &proxy, || server.log()).await;
 }
 
 /// One sentinel, monitoring the master at the proxy's address: the store
@@ -87,5 +121,6 @@ async fn a_sentinel_store_sends_a_lost_refund_again_and_credits_it_once() {
     let store = RedisStore::sentinel([sentinel.url()], MASTER)
         .await
         .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", log()));
-    lost_replies_are_sent_again_and_take_effect_once(store, &proxy, log).await;
+    let direct = master.store().await;
+    lost_replies_are_sent_again_and_take_effect_once(store, direct, &proxy, log).await;
 }

@@ -1,7 +1,10 @@
 //! A TCP proxy that can lose a reply: it passes a script call on to Redis,
 //! lets Redis run it, then closes the client's connection instead of
 //! passing the answer back. A link that drops there leaves the client
-//! unable to tell a call Redis ran from one it never got.
+//! unable to tell a call Redis ran from one it never got. A lost reply can
+//! be held: the connection stays open, its reply unsent, until the test
+//! lets it go, so that the test can act between a call's first run and
+//! the client's resend.
 
 use std::{
     net::SocketAddr,
@@ -17,6 +20,7 @@ use tokio::{
         TcpListener, TcpStream,
         tcp::{OwnedReadHalf, OwnedWriteHalf},
     },
+    sync::Semaphore,
     task::JoinHandle,
 };
 
@@ -27,7 +31,14 @@ pub struct LossyProxy {
     addr: SocketAddr,
     armed: Arc<AtomicBool>,
     lost: Arc<AtomicU64>,
+    hold: Arc<Hold>,
     accept: JoinHandle<()>,
+}
+
+/// Whether a lost reply is held, and the permit that lets it go.
+struct Hold {
+    next: AtomicBool,
+    release: Semaphore,
 }
 
 impl LossyProxy {
@@ -36,7 +47,11 @@ impl LossyProxy {
         let addr = listener.local_addr().unwrap();
         let armed = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicU64::new(0));
-        let (arm, count) = (armed.clone(), lost.clone());
+        let hold = Arc::new(Hold {
+            next: AtomicBool::new(false),
+            release: Semaphore::new(0),
+        });
+        let (arm, count, held) = (armed.clone(), lost.clone(), hold.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let server = TcpStream::connect(("127.0.0.1", upstream)).await.unwrap();
@@ -49,13 +64,20 @@ impl LossyProxy {
                     arm.clone(),
                     doomed.clone(),
                 ));
-                tokio::spawn(replies(from_server, to_client, doomed, count.clone()));
+                tokio::spawn(replies(
+                    from_server,
+                    to_client,
+                    doomed,
+                    count.clone(),
+                    held.clone(),
+                ));
             }
         });
         Self {
             addr,
             armed,
             lost,
+            hold,
             accept,
         }
     }
@@ -75,6 +97,19 @@ impl LossyProxy {
     /// before the reply reaches the client.
     pub fn lose_next_reply(&self) {
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// As [`lose_next_reply`](Self::lose_next_reply), but the connection
+    /// is closed only at [`let_go`](Self::let_go): until then the client
+    /// waits for a reply that Redis has sent and the proxy holds.
+    pub fn lose_and_hold_next_reply(&self) {
+        self.hold.next.store(true, Ordering::SeqCst);
+        self.lose_next_reply();
+    }
+
+    /// Closes the connection whose reply is held.
+    pub fn let_go(&self) {
+        self.hold.release.add_permits(1);
     }
 
     /// How many replies were lost so far.
@@ -117,11 +152,15 @@ async fn replies(
     mut to: OwnedWriteHalf,
     doomed: Arc<AtomicBool>,
     lost: Arc<AtomicU64>,
+    hold: Arc<Hold>,
 ) {
     let mut buf = vec![0; 64 * 1024];
     while let Ok(n @ 1..) = from.read(&mut buf).await {
         if doomed.load(Ordering::SeqCst) {
             lost.fetch_add(1, Ordering::SeqCst);
+            if hold.next.swap(false, Ordering::SeqCst) {
+                hold.release.acquire().await.unwrap().forget();
+            }
             // Dropping the halves closes the client's side (it reads EOF);
             // Redis's closes once the client hangs up.
             return;
