@@ -157,6 +157,38 @@ async fn a_reset_reaches_this_replica_at_once_and_others_within_the_max_age() {
     );
 }
 
+/// A reset forgets every denial this limiter cached, not only its own
+/// key's: with a limit all clients share, another client's denial came from
+/// the shared counter the reset deleted. Fails when a reset forgets only
+/// the cached denial of the keys it reset: `b` stays denied from the cache
+/// for the max age (an hour here).
+#[tokio::test]
+async fn a_reset_of_a_shared_limit_frees_other_clients_cached_denials() {
+    let server = RedisServer::start();
+    let l = Limiter::builder("5/1h".parse().unwrap())
+        .name("user")
+        .limit("all", Quota::per_hour(2))
+        .store(server.store().await)
+        .timeout(TEST_TIMEOUT)
+        .deny_cache_max_age(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    assert!(l.check_each(&["a", "all"], 2).await.unwrap().is_allowed());
+    server.reset_stats().await;
+    for _ in 0..3 {
+        let d = l.check_each(&["b", "all"], 1).await.unwrap();
+        assert_eq!((d.is_allowed(), d.policy()), (false, "all"));
+    }
+    assert_eq!(server.script_calls().await, 1, "b's denial was cached");
+    l.reset_each(&["a", "all"]).await.unwrap();
+    let d = l.check_each(&["b", "all"], 1).await.unwrap();
+    assert!(
+        d.is_allowed(),
+        "b denied from the cache after a reset, by {}",
+        d.policy()
+    );
+}
+
 /// Fails without the deny cache's epoch: a denial Redis made before a
 /// reset, read by its caller only after the reset had cleared this
 /// replica's cache, was cached then, and repeated to the client the reset
