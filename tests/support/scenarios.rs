@@ -241,6 +241,32 @@ pub async fn default_answers(s: &impl Serve, b: &Backend) {
     let wildcard = Caller::with_key(Some("k")).accepting("*/*");
     let res = wildcard.get(&url).await.expect(429, &log(b));
     assert!(res.body.starts_with("rate limit exceeded"), "{res:?}");
+    // problem+json refused by name (q=0), JSON preferred to text: the same
+    // body as plain JSON; the most specific range decides, so `*/*` does
+    // not bring it back. With JSON refused too, or preferred less: text.
+    for (accept, json) in [
+        ("application/problem+json;q=0, application/json", true),
+        ("application/problem+json;q=0, text/plain;q=0.5, */*", true),
+        ("application/problem+json;q=0, text/plain", false),
+        (
+            "application/problem+json;q=0, application/json;q=0, */*",
+            false,
+        ),
+    ] {
+        let caller = Caller::with_key(Some("k")).accepting(accept);
+        let res = caller.get(&url).await.expect(429, &log(b));
+        let retry = res.int("retry-after");
+        let detail = format!("rate limit exceeded; retry in {retry} s");
+        if json {
+            let ct = res.header("content-type");
+            assert_eq!(ct, Some("application/json"), "{accept}: {res:?}");
+            let body: serde_json::Value = serde_json::from_str(&res.body).unwrap();
+            assert_eq!(body["detail"], detail.as_str(), "{accept}: {res:?}");
+            assert_eq!(body["violated-policies"], serde_json::json!(["burst"]));
+        } else {
+            res.expect_text(&detail);
+        }
+    }
 
     let res = Caller::with_key(None).get(&url).await.expect(400, &log(b));
     res.expect_text("missing rate limit key: header x-api-key");
