@@ -1,10 +1,11 @@
-//! A reply lost on its way back, after Redis ran the call: the pool and the
-//! sentinel store replace a connection that dropped and send the call again
-//! on the new one. A decision is then charged twice (a limit is reached
-//! early, never passed). A refund takes effect once: run twice, it would
-//! give its cost back twice and lift the limit, so its first run leaves a
-//! marker that the second finds (`lua/once.lua`). So does a reset: run
-//! twice, it would forget what another replica charged between its runs.
+//! A reply lost on its way back, after Redis ran the call: the pool, the
+//! sentinel store and redis-rs's cluster connection replace a connection
+//! that dropped and send the call again on the new one. A decision is then
+//! charged twice (a limit is reached early, never passed). A refund takes
+//! effect once: run twice, it would give its cost back twice and lift the
+//! limit, so its first run leaves a marker that the second finds
+//! (`lua/once.lua`). So does a reset: run twice, it would forget what
+//! another replica charged between its runs.
 
 mod support;
 
@@ -12,8 +13,9 @@ use redis_ratelimit::{Limiter, RedisStore};
 use support::{RedisServer, TEST_TIMEOUT, limits::admitted, lossy::LossyProxy};
 
 /// On `store`, whose connections go through `proxy`: a decision, a refund
-/// and a reset, each losing its reply and sent again. `direct` is a store
-/// on the same Redis, not through the proxy: another replica's.
+/// and a reset, each losing its reply and sent again. `direct` is another
+/// replica's store on the same Redis (on a cluster, through the same
+/// proxies: a proxy loses one reply at a time).
 async fn lost_replies_are_sent_again_and_take_effect_once(
     store: RedisStore,
     direct: RedisStore,
@@ -123,4 +125,32 @@ async fn a_sentinel_store_sends_a_lost_refund_again_and_credits_it_once() {
         .unwrap_or_else(|e| panic!("RedisStore::sentinel: {e}\n{}", log()));
     let direct = master.store().await;
     lost_replies_are_sent_again_and_take_effect_once(store, direct, &proxy, log).await;
+}
+
+/// Three masters, each announcing its own proxy's port
+/// (`cluster-announce-port`), so that redis-rs's cluster connection reaches
+/// every node through a proxy, and the key's master's loses the replies:
+/// the cluster connection sends a call again on a new connection too.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_store_sends_a_lost_refund_again_and_credits_it_once() {
+    use support::cluster::RedisCluster;
+    let cluster = RedisCluster::start();
+    // Read before the ports change: the map then names the proxies.
+    let owner = cluster.master_of("k");
+    let mut proxies = Vec::new();
+    for port in cluster.masters() {
+        let proxy = LossyProxy::start(port).await;
+        cluster.announce(port, proxy.port());
+        proxies.push((port, proxy));
+    }
+    let urls: Vec<String> = proxies.iter().map(|(_, p)| p.url()).collect();
+    let connect = || async {
+        RedisStore::cluster(urls.clone())
+            .await
+            .unwrap_or_else(|e| panic!("RedisStore::cluster: {e}\n{}", cluster.log()))
+    };
+    let (store, direct) = (connect().await, connect().await);
+    let proxy = &proxies.iter().find(|(port, _)| *port == owner).unwrap().1;
+    lost_replies_are_sent_again_and_take_effect_once(store, direct, proxy, || cluster.log()).await;
 }

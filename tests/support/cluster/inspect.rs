@@ -150,6 +150,28 @@ impl RedisCluster {
         }
     }
 
+    /// Makes the node on `port` announce `announced` as its client port
+    /// (`cluster-announce-port`; its bus port stays `port + 10000`), and
+    /// waits until every node's `CLUSTER NODES` says so: a cluster client
+    /// that follows the cluster's map (every one) then reaches the node at
+    /// `announced` only, a proxy's port say. The helpers that read the map
+    /// by a node's own port (`masters`, `master_of`...) no longer find it.
+    pub fn announce(&self, port: u16, announced: u16) {
+        let set = |name: &str, value: u16| {
+            let cmd = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).clone();
+            let () = self.query(port, &cmd);
+        };
+        set("cluster-announce-bus-port", port + 10_000);
+        set("cluster-announce-port", announced);
+        let entry = format!(":{announced}@{}", port + 10_000);
+        self.wait_until(Duration::from_secs(20), "the announced port", |c| {
+            c.live_ports().all(|p| {
+                let nodes: String = c.query(p, redis::cmd("CLUSTER").arg("NODES"));
+                nodes.contains(&entry)
+            })
+        });
+    }
+
     /// Waits until every replica has every write its master sent it.
     pub fn wait_replicated(&self) {
         self.wait_until(Duration::from_secs(10), "replication", |c| {
