@@ -13,12 +13,20 @@ use crate::{DefaultResponse, LimitLayer, core::Core, key::KeyExtractor};
 /// A request that finds its key at the limit is answered `429 Too Many
 /// Requests` with `Retry-After` (see
 /// [`retry_after`](super::ConcurrencyLimiterBuilder::retry_after)); the
-/// others pass through holding a [`Lease`](super::Lease), and every response carries
+/// others pass through holding a [`Lease`](super::Lease). Both carry
 /// `RateLimit-Policy: "concurrency";q=5;qu="concurrent-requests"` and
-/// `RateLimit: "concurrency";r=<slots left>`. The lease is held until the
-/// response body has been sent (or dropped), and released early if the inner
-/// service fails, panics or the client goes away. Store errors and timeouts
-/// follow [`OnStoreError`](crate::OnStoreError): allowed requests then run without a lease.
+/// `RateLimit: "concurrency";r=<slots left>`; a request that took no slot
+/// (skipped, or let through by a store error) carries neither. The lease is
+/// held until the response body has been sent (or dropped), and released
+/// early if the inner service fails, panics or the client goes away. Store
+/// errors and timeouts follow [`OnStoreError`](crate::OnStoreError): allowed
+/// requests then run without a lease.
+///
+/// What counts is the HTTP exchange, so an upgraded connection (a `101
+/// Switching Protocols` answer, such as a WebSocket's) holds its slot only
+/// until the 101 is sent: its body is empty. To cap open WebSockets, hold a
+/// lease from [`ConcurrencyLimiter::acquire`] in the upgraded connection's
+/// task for as long as it runs.
 ///
 /// Clones of the layer, and every service it makes, share one `Arc` of
 /// state.

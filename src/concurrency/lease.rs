@@ -88,7 +88,12 @@ impl Busy {
 /// time. Dropping it (at the end of a request, on an error, a panic or a
 /// disconnect) stops the renewals and spawns an owner-checked release onto
 /// the current Tokio runtime; outside a runtime nothing can be sent and the
-/// lease simply expires. A holder that crashes, or whose renewals stop
+/// lease simply expires, and so does one dropped as its runtime shuts down
+/// (the end of `main`, a server's last requests at a graceful shutdown): a
+/// spawned release the runtime drops before it runs is never sent, and
+/// every replica sees the slot taken until the lease time has passed. To
+/// free it at once, await [`release`](Self::release) before the runtime
+/// ends. A holder that crashes, or whose renewals stop
 /// landing, loses the slot after one lease time; its late release then
 /// removes nothing, so it can never free a slot someone else holds by then.
 /// A lease found lost at a renewal while it is still held (its renewals
