@@ -328,7 +328,7 @@ impl fmt::Display for ClientIp {
 /// `"10.0.0.0/8, ::1"`, ranges of IPv4-mapped addresses as IPv4 (see
 /// [`canonical_net`]); or the first entry that is neither.
 pub(crate) fn parse_networks(list: &str) -> Result<Vec<IpNet>, String> {
-    list.split([',', ' ', '\t', '\n'])
+    list.split(|c: char| c == ',' || c.is_ascii_whitespace())
         .filter(|e| !e.is_empty())
         .map(|entry| {
             entry

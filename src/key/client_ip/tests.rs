@@ -211,6 +211,9 @@ fn trust_parses_lists_and_names_the_bad_entry() {
         assert!(err.to_string().contains(entry), "{err}");
     }
     assert!(ClientIp::new().trust("").unwrap().trusted.is_empty());
+    // Any whitespace separates: a list read from a file with CRLF lines.
+    let lines = ClientIp::new().trust("10.0.0.0/8\r\n::1\r\n").unwrap();
+    assert_eq!(lines.trusted.len(), 2);
 }
 
 #[test]
