@@ -10,7 +10,7 @@
 mod support;
 
 use redis_ratelimit::{Limiter, RedisStore};
-use support::{RedisServer, TEST_TIMEOUT, limits::admitted, lossy::LossyProxy};
+use support::{RedisServer, TEST_TIMEOUT, lease::eventually, limits::admitted, lossy::LossyProxy};
 
 /// On `store`, whose connections go through `proxy`: a decision, a refund
 /// and a reset, each losing its reply and sent again. `direct` is another
@@ -65,15 +65,8 @@ async fn lost_replies_are_sent_again_and_take_effect_once(
         let l = l.clone();
         async move { l.reset("k").await }
     });
-    let ran = tokio::time::Instant::now() + TEST_TIMEOUT;
-    while proxy.lost() < 3 {
-        assert!(
-            tokio::time::Instant::now() < ran,
-            "the reset did not run\n{}",
-            log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let ran = || async { proxy.lost() >= 3 };
+    eventually("the reset's first run", TEST_TIMEOUT, &log(), ran).await;
     let between = other.check("k", 1).await.unwrap();
     assert_eq!(
         between.remaining(),

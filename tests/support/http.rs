@@ -53,8 +53,13 @@ impl Reply {
 
     /// The body as JSON, asserting that it is `application/problem+json`.
     pub fn problem(&self) -> serde_json::Value {
+        self.json_as("application/problem+json")
+    }
+
+    /// The body as JSON, asserting its `content-type`.
+    pub fn json_as(&self, content_type: &str) -> serde_json::Value {
         let ct = self.header("content-type");
-        assert_eq!(ct, Some("application/problem+json"), "{self:?}");
+        assert_eq!(ct, Some(content_type), "{self:?}");
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {self:?}"))
     }
 
